@@ -1,0 +1,297 @@
+//! [`RecordWriter`]: writes a packed record file, atomically.
+//!
+//! Records stream to a temporary file beside the destination (`NAME.tmp-PID`); the offset and
+//! checksum tables are kept in memory (16 bytes a record) and written after the data, then the
+//! footer, then the file is synced and renamed over the destination. A writer that is dropped
+//! before [`RecordWriter::finish`] removes its temporary file, so a half-written file never
+//! carries the destination's name.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::layout::{BLOCK, Footer, Header, VERSION_MAJOR, VERSION_MINOR};
+use super::schema::{FieldKind, Schema, align_up};
+use crate::error::{Error, Result};
+
+/// What [`RecordWriter::finish`] wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackSummary {
+    /// The file written.
+    pub path: PathBuf,
+    /// Records written.
+    pub records: u64,
+    /// Size of the whole file in bytes.
+    pub file_bytes: u64,
+}
+
+/// Writes records of one [`Schema`] into a new packed record file.
+///
+/// ```
+/// use gpufeed::format::{DType, Field, RecordFile, RecordWriter, Schema};
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("tiny.gfd");
+/// let schema = Schema::new(vec![
+///     Field::tensor("pixels", DType::U8, &[2, 2]),
+///     Field::tensor("label", DType::U32, &[]),
+/// ]).map_err(gpufeed::Error::user)?;
+/// let mut w = RecordWriter::create(&path, schema)?;
+/// w.append(&[&[1, 2, 3, 4], &7u32.to_le_bytes()])?;
+/// w.finish()?;
+/// let f = RecordFile::open(&path)?;
+/// assert_eq!(f.get(0)?.field(0), Some(&[1u8, 2, 3, 4][..]));
+/// # Ok::<(), gpufeed::Error>(())
+/// ```
+pub struct RecordWriter {
+    path: PathBuf,
+    tmp: PathBuf,
+    out: Option<BufWriter<File>>,
+    schema: Schema,
+    schema_bytes: Vec<u8>,
+    header: [u8; BLOCK],
+    record_align: usize,
+    pos: u64,
+    offsets: Vec<u64>,
+    checksums: Vec<u64>,
+    zeros: Vec<u8>,
+}
+
+impl RecordWriter {
+    /// Starts a packed file at `path`, with records aligned as [`default_record_align`] chooses.
+    pub fn create(path: impl AsRef<Path>, schema: Schema) -> Result<RecordWriter> {
+        let align = default_record_align(&schema);
+        RecordWriter::with_record_align(path, schema, align)
+    }
+
+    /// Starts a packed file whose records each start at a multiple of `record_align` bytes
+    /// (a power of two from 8 to 4096).
+    pub fn with_record_align(path: impl AsRef<Path>, schema: Schema, record_align: usize) -> Result<RecordWriter> {
+        if !record_align.is_power_of_two() || !(8..=4096).contains(&record_align) {
+            return Err(Error::config(
+                "record_align",
+                format!("{record_align} is not a power of two from 8 to 4096"),
+            ));
+        }
+        let path = path.as_ref().to_path_buf();
+        let mut name = path.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".tmp-{}", std::process::id()));
+        let tmp = path.with_file_name(name);
+        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
+        let mut out = BufWriter::with_capacity(8 << 20, file);
+        let data_offset = align_up(BLOCK, record_align) as u64;
+        let header = Header {
+            major: VERSION_MAJOR,
+            minor: VERSION_MINOR,
+            record_align: record_align as u32,
+            data_offset,
+        }
+        .encode();
+        let mut zeros = vec![0u8; 4096];
+        out.write_all(&header).map_err(|e| Error::io(&tmp, "write", e))?;
+        out.write_all(&zeros[..data_offset as usize - BLOCK])
+            .map_err(|e| Error::io(&tmp, "write", e))?;
+        zeros.truncate(record_align);
+        Ok(RecordWriter {
+            path,
+            tmp,
+            out: Some(out),
+            schema_bytes: schema.encode(),
+            schema,
+            header,
+            record_align,
+            pos: data_offset,
+            offsets: vec![data_offset],
+            checksums: Vec::new(),
+            zeros,
+        })
+    }
+
+    /// The schema records must follow.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Records appended so far.
+    pub fn len(&self) -> u64 {
+        self.checksums.len() as u64
+    }
+
+    /// True before the first record.
+    pub fn is_empty(&self) -> bool {
+        self.checksums.is_empty()
+    }
+
+    /// Appends one record: one byte slice per field, in schema order. Tensor fields must have
+    /// exactly their schema's size; bytes fields any size up to 4 GiB.
+    pub fn append(&mut self, fields: &[&[u8]]) -> Result<()> {
+        let record = self.checksums.len() as u64;
+        if fields.len() != self.schema.fields().len() {
+            return Err(Error::mismatch(format!(
+                "{}: record {record}: {} field values given, the schema has {} fields",
+                self.path.display(),
+                fields.len(),
+                self.schema.fields().len()
+            )));
+        }
+        let mut var_lens = [0u32; 16];
+        let mut var_lens_vec = Vec::new();
+        let var_count = self.schema.var_count();
+        let lens: &mut [u32] = if var_count <= 16 {
+            &mut var_lens[..var_count]
+        } else {
+            var_lens_vec.resize(var_count, 0);
+            &mut var_lens_vec
+        };
+        let mut k = 0;
+        for (i, (field, value)) in self.schema.fields().iter().zip(fields).enumerate() {
+            match field.kind {
+                FieldKind::Tensor { .. } => {
+                    let want = self.schema.fixed_range(i).map_or(0, |r| r.len());
+                    if value.len() != want {
+                        return Err(Error::mismatch(format!(
+                            "{}: record {record}: field `{}` has {} bytes, its schema says {want}",
+                            self.path.display(),
+                            field.name,
+                            value.len()
+                        )));
+                    }
+                }
+                FieldKind::Bytes { .. } => {
+                    lens[k] = u32::try_from(value.len()).map_err(|_| {
+                        Error::mismatch(format!(
+                            "{}: record {record}: field `{}` has {} bytes (at most 4 GiB)",
+                            self.path.display(),
+                            field.name,
+                            value.len()
+                        ))
+                    })?;
+                    k += 1;
+                }
+            }
+        }
+        let Some(out) = self.out.as_mut() else {
+            return Err(Error::mismatch("append after a failed write"));
+        };
+        let tmp = &self.tmp;
+        let mut hash = Xxh3::new();
+        let mut put = |bytes: &[u8], hash: &mut Xxh3| -> Result<()> {
+            hash.update(bytes);
+            out.write_all(bytes).map_err(|e| Error::io(tmp, "write", e))
+        };
+        // Tensor fields, each at its aligned offset, with zero padding between them.
+        let mut at = 0usize;
+        for (i, value) in fields.iter().enumerate() {
+            if let Some(range) = self.schema.fixed_range(i) {
+                put(&self.zeros[..range.start - at], &mut hash)?;
+                put(value, &mut hash)?;
+                at = range.end;
+            }
+        }
+        if var_count > 0 {
+            let table = self.schema.var_table_offset();
+            put(&self.zeros[..table - at], &mut hash)?;
+            for len in lens.iter() {
+                put(&len.to_le_bytes(), &mut hash)?;
+            }
+            at = self.schema.min_record_bytes();
+            for (field, value) in self.schema.fields().iter().zip(fields) {
+                if let FieldKind::Bytes { .. } = field.kind {
+                    put(value, &mut hash)?;
+                    at += value.len();
+                }
+            }
+        }
+        let padded = align_up(at.max(1), self.record_align);
+        put(&self.zeros[..padded - at], &mut hash)?;
+        self.pos += padded as u64;
+        self.offsets.push(self.pos);
+        self.checksums.push(hash.digest());
+        Ok(())
+    }
+
+    /// Writes the schema, the tables and the footer, syncs, and renames the file into place.
+    pub fn finish(mut self) -> Result<PackSummary> {
+        let Some(out) = self.out.take() else {
+            return Err(Error::mismatch("finish after a failed write"));
+        };
+        let result = self.write_tail(out);
+        if result.is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+        result
+    }
+
+    fn write_tail(&mut self, mut out: BufWriter<File>) -> Result<PackSummary> {
+        let tmp = self.tmp.clone();
+        let w = |out: &mut BufWriter<File>, b: &[u8]| out.write_all(b).map_err(|e| Error::io(&tmp, "write", e));
+        let data_end = self.pos;
+        let schema_offset = data_end;
+        w(&mut out, &self.schema_bytes)?;
+        let mut at = schema_offset + self.schema_bytes.len() as u64;
+        let pad = (align_up(at as usize, 8) as u64 - at) as usize;
+        w(&mut out, &[0u8; 8][..pad])?;
+        at += pad as u64;
+        let offsets_offset = at;
+        for chunk in self.offsets.chunks(8192) {
+            let bytes: Vec<u8> = chunk.iter().flat_map(|o| o.to_le_bytes()).collect();
+            w(&mut out, &bytes)?;
+        }
+        let checksums_offset = offsets_offset + 8 * self.offsets.len() as u64;
+        for chunk in self.checksums.chunks(8192) {
+            let bytes: Vec<u8> = chunk.iter().flat_map(|o| o.to_le_bytes()).collect();
+            w(&mut out, &bytes)?;
+        }
+        let footer = Footer {
+            records: self.checksums.len() as u64,
+            data_end,
+            schema_offset,
+            schema_len: self.schema_bytes.len() as u64,
+            offsets_offset,
+            checksums_offset,
+        }
+        .encode(&self.header, &self.schema_bytes);
+        w(&mut out, &footer)?;
+        let file = out
+            .into_inner()
+            .map_err(|e| Error::io(&self.tmp, "write", e.into_error()))?;
+        file.sync_all().map_err(|e| Error::io(&self.tmp, "sync", e))?;
+        let file_bytes = checksums_offset + 8 * self.checksums.len() as u64 + BLOCK as u64;
+        drop(file);
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, "rename", e))?;
+        Ok(PackSummary {
+            path: self.path.clone(),
+            records: self.checksums.len() as u64,
+            file_bytes,
+        })
+    }
+}
+
+impl Drop for RecordWriter {
+    fn drop(&mut self) {
+        if self.out.take().is_some() {
+            // Not finished: the temporary file must not outlive the writer.
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// The record alignment a writer uses unless told otherwise: 64 bytes (a cache line, and what
+/// SIMD copies and DMA like) for records of 4 KiB or more, otherwise the largest element size
+/// of the schema, at least 8, so that small records do not waste space.
+pub fn default_record_align(schema: &Schema) -> usize {
+    if schema.min_record_bytes() >= 4096 {
+        return 64;
+    }
+    schema
+        .fields()
+        .iter()
+        .filter_map(|f| match &f.kind {
+            FieldKind::Tensor { dtype, .. } => Some(dtype.size()),
+            FieldKind::Bytes { .. } => None,
+        })
+        .max()
+        .unwrap_or(8)
+        .max(8)
+}

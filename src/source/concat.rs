@@ -1,0 +1,64 @@
+//! [`Concat`]: several datasets of one schema, presented as one (shards).
+
+use crate::error::{Error, Result};
+use crate::format::Schema;
+use crate::source::{Dataset, Sample};
+
+/// Datasets of one schema, one after another: sample `i` of the whole is found by a binary
+/// search over the parts' cumulative lengths (O(log parts), no per-sample table).
+pub struct Concat<D> {
+    parts: Vec<D>,
+    /// `ends[k]` = samples in parts `0..=k`.
+    ends: Vec<u64>,
+}
+
+impl<D: Dataset> Concat<D> {
+    /// Concatenates `parts`; their schemas must be equal, and there must be at least one.
+    pub fn new(parts: Vec<D>) -> Result<Concat<D>> {
+        let Some(first) = parts.first() else {
+            return Err(Error::config("sources", "a concatenation needs at least one source"));
+        };
+        for (k, p) in parts.iter().enumerate().skip(1) {
+            if p.schema() != first.schema() {
+                return Err(Error::mismatch(format!(
+                    "source {k} has schema [{}], source 0 has [{}]",
+                    p.schema(),
+                    first.schema()
+                )));
+            }
+        }
+        let mut total = 0u64;
+        let ends = parts
+            .iter()
+            .map(|p| {
+                total += p.len();
+                total
+            })
+            .collect();
+        Ok(Concat { parts, ends })
+    }
+
+    /// The parts, in order.
+    pub fn parts(&self) -> &[D] {
+        &self.parts
+    }
+}
+
+impl<D: Dataset> Dataset for Concat<D> {
+    fn len(&self) -> u64 {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    fn schema(&self) -> &Schema {
+        self.parts[0].schema()
+    }
+
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        let k = self.ends.partition_point(|&end| end <= index);
+        let Some(part) = self.parts.get(k) else {
+            return Err(Error::OutOfRange { index, len: self.len() });
+        };
+        let start = if k == 0 { 0 } else { self.ends[k - 1] };
+        part.get(index - start)
+    }
+}

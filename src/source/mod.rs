@@ -1,0 +1,141 @@
+//! Where samples come from: every source is a map-style [`Dataset`] of zero-copy [`Sample`]s.
+//!
+//! - [`RecordFile`](crate::format::RecordFile): a packed record file;
+//! - [`NpyArray`]: a `.npy` array, memory-mapped in place, one row a sample;
+//! - [`Concat`]: several sources of one schema as one dataset (shards);
+//! - [`open`]: whichever of these a path names.
+//!
+//! A source never copies a sample: [`Dataset::get`] returns a view into its mapping, and the
+//! loader copies it once, into its slot of the batch buffer. Sources are `Send + Sync` and are
+//! shared by reference among worker threads; none holds per-thread state.
+
+mod concat;
+mod npy;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use concat::Concat;
+pub use npy::{NpyArray, npy_header};
+
+use crate::error::{Error, Result};
+use crate::format::{RecordFile, Schema};
+
+/// A map-style dataset: a length, a schema, and samples by index.
+///
+/// Implementations must be cheap to call from many threads at once: `get` is on the hot path.
+pub trait Dataset: Send + Sync {
+    /// The number of samples.
+    fn len(&self) -> u64;
+
+    /// True when there is no sample.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The fields every sample has.
+    fn schema(&self) -> &Schema;
+
+    /// Sample `index`, or an error naming the file and record at fault.
+    fn get(&self, index: u64) -> Result<Sample<'_>>;
+}
+
+impl<D: Dataset + ?Sized> Dataset for Arc<D> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+    fn schema(&self) -> &Schema {
+        (**self).schema()
+    }
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        (**self).get(index)
+    }
+}
+
+impl<D: Dataset + ?Sized> Dataset for Box<D> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+    fn schema(&self) -> &Schema {
+        (**self).schema()
+    }
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        (**self).get(index)
+    }
+}
+
+/// One sample: a view of a record's bytes and the schema that says where its fields are.
+#[derive(Clone, Copy)]
+pub struct Sample<'a> {
+    bytes: &'a [u8],
+    schema: &'a Schema,
+}
+
+impl<'a> Sample<'a> {
+    /// A sample over `bytes`, which `schema.check_record` accepted.
+    pub(crate) fn new(bytes: &'a [u8], schema: &'a Schema) -> Sample<'a> {
+        Sample { bytes, schema }
+    }
+
+    /// The bytes of field `k` (in schema order), or `None` if there is no such field.
+    pub fn field(&self, k: usize) -> Option<&'a [u8]> {
+        self.schema.field_in(self.bytes, k)
+    }
+
+    /// The bytes of the field called `name`.
+    pub fn field_named(&self, name: &str) -> Option<&'a [u8]> {
+        self.field(self.schema.index_of(name)?)
+    }
+
+    /// The record's bytes as stored (fields, length table, padding).
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// The schema of this sample.
+    pub fn schema(&self) -> &'a Schema {
+        self.schema
+    }
+}
+
+impl std::fmt::Debug for Sample<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sample")
+            .field("bytes", &self.bytes.len())
+            .field("schema", &self.schema.to_string())
+            .finish()
+    }
+}
+
+/// Any source a path can name, behind one type.
+pub type AnySource = Box<dyn Dataset>;
+
+/// Opens `path` as a dataset: a `.npy` array (by its magic bytes) or a packed record file.
+pub fn open(path: impl AsRef<Path>) -> Result<AnySource> {
+    let path = path.as_ref();
+    let mut magic = [0u8; 8];
+    {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
+        let mut got = 0;
+        while got < magic.len() {
+            match f.read(&mut magic[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(path, "read", e)),
+            }
+        }
+    }
+    if magic.starts_with(npy::NPY_MAGIC) {
+        Ok(Box::new(NpyArray::open(path)?))
+    } else {
+        Ok(Box::new(RecordFile::open(path)?))
+    }
+}
+
+/// Opens many files (shards) as one dataset; all must have the same schema.
+pub fn open_shards<P: AsRef<Path>>(paths: &[P]) -> Result<Concat<AnySource>> {
+    let parts = paths.iter().map(open).collect::<Result<Vec<_>>>()?;
+    Concat::new(parts)
+}
