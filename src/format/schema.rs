@@ -264,12 +264,18 @@ impl Schema {
             match &f.kind {
                 FieldKind::Tensor { dtype, shape } => {
                     if shape.len() > 16 {
-                        return Err(format!("field `{}` has {} dimensions (at most 16)", f.name, shape.len()));
+                        return Err(format!(
+                            "field `{}` has {} dimensions (at most 16)",
+                            f.name,
+                            shape.len()
+                        ));
                     }
                     let len = f
                         .fixed_bytes()
                         .filter(|&n| n <= u32::MAX as usize)
-                        .ok_or_else(|| format!("field `{}` is larger than 4 GiB per record", f.name))?;
+                        .ok_or_else(|| {
+                            format!("field `{}` is larger than 4 GiB per record", f.name)
+                        })?;
                     let offset = align_up(cursor, dtype.size());
                     cursor = offset + len;
                     slots.push(Slot::Fixed { offset, len });
@@ -424,8 +430,8 @@ impl Schema {
             let kind = match r.u8()? {
                 0 => {
                     let code = r.u8()?;
-                    let dtype =
-                        DType::from_code(code).ok_or_else(|| format!("field `{name}`: unknown dtype code {code}"))?;
+                    let dtype = DType::from_code(code)
+                        .ok_or_else(|| format!("field `{name}`: unknown dtype code {code}"))?;
                     let ndim = r.u8()? as usize;
                     let mut shape = Vec::with_capacity(ndim);
                     for _ in 0..ndim {
@@ -441,7 +447,10 @@ impl Schema {
             fields.push(Field { name, kind });
         }
         if r.at != bytes.len() {
-            return Err(format!("{} trailing bytes after the last field", bytes.len() - r.at));
+            return Err(format!(
+                "{} trailing bytes after the last field",
+                bytes.len() - r.at
+            ));
         }
         Schema::new(fields)
     }
@@ -454,7 +463,9 @@ impl fmt::Display for Schema {
                 f.write_str(", ")?;
             }
             match &field.kind {
-                FieldKind::Tensor { dtype, shape } => write!(f, "{}: {dtype}{shape:?}", field.name)?,
+                FieldKind::Tensor { dtype, shape } => {
+                    write!(f, "{}: {dtype}{shape:?}", field.name)?
+                }
                 FieldKind::Bytes { codec } => write!(f, "{}: bytes({})", field.name, codec.name())?,
             }
         }
@@ -475,9 +486,16 @@ struct ByteReader<'a> {
 
 impl<'a> ByteReader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
-            format!("schema ends at byte {} while reading {n} more bytes", self.bytes.len())
-        })?;
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or_else(|| {
+                format!(
+                    "schema ends at byte {} while reading {n} more bytes",
+                    self.bytes.len()
+                )
+            })?;
         let out = &self.bytes[self.at..end];
         self.at = end;
         Ok(out)
@@ -546,7 +564,13 @@ mod tests {
 
     #[test]
     fn duplicate_and_empty_names_are_rejected() {
-        assert!(Schema::new(vec![Field::tensor("a", DType::U8, &[]), Field::bytes("a", Codec::Raw)]).is_err());
+        assert!(
+            Schema::new(vec![
+                Field::tensor("a", DType::U8, &[]),
+                Field::bytes("a", Codec::Raw)
+            ])
+            .is_err()
+        );
         assert!(Schema::new(vec![Field::tensor("", DType::U8, &[])]).is_err());
         assert!(Schema::new(vec![]).is_err());
     }
