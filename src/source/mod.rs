@@ -64,32 +64,59 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     }
 }
 
-/// One sample: a view of a record's bytes and the schema that says where its fields are.
-#[derive(Clone, Copy)]
+/// One sample: a record's bytes and the schema that says where its fields are.
+///
+/// Sources that map their data hand out views into the mapping (no copy); sources that must
+/// read (an image file, a decoded archive member) hand out bytes they own.
+#[derive(Clone)]
 pub struct Sample<'a> {
-    bytes: &'a [u8],
+    bytes: SampleBytes<'a>,
     schema: &'a Schema,
+}
+
+#[derive(Clone)]
+enum SampleBytes<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
 }
 
 impl<'a> Sample<'a> {
     /// A sample over `bytes`, which `schema.check_record` accepted.
     pub(crate) fn new(bytes: &'a [u8], schema: &'a Schema) -> Sample<'a> {
-        Sample { bytes, schema }
+        Sample {
+            bytes: SampleBytes::Borrowed(bytes),
+            schema,
+        }
+    }
+
+    /// A sample that owns its record bytes, laid out as `schema` says (see
+    /// [`Schema::record_bytes`] and `docs/FORMAT.md`, "Record"); checked here.
+    pub fn owned(bytes: Vec<u8>, schema: &'a Schema) -> Result<Sample<'a>> {
+        schema
+            .check_record(&bytes)
+            .map_err(|e| Error::mismatch(format!("record does not fit its schema: {e}")))?;
+        Ok(Sample {
+            bytes: SampleBytes::Owned(bytes),
+            schema,
+        })
     }
 
     /// The bytes of field `k` (in schema order), or `None` if there is no such field.
-    pub fn field(&self, k: usize) -> Option<&'a [u8]> {
-        self.schema.field_in(self.bytes, k)
+    pub fn field(&self, k: usize) -> Option<&[u8]> {
+        self.schema.field_in(self.bytes(), k)
     }
 
     /// The bytes of the field called `name`.
-    pub fn field_named(&self, name: &str) -> Option<&'a [u8]> {
+    pub fn field_named(&self, name: &str) -> Option<&[u8]> {
         self.field(self.schema.index_of(name)?)
     }
 
     /// The record's bytes as stored (fields, length table, padding).
-    pub fn bytes(&self) -> &'a [u8] {
-        self.bytes
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            SampleBytes::Borrowed(b) => b,
+            SampleBytes::Owned(v) => v,
+        }
     }
 
     /// The schema of this sample.
@@ -101,7 +128,7 @@ impl<'a> Sample<'a> {
 impl std::fmt::Debug for Sample<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sample")
-            .field("bytes", &self.bytes.len())
+            .field("bytes", &self.bytes().len())
             .field("schema", &self.schema.to_string())
             .finish()
     }
