@@ -417,6 +417,7 @@ impl Loader {
     fn abandon(&mut self) {
         // Workers skip tasks of older generations; results that arrive late are dropped.
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        self.shared.pool.wake_waiters();
         self.ready.clear();
     }
 
@@ -526,11 +527,15 @@ impl Iterator for Loader {
         }
         let mut result = self.receive();
         self.next_batch += 1;
+        if let Ok(batch) = &mut result {
+            // Count it as held before dispatching more: in flight + held never exceeds what
+            // the budget holds, so every batch in flight can get a buffer.
+            batch.held = Some(batch::HeldToken::new(&self.shared.held));
+        }
         if let Err(e) = self.dispatch() {
             return Some(Err(e));
         }
-        if let Ok(batch) = &mut result {
-            batch.held = Some(batch::HeldToken::new(&self.shared.held));
+        if let Ok(batch) = &result {
             self.first_batch.get_or_insert_with(|| self.built.elapsed());
             self.delivered += 1;
             self.delivered_samples += batch.len() as u64;

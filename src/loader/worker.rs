@@ -71,9 +71,13 @@ pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) 
 fn make_batch(shared: &Shared, task: &Task, indices: &mut Vec<u64>) -> Option<Result<Batch>> {
     task.order.batch(task.number, indices);
     let t0 = Instant::now();
-    let buffer = match shared.pool.acquire(shared.layout.total_bytes()) {
-        Ok(b) => b,
-        Err(Error::Shutdown) => return None,
+    let abandoned = || shared.generation.load(Ordering::Acquire) != task.generation;
+    let buffer = match shared
+        .pool
+        .acquire_unless(shared.layout.total_bytes(), abandoned)
+    {
+        Ok(Some(b)) => b,
+        Ok(None) | Err(Error::Shutdown) => return None,
         Err(e) => return Some(Err(e)),
     };
     let mut batch = Batch {

@@ -234,6 +234,19 @@ impl HostPool {
     /// Fails at once if `bytes` alone exceeds the budget, and with [`Error::Shutdown`] if the
     /// pool is closed while waiting. The contents are whatever the block last held.
     pub fn acquire(&self, bytes: usize) -> Result<HostBuffer> {
+        match self.acquire_unless(bytes, || false)? {
+            Some(buffer) => Ok(buffer),
+            None => Err(Error::Shutdown),
+        }
+    }
+
+    /// Like [`HostPool::acquire`], but gives up with `Ok(None)` when `cancelled()` turns true
+    /// while waiting (checked whenever the pool is woken; see [`HostPool::wake_waiters`]).
+    pub fn acquire_unless(
+        &self,
+        bytes: usize,
+        cancelled: impl Fn() -> bool,
+    ) -> Result<Option<HostBuffer>> {
         let size = HostPool::block_size(bytes);
         let mut state = self.lock();
         if size as u64 > state.stats.budget_bytes {
@@ -251,10 +264,13 @@ impl HostPool {
             if state.closed {
                 return Err(Error::Shutdown);
             }
+            if cancelled() {
+                return Ok(None);
+            }
             collect_completed(&mut state);
             if let Some(block) = take_free(&mut state, size) {
                 state.stats.reuses += 1;
-                return Ok(self.hand_out(&mut state, block, bytes));
+                return Ok(Some(self.hand_out(&mut state, block, bytes)));
             }
             if state.stats.reserved_bytes + size as u64 > state.stats.budget_bytes {
                 self.evict(&mut state, size as u64);
@@ -275,7 +291,7 @@ impl HostPool {
                             .stats
                             .peak_reserved_bytes
                             .max(state.stats.reserved_bytes);
-                        return Ok(self.hand_out(&mut state, Block { ptr, size }, bytes));
+                        return Ok(Some(self.hand_out(&mut state, Block { ptr, size }, bytes)));
                     }
                     Err(e) => {
                         state.stats.reserved_bytes -= size as u64;
@@ -368,6 +384,12 @@ impl HostPool {
             // SAFETY: the block came from this backing and is in no one's hands.
             unsafe { self.shared.backing.free(block.ptr, block.size) };
         }
+    }
+
+    /// Wakes every waiting acquire, so that those given a cancellation check look at it again.
+    pub fn wake_waiters(&self) {
+        let _guard = self.lock();
+        self.shared.released.notify_all();
     }
 
     /// Wakes every waiting `acquire` with [`Error::Shutdown`]; later ones fail the same way.

@@ -89,6 +89,15 @@ impl<'a> Sample<'a> {
         }
     }
 
+    /// A sample that borrows its record bytes (laid out as `schema` says); checked here.
+    /// For sources that keep their data in memory they own.
+    pub fn borrowed(bytes: &'a [u8], schema: &'a Schema) -> Result<Sample<'a>> {
+        schema
+            .check_record(bytes)
+            .map_err(|e| Error::mismatch(format!("record does not fit its schema: {e}")))?;
+        Ok(Sample::new(bytes, schema))
+    }
+
     /// A sample that owns its record bytes, laid out as `schema` says (see
     /// [`Schema::record_bytes`] and `docs/FORMAT.md`, "Record"); checked here.
     pub fn owned(bytes: Vec<u8>, schema: &'a Schema) -> Result<Sample<'a>> {
