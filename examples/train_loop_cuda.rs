@@ -39,6 +39,7 @@ mod real {
         epochs: u64,
         depth: usize,
         convert: Option<DType>,
+        bench: bool,
     }
 
     fn parse() -> Result<Args, String> {
@@ -52,6 +53,7 @@ mod real {
             epochs: 1,
             depth: 2,
             convert: None,
+            bench: false,
         };
         let mut it = std::env::args().skip(1);
         while let Some(arg) = it.next() {
@@ -88,6 +90,7 @@ mod real {
                             .ok_or("--convert takes f32, f16 or bf16")?,
                     )
                 }
+                "--bench" => a.bench = true,
                 p if !p.starts_with("--") => a.path = Some(p.to_owned()),
                 other => return Err(format!("unknown option {other}")),
             }
@@ -146,6 +149,20 @@ mod real {
             .shuffle(0)
             .workers(args.workers)
             .drop_last(true);
+        if args.bench {
+            // The copy stage alone, against the pinned-copy ceiling of this run.
+            let report = gpufeed::cuda::bench_device(builder, &device, opts, None)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            println!(
+                "RESULT e2e_GBps={:.2} h2d_GBps={:.2} ceiling_GBps={:.2} fraction={:.3}",
+                report.bytes_per_sec / 1e9,
+                report.h2d_bytes_per_sec / 1e9,
+                report.h2d_ceiling_bytes_per_sec / 1e9,
+                report.h2d_fraction_of_ceiling
+            );
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Ok(());
+        }
         let mut dl = DeviceLoader::from_builder(builder, &device, opts)?;
         let stream = device.new_stream()?;
         let step = Duration::from_secs_f64(args.step_ms / 1e3);
@@ -162,11 +179,13 @@ mod real {
         let t0 = Instant::now();
         let mut steps = 0u64;
         let mut previous: Option<gpufeed::cuda::cudarc_driver::CudaEvent> = None;
+        let mut after_first: Option<(Duration, Duration)> = None;
         for epoch in 0..args.epochs {
             if epoch > 0 {
                 dl.set_epoch(epoch)?;
             }
-            for batch in dl.by_ref() {
+            #[allow(clippy::while_let_on_iterator)] // stats() is read inside the loop
+            while let Some(batch) = dl.next() {
                 let mut batch = batch?;
                 batch.wait_on(&stream)?;
                 device.spin(&stream, step)?; // the "training step", reading nothing but standing in
@@ -175,6 +194,10 @@ mod real {
                     p.synchronize()?; // like reading the loss of the step before
                 }
                 steps += 1;
+                if steps == 1 {
+                    let s = dl.stats();
+                    after_first = Some((s.elapsed, s.waited));
+                }
                 // `batch` drops here: its buffer is reused once `stream` has passed this step.
             }
         }
@@ -189,6 +212,16 @@ mod real {
             100.0 * gpu_busy,
             100.0 * s.wait_fraction()
         );
+        if let Some((e1, w1)) = after_first {
+            let e = s.elapsed.saturating_sub(e1).as_secs_f64();
+            let w = s.waited.saturating_sub(w1).as_secs_f64();
+            if e > 0.0 {
+                println!(
+                    "after the first batch: waited for data {:.2}% of the time",
+                    100.0 * w / e
+                );
+            }
+        }
         println!(
             "RESULT wait_fraction={:.4} gpu_busy={:.4} h2d_GBps={:.2} e2e_GBps={:.2}",
             s.wait_fraction(),
