@@ -17,12 +17,15 @@
 //! | per-sample work that writes into the batch (copy, decode, augment) | [`transform`] |
 //! | batch buffers: a caching pool with a byte budget | [`memory`] |
 //! | worker threads, channels, [`Batch`], stats | [`loader`] |
+//! | pinned buffers, device pool, async copies, device batches (feature `cuda`) | `cuda` |
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] names the file, record or sample at
 //! fault. Nothing panics on bad input.
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod format;
 pub mod loader;
