@@ -2,6 +2,7 @@
 //!
 //! - [`RecordFile`](crate::format::RecordFile): a packed record file;
 //! - [`NpyArray`]: a `.npy` array, memory-mapped in place, one row a sample;
+//! - [`ImageFolder`]: a directory of class subdirectories of JPEG/PNG files (torchvision's);
 //! - [`Concat`]: several sources of one schema as one dataset (shards);
 //! - [`open`]: whichever of these a path names.
 //!
@@ -10,12 +11,14 @@
 //! shared by reference among worker threads; none holds per-thread state.
 
 mod concat;
+mod image_folder;
 mod npy;
 
 use std::path::Path;
 use std::sync::Arc;
 
 pub use concat::Concat;
+pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
 
 use crate::error::{Error, Result};

@@ -8,6 +8,11 @@
 //! Randomness comes from [`SampleContext::rng`], a pure function of (seed, epoch, sample index):
 //! the same augmentation for a sample whichever worker runs it, on any number of workers, and
 //! after a resume.
+//!
+//! [`image`] holds the image pipeline: JPEG/PNG decode, torchvision's crops, flips,
+//! normalisation, as one [`ImageTransform`](image::ImageTransform).
+
+pub mod image;
 
 use std::sync::Arc;
 
