@@ -136,7 +136,9 @@ impl LoaderBuilder {
         self
     }
 
-    /// The byte budget of the batch-buffer pool (default: `prefetch + workers + 2` batches).
+    /// The byte budget of the batch-buffer pool (default: `prefetch + 2` batches: those in
+    /// flight, and two held by the caller). Batches in flight plus batches the caller holds
+    /// never exceed what the budget holds; the loader limits what it puts in flight instead.
     pub fn pool_budget(mut self, bytes: u64) -> Self {
         self.budget = Some(bytes);
         self
@@ -183,7 +185,7 @@ impl LoaderBuilder {
         let batch_bytes = HostPool::block_size(layout.total_bytes()) as u64;
         let budget = match self.budget {
             Some(b) => b,
-            None => (prefetch + self.workers + 2) as u64 * batch_bytes,
+            None => (prefetch + 2) as u64 * batch_bytes,
         };
         if budget < batch_bytes {
             return Err(Error::config(

@@ -47,6 +47,9 @@ pub struct Args {
     /// Sequential order instead of a seeded shuffle.
     #[arg(long)]
     pub no_shuffle: bool,
+    /// Stop each epoch after this many batches (for quick runs over huge data sets).
+    #[arg(long)]
+    pub max_batches: Option<u64>,
     /// Drop the last short batch.
     #[arg(long)]
     pub drop_last: bool,
@@ -57,6 +60,20 @@ pub struct Args {
     /// Copy each batch to this GPU (needs the `cuda` feature) and measure the pinned-copy ceiling.
     #[arg(long)]
     pub device: Option<usize>,
+    /// Run the image pipeline (decode + RandomResizedCrop + flip) over an ImageFolder
+    /// directory or a packed file of images, instead of raw records.
+    #[arg(long, value_name = "DIR|PACKED")]
+    pub images: Option<PathBuf>,
+    /// Output side of the image pipeline's crops.
+    #[arg(long, default_value_t = 224)]
+    pub image_size: u32,
+    /// Output dtype of the image pipeline: u8, f16, bf16 or f32 (normalised with ImageNet's
+    /// mean and std unless u8).
+    #[arg(long, default_value = "u8")]
+    pub image_dtype: String,
+    /// Stop the image pipeline after this many images.
+    #[arg(long)]
+    pub limit: Option<u64>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -105,6 +122,12 @@ pub struct Report {
     /// Pinned host-to-device copy ceiling measured in the same run (with `--device`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub h2d_ceiling_bytes_per_sec: Option<f64>,
+    /// The GPU (with `--device`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Batch bytes per second of each epoch, in order (the first one pays for page faults and
+    /// buffer allocation; later ones show the steady state).
+    pub epoch_bytes_per_sec: Vec<f64>,
     /// Seconds spent writing the generated data set (not part of the figures).
     pub generate_secs: f64,
 }
@@ -172,7 +195,8 @@ fn generate(records: u64, record_bytes: u64, quiet: bool) -> Result<TempData> {
     Ok(data)
 }
 
-fn progress(len: u64, message: &'static str, quiet: bool) -> ProgressBar {
+/// A progress bar on stderr, hidden for `--json` or when stderr is not a terminal.
+pub fn progress(len: u64, message: &'static str, quiet: bool) -> ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
@@ -218,6 +242,9 @@ pub fn run(args: Args) -> Result<()> {
                 .into(),
         });
     }
+    if let Some(images) = &args.images {
+        return run_images(&args, images);
+    }
     let t_gen = Instant::now();
     // `_generated` removes the default data set when the bench returns.
     let (path, _generated) = match &args.dataset {
@@ -257,25 +284,29 @@ pub fn run(args: Args) -> Result<()> {
             builder,
             &path,
             dataset.len(),
-            workers,
-            prefetch,
             generate_secs,
             ordinal,
         );
     }
 
     let mut loader = builder.build()?;
-    let total = loader.batches_per_epoch() * args.epochs;
-    let bar = progress(total, "bench", args.json);
+    let per_epoch = args.max_batches.map_or(loader.batches_per_epoch(), |m| {
+        m.min(loader.batches_per_epoch())
+    });
+    let bar = progress(per_epoch * args.epochs, "bench", args.json);
+    let mut epoch_rates = Vec::new();
     for epoch in 0..args.epochs {
         if epoch > 0 {
             loader.set_epoch(epoch);
         }
-        for batch in loader.by_ref() {
+        let (t0, mut bytes) = (Instant::now(), 0u64);
+        for batch in loader.by_ref().take(per_epoch as usize) {
             let batch = batch?;
             std::hint::black_box(batch.buffer().as_slice().first());
+            bytes += (batch.len() * batch.layout().sample_bytes()) as u64;
             bar.inc(1);
         }
+        epoch_rates.push(bytes as f64 / t0.elapsed().as_secs_f64().max(1e-9));
     }
     bar.finish_and_clear();
     let stats = loader.stats();
@@ -291,11 +322,48 @@ pub fn run(args: Args) -> Result<()> {
         generate_secs,
     );
     if args.baseline {
-        let b = gather_baseline(dataset.as_ref(), &spec, args.epochs, workers)?;
+        let b = gather_baseline(
+            dataset.as_ref(),
+            &spec,
+            args.epochs,
+            workers,
+            args.max_batches,
+        )?;
         report.baseline_bytes_per_sec = Some(b);
         report.baseline_ratio = Some(report.bytes_per_sec / b);
     }
     print_report(&args, &report, &stats)
+}
+
+/// `gpufeed bench --images`.
+fn run_images(args: &Args, path: &Path) -> Result<()> {
+    let dtype = DType::from_name(&args.image_dtype)
+        .filter(|d| matches!(d, DType::U8 | DType::F16 | DType::BF16 | DType::F32))
+        .ok_or_else(|| Error::InvalidConfig {
+            setting: "image_dtype",
+            what: format!("{:?} is not one of u8, f16, bf16, f32", args.image_dtype),
+        })?;
+    let workers = args.workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .min(16)
+    });
+    let report = crate::images::bench_images(
+        path,
+        workers,
+        args.batch_size,
+        args.image_size,
+        dtype,
+        args.limit,
+    )?;
+    if args.json {
+        let text = serde_json::to_string(&report)
+            .map_err(|e| Error::user(format!("cannot encode the report: {e}")))?;
+        println!("{text}");
+    } else {
+        println!("{report}");
+    }
+    Ok(())
 }
 
 /// The report's common fields.
@@ -332,8 +400,18 @@ pub fn report_of(
     }
 }
 
+/// Prints a device run's report as JSON or as tables (`stats` is the copy stage's table).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn print_device_report(args: &Args, report: &Report, stats: &str) -> Result<()> {
+    print_report_with(args, report, stats)
+}
+
 /// Prints the report as JSON or as tables.
 pub fn print_report(args: &Args, report: &Report, stats: &LoaderStats) -> Result<()> {
+    print_report_with(args, report, &stats.to_string())
+}
+
+fn print_report_with(args: &Args, report: &Report, stats: &str) -> Result<()> {
     if args.json {
         let text = serde_json::to_string(report)
             .map_err(|e| Error::user(format!("cannot encode the report: {e}")))?;
@@ -363,6 +441,14 @@ pub fn print_report(args: &Args, report: &Report, stats: &LoaderStats) -> Result
         report.first_batch_ms,
         100.0 * report.wait_fraction
     );
+    if report.epoch_bytes_per_sec.len() > 1 {
+        let rates: Vec<String> = report
+            .epoch_bytes_per_sec
+            .iter()
+            .map(|r| format!("{:.2}", r / 1e9))
+            .collect();
+        println!("per epoch (GB/s): {}", rates.join(", "));
+    }
     if let (Some(b), Some(r)) = (report.baseline_bytes_per_sec, report.baseline_ratio) {
         println!(
             "baseline: plain {}-thread memcpy gather of the same records in the same order: {:.2} GB/s; loader at {:.1}% of it",
@@ -389,13 +475,14 @@ pub fn gather_baseline(
     spec: &OrderSpec,
     epochs: u64,
     threads: usize,
+    max_batches: Option<u64>,
 ) -> Result<f64> {
     let threads = threads.max(1);
     let started = Instant::now();
     let mut bytes = 0u64;
     for epoch in 0..epochs {
         let order = spec.epoch(epoch);
-        let batches = order.batches();
+        let batches = max_batches.map_or(order.batches(), |m| m.min(order.batches()));
         let results: Vec<Result<u64>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
                 .map(|t| {

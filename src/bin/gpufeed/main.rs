@@ -1,6 +1,9 @@
 //! The `gpufeed` command: pack data sets, inspect packed files, measure the loader.
 
 mod bench;
+#[cfg(feature = "cuda")]
+mod bench_cuda;
+mod images;
 mod inspect;
 mod pack;
 
