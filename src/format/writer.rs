@@ -31,7 +31,7 @@ pub struct PackSummary {
 ///
 /// ```
 /// use gpufeed::format::{DType, Field, RecordFile, RecordWriter, Schema};
-/// # let dir = tempfile::tempdir()?;
+/// # let dir = tempfile::tempdir().map_err(gpufeed::Error::user)?;
 /// # let path = dir.path().join("tiny.gfd");
 /// let schema = Schema::new(vec![
 ///     Field::tensor("pixels", DType::U8, &[2, 2]),
