@@ -237,3 +237,38 @@ fn bytes_outlive_the_record_file() {
         }
     });
 }
+
+#[test]
+fn large_records_round_trip_with_checksums() {
+    // Records of 64 KiB and more take the writer's parallel hash-and-write path.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("large.gfd");
+    let schema = Schema::new(vec![
+        Field::tensor("label", DType::U8, &[]),
+        Field::tensor("image", DType::U16, &[3, 100, 120]),
+        Field::bytes("blob", Codec::Raw),
+    ])
+    .unwrap();
+    let image = |i: u8| -> Vec<u8> { (0..72_000u32).map(|k| (k as u8).wrapping_mul(i)).collect() };
+    let blob = |i: u8| vec![i ^ 0x5a; 40_000 * i as usize];
+    let mut w = RecordWriter::create(&p, schema).unwrap();
+    for i in 0..6u8 {
+        w.append(&[&[i], &image(i), &blob(i)]).unwrap();
+    }
+    w.finish().unwrap();
+    let f = RecordFile::open_with(
+        &p,
+        gpufeed::format::ReadOptions {
+            verify_checksums: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(f.record_align(), 64);
+    for i in 0..6u8 {
+        let s = f.get(u64::from(i)).unwrap();
+        assert_eq!(s.field(0), Some(&[i][..]));
+        assert_eq!(s.field(1), Some(&image(i)[..]));
+        assert_eq!(s.field(2), Some(&blob(i)[..]));
+    }
+    f.verify(|_| {}).unwrap();
+}
