@@ -12,7 +12,9 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let path = std::env::temp_dir().join(format!("gpufeed-fuzz-npy-{}.npy", std::process::id()));
-    let Ok(mut f) = std::fs::File::create(&path) else { return };
+    let Ok(mut f) = std::fs::File::create(&path) else {
+        return;
+    };
     if f.write_all(data).is_err() {
         return;
     }
