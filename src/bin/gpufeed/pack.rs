@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// What the inputs of `gpufeed pack` are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum From {
+pub enum InputKind {
     /// `.npy` arrays: row `i` (along the first axis) is record `i`.
     Npy,
     /// Raw files of fixed-size records (`--record-bytes`), back to back.
@@ -29,7 +29,7 @@ pub enum From {
 pub struct Args {
     /// What the inputs are.
     #[arg(long = "from", value_enum)]
-    from: From,
+    from: InputKind,
     /// Input files, concatenated in this order.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
@@ -49,13 +49,13 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let start = Instant::now();
     let (summary, data_bytes) = match args.from {
-        From::Npy => {
+        InputKind::Npy => {
             if args.record_bytes.is_some() {
                 return Err(config("--record-bytes", "applies to --from raw only"));
             }
             pack_npy(&args.inputs, args.labels.as_deref(), &args.output)?
         }
-        From::Raw => {
+        InputKind::Raw => {
             if args.labels.is_some() {
                 return Err(config("--labels", "applies to --from npy only"));
             }
