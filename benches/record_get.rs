@@ -56,11 +56,12 @@ fn bench(c: &mut Criterion) {
     let order = permutation(RECORDS, 0x9e37_79b9_7f4a_7c15);
     let batches: Vec<&[u64]> = order.chunks(BATCH).collect();
     // The memcpy baseline's ranges, from the same mapping, computed once.
+    let data = file.schema().fixed_range(0).expect("data is a tensor");
     let ranges: Vec<Vec<&[u8]>> = batches
         .iter()
         .map(|b| {
             b.iter()
-                .map(|&i| file.get(i).expect("get").field(0).expect("data"))
+                .map(|&i| &file.record_bytes(i).expect("record")[data.clone()])
                 .collect()
         })
         .collect();

@@ -62,7 +62,9 @@ pub enum Error {
     },
 
     /// A record's bytes do not match its stored checksum.
-    #[error("{path}: record {record}: checksum mismatch (stored {stored:#018x}, computed {computed:#018x})")]
+    #[error(
+        "{path}: record {record}: checksum mismatch (stored {stored:#018x}, computed {computed:#018x})"
+    )]
     ChecksumMismatch {
         /// The file concerned.
         path: PathBuf,

@@ -13,16 +13,30 @@
 //! |---|---|
 //! | the packed record file (layout, writer, reader) | [`format`] |
 //! | where samples come from (packed files, `.npy`, shards) | [`source`] |
+//! | the order of samples: shuffle, shards, batches, resume | [`sampler`] |
+//! | per-sample work that writes into the batch (copy, decode, augment) | [`transform`] |
+//! | batch buffers: a caching pool with a byte budget | [`memory`] |
+//! | worker threads, channels, [`Batch`], stats | [`loader`] |
+//! | pinned buffers, device pool, async copies, device batches (feature `cuda`) | `cuda` |
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] names the file, record or sample at
 //! fault. Nothing panics on bad input.
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod format;
+pub mod loader;
+pub mod memory;
+pub mod sampler;
 pub mod source;
+pub mod transform;
 
 pub use error::{Error, Result};
 pub use format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
+pub use loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};
+pub use memory::{HostBuffer, HostPool, PoolStats};
 pub use source::{Concat, Dataset, NpyArray, Sample};
+pub use transform::{CopyFields, FnTransform, OutputField, SampleContext, SampleTransform, Slots};

@@ -42,10 +42,17 @@ impl Header {
     /// Decodes the header; the version is returned as it is, for the caller to judge.
     pub fn decode(b: &[u8]) -> Result<Header, String> {
         if b.len() < BLOCK {
-            return Err(format!("{} bytes is too short for the {BLOCK}-byte header", b.len()));
+            return Err(format!(
+                "{} bytes is too short for the {BLOCK}-byte header",
+                b.len()
+            ));
         }
         if b[0..8] != MAGIC {
-            return Err(format!("bad magic {:02x?} (expected {:02x?}, \"GPUFEED\\0\")", &b[0..8], MAGIC));
+            return Err(format!(
+                "bad magic {:02x?} (expected {:02x?}, \"GPUFEED\\0\")",
+                &b[0..8],
+                MAGIC
+            ));
         }
         Ok(Header {
             major: u16_at(b, 8),
@@ -90,7 +97,9 @@ impl Footer {
         let len = file.len() as u64;
         let b = &file[file.len() - BLOCK..];
         if b[0..8] != FOOTER_MAGIC {
-            return Err("no footer: the file is truncated or was not finished by its writer".into());
+            return Err(
+                "no footer: the file is truncated or was not finished by its writer".into(),
+            );
         }
         let f = Footer {
             records: u64_at(b, 8),
@@ -110,13 +119,24 @@ impl Footer {
             .checked_add(1)
             .and_then(|n| n.checked_mul(8))
             .ok_or("record count overflows the offset table")?;
-        let checks_len = f.records.checked_mul(8).ok_or("record count overflows the checksum table")?;
+        let checks_len = f
+            .records
+            .checked_mul(8)
+            .ok_or("record count overflows the checksum table")?;
         let regions = [
             ("header", 0, BLOCK as u64),
             ("data", header.data_offset, f.data_end),
             ("schema", f.schema_offset, schema_end),
-            ("offset table", f.offsets_offset, f.offsets_offset.saturating_add(offsets_len)),
-            ("checksum table", f.checksums_offset, f.checksums_offset.saturating_add(checks_len)),
+            (
+                "offset table",
+                f.offsets_offset,
+                f.offsets_offset.saturating_add(offsets_len),
+            ),
+            (
+                "checksum table",
+                f.checksums_offset,
+                f.checksums_offset.saturating_add(checks_len),
+            ),
         ];
         let mut prev_end = 0u64;
         let mut prev_name = "start of file";

@@ -106,7 +106,9 @@ impl RecordFile {
         }
         let align = u64::from(header.record_align);
         if !align.is_power_of_two() || !(8..=4096).contains(&align) {
-            return Err(bad(format!("record alignment {align} is not a power of two from 8 to 4096")));
+            return Err(bad(format!(
+                "record alignment {align} is not a power of two from 8 to 4096"
+            )));
         }
         if header.data_offset < BLOCK as u64 || header.data_offset % align != 0 {
             return Err(bad(format!(
@@ -115,8 +117,10 @@ impl RecordFile {
             )));
         }
         let footer = Footer::decode(bytes, &header).map_err(bad)?;
-        let schema_range = footer.schema_offset as usize..(footer.schema_offset + footer.schema_len) as usize;
-        let schema = Schema::decode(&bytes[schema_range]).map_err(|e| bad(format!("schema: {e}")))?;
+        let schema_range =
+            footer.schema_offset as usize..(footer.schema_offset + footer.schema_len) as usize;
+        let schema =
+            Schema::decode(&bytes[schema_range]).map_err(|e| bad(format!("schema: {e}")))?;
         let f = RecordFile {
             path: path.to_path_buf(),
             schema,
@@ -219,7 +223,10 @@ impl RecordFile {
         if start % self.record_align != 0 {
             return Err(self.bad_record(
                 i,
-                format!("starts at {start}, not a multiple of the record alignment {}", self.record_align),
+                format!(
+                    "starts at {start}, not a multiple of the record alignment {}",
+                    self.record_align
+                ),
             ));
         }
         Ok(start as usize..end as usize)
@@ -237,7 +244,9 @@ impl RecordFile {
         if self.options.verify_checksums {
             self.check_sum(i, bytes)?;
         }
-        self.schema.check_record(bytes).map_err(|e| self.bad_record(i, e))?;
+        self.schema
+            .check_record(bytes)
+            .map_err(|e| self.bad_record(i, e))?;
         Ok(Sample::new(bytes, &self.schema))
     }
 
@@ -268,7 +277,9 @@ impl RecordFile {
     /// Checks record `i` completely: offsets, schema and checksum.
     pub fn verify_record(&self, i: u64) -> Result<()> {
         let bytes = self.record_bytes(i)?;
-        self.schema.check_record(bytes).map_err(|e| self.bad_record(i, e))?;
+        self.schema
+            .check_record(bytes)
+            .map_err(|e| self.bad_record(i, e))?;
         self.check_sum(i, bytes)
     }
 

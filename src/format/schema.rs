@@ -264,12 +264,18 @@ impl Schema {
             match &f.kind {
                 FieldKind::Tensor { dtype, shape } => {
                     if shape.len() > 16 {
-                        return Err(format!("field `{}` has {} dimensions (at most 16)", f.name, shape.len()));
+                        return Err(format!(
+                            "field `{}` has {} dimensions (at most 16)",
+                            f.name,
+                            shape.len()
+                        ));
                     }
                     let len = f
                         .fixed_bytes()
                         .filter(|&n| n <= u32::MAX as usize)
-                        .ok_or_else(|| format!("field `{}` is larger than 4 GiB per record", f.name))?;
+                        .ok_or_else(|| {
+                            format!("field `{}` is larger than 4 GiB per record", f.name)
+                        })?;
                     let offset = align_up(cursor, dtype.size());
                     cursor = offset + len;
                     slots.push(Slot::Fixed { offset, len });
@@ -325,7 +331,7 @@ impl Schema {
     }
 
     /// Byte offset of the variable-size length table within a record.
-    pub(crate) fn var_table_offset(&self) -> usize {
+    pub fn var_table_offset(&self) -> usize {
         self.var_table
     }
 
@@ -337,8 +343,9 @@ impl Schema {
         }
     }
 
-    /// Checks the variable-size length table of `record` and returns where the variable bytes end.
-    pub(crate) fn check_record(&self, record: &[u8]) -> Result<usize, String> {
+    /// Checks that `record` is long enough for this schema and for the lengths in its
+    /// variable-size table; returns where the variable bytes end.
+    pub fn check_record(&self, record: &[u8]) -> Result<usize, String> {
         let min = self.min_record_bytes();
         if record.len() < min {
             return Err(format!(
@@ -383,6 +390,53 @@ impl Schema {
         }
     }
 
+    /// Lays out one record from one value per field (in schema order) into `out` (cleared
+    /// first), without padding: tensors at their offsets, the length table, the bytes.
+    pub fn build_record(&self, values: &[&[u8]], out: &mut Vec<u8>) -> Result<(), String> {
+        if values.len() != self.fields.len() {
+            return Err(format!(
+                "{} values for {} fields",
+                values.len(),
+                self.fields.len()
+            ));
+        }
+        out.clear();
+        out.resize(self.min_record_bytes(), 0);
+        let mut k = 0;
+        for (i, (field, value)) in self.fields.iter().zip(values).enumerate() {
+            match self.slots[i] {
+                Slot::Fixed { offset, len } => {
+                    if value.len() != len {
+                        return Err(format!(
+                            "field `{}` has {} bytes, its schema says {len}",
+                            field.name,
+                            value.len()
+                        ));
+                    }
+                    out[offset..offset + len].copy_from_slice(value);
+                }
+                Slot::Var { .. } => {
+                    let len = u32::try_from(value.len()).map_err(|_| {
+                        format!(
+                            "field `{}` has {} bytes (at most 4 GiB)",
+                            field.name,
+                            value.len()
+                        )
+                    })?;
+                    let at = self.var_table + 4 * k;
+                    out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+                    k += 1;
+                }
+            }
+        }
+        for (i, value) in values.iter().enumerate() {
+            if let Slot::Var { .. } = self.slots[i] {
+                out.extend_from_slice(value);
+            }
+        }
+        Ok(())
+    }
+
     /// Encodes the schema as stored in a packed file (`docs/FORMAT.md`, "Schema block").
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -424,8 +478,8 @@ impl Schema {
             let kind = match r.u8()? {
                 0 => {
                     let code = r.u8()?;
-                    let dtype =
-                        DType::from_code(code).ok_or_else(|| format!("field `{name}`: unknown dtype code {code}"))?;
+                    let dtype = DType::from_code(code)
+                        .ok_or_else(|| format!("field `{name}`: unknown dtype code {code}"))?;
                     let ndim = r.u8()? as usize;
                     let mut shape = Vec::with_capacity(ndim);
                     for _ in 0..ndim {
@@ -441,7 +495,10 @@ impl Schema {
             fields.push(Field { name, kind });
         }
         if r.at != bytes.len() {
-            return Err(format!("{} trailing bytes after the last field", bytes.len() - r.at));
+            return Err(format!(
+                "{} trailing bytes after the last field",
+                bytes.len() - r.at
+            ));
         }
         Schema::new(fields)
     }
@@ -454,7 +511,9 @@ impl fmt::Display for Schema {
                 f.write_str(", ")?;
             }
             match &field.kind {
-                FieldKind::Tensor { dtype, shape } => write!(f, "{}: {dtype}{shape:?}", field.name)?,
+                FieldKind::Tensor { dtype, shape } => {
+                    write!(f, "{}: {dtype}{shape:?}", field.name)?
+                }
                 FieldKind::Bytes { codec } => write!(f, "{}: bytes({})", field.name, codec.name())?,
             }
         }
@@ -475,9 +534,16 @@ struct ByteReader<'a> {
 
 impl<'a> ByteReader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
-            format!("schema ends at byte {} while reading {n} more bytes", self.bytes.len())
-        })?;
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or_else(|| {
+                format!(
+                    "schema ends at byte {} while reading {n} more bytes",
+                    self.bytes.len()
+                )
+            })?;
         let out = &self.bytes[self.at..end];
         self.at = end;
         Ok(out)
@@ -546,7 +612,13 @@ mod tests {
 
     #[test]
     fn duplicate_and_empty_names_are_rejected() {
-        assert!(Schema::new(vec![Field::tensor("a", DType::U8, &[]), Field::bytes("a", Codec::Raw)]).is_err());
+        assert!(
+            Schema::new(vec![
+                Field::tensor("a", DType::U8, &[]),
+                Field::bytes("a", Codec::Raw)
+            ])
+            .is_err()
+        );
         assert!(Schema::new(vec![Field::tensor("", DType::U8, &[])]).is_err());
         assert!(Schema::new(vec![]).is_err());
     }
@@ -563,6 +635,22 @@ mod tests {
         assert_eq!(s.field_in(&rec, 3), Some(&b"de"[..]));
         rec.truncate(32);
         assert!(s.check_record(&rec).is_err());
+    }
+
+    #[test]
+    fn built_records_read_back() {
+        let s = mixed();
+        let mut rec = Vec::new();
+        s.build_record(&[&[9], b"jpegbytes", &[1u8; 16], b"hi"], &mut rec)
+            .unwrap();
+        assert_eq!(s.check_record(&rec), Ok(rec.len()));
+        assert_eq!(s.field_in(&rec, 0), Some(&[9u8][..]));
+        assert_eq!(s.field_in(&rec, 1), Some(&b"jpegbytes"[..]));
+        assert_eq!(s.field_in(&rec, 3), Some(&b"hi"[..]));
+        assert!(
+            s.build_record(&[&[9, 9], b"", &[1u8; 16], b""], &mut rec)
+                .is_err()
+        );
     }
 
     #[test]

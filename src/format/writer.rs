@@ -67,7 +67,11 @@ impl RecordWriter {
 
     /// Starts a packed file whose records each start at a multiple of `record_align` bytes
     /// (a power of two from 8 to 4096).
-    pub fn with_record_align(path: impl AsRef<Path>, schema: Schema, record_align: usize) -> Result<RecordWriter> {
+    pub fn with_record_align(
+        path: impl AsRef<Path>,
+        schema: Schema,
+        record_align: usize,
+    ) -> Result<RecordWriter> {
         if !record_align.is_power_of_two() || !(8..=4096).contains(&record_align) {
             return Err(Error::config(
                 "record_align",
@@ -89,7 +93,8 @@ impl RecordWriter {
         }
         .encode();
         let mut zeros = vec![0u8; 4096];
-        out.write_all(&header).map_err(|e| Error::io(&tmp, "write", e))?;
+        out.write_all(&header)
+            .map_err(|e| Error::io(&tmp, "write", e))?;
         out.write_all(&zeros[..data_offset as usize - BLOCK])
             .map_err(|e| Error::io(&tmp, "write", e))?;
         zeros.truncate(record_align);
@@ -252,7 +257,9 @@ impl RecordWriter {
 
     fn write_tail(&mut self, mut out: BufWriter<File>) -> Result<PackSummary> {
         let tmp = self.tmp.clone();
-        let w = |out: &mut BufWriter<File>, b: &[u8]| out.write_all(b).map_err(|e| Error::io(&tmp, "write", e));
+        let w = |out: &mut BufWriter<File>, b: &[u8]| {
+            out.write_all(b).map_err(|e| Error::io(&tmp, "write", e))
+        };
         let data_end = self.pos;
         let schema_offset = data_end;
         w(&mut out, &self.schema_bytes)?;
@@ -283,7 +290,8 @@ impl RecordWriter {
         let file = out
             .into_inner()
             .map_err(|e| Error::io(&self.tmp, "write", e.into_error()))?;
-        file.sync_all().map_err(|e| Error::io(&self.tmp, "sync", e))?;
+        file.sync_all()
+            .map_err(|e| Error::io(&self.tmp, "sync", e))?;
         let file_bytes = checksums_offset + 8 * self.checksums.len() as u64 + BLOCK as u64;
         drop(file);
         std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, "rename", e))?;

@@ -16,7 +16,10 @@ impl<D: Dataset> Concat<D> {
     /// Concatenates `parts`; their schemas must be equal, and there must be at least one.
     pub fn new(parts: Vec<D>) -> Result<Concat<D>> {
         let Some(first) = parts.first() else {
-            return Err(Error::config("sources", "a concatenation needs at least one source"));
+            return Err(Error::config(
+                "sources",
+                "a concatenation needs at least one source",
+            ));
         };
         for (k, p) in parts.iter().enumerate().skip(1) {
             if p.schema() != first.schema() {
@@ -56,7 +59,10 @@ impl<D: Dataset> Dataset for Concat<D> {
     fn get(&self, index: u64) -> Result<Sample<'_>> {
         let k = self.ends.partition_point(|&end| end <= index);
         let Some(part) = self.parts.get(k) else {
-            return Err(Error::OutOfRange { index, len: self.len() });
+            return Err(Error::OutOfRange {
+                index,
+                len: self.len(),
+            });
         };
         let start = if k == 0 { 0 } else { self.ends[k - 1] };
         part.get(index - start)

@@ -2,6 +2,7 @@
 //!
 //! - [`RecordFile`](crate::format::RecordFile): a packed record file;
 //! - [`NpyArray`]: a `.npy` array, memory-mapped in place, one row a sample;
+//! - [`ImageFolder`]: a directory of class subdirectories of JPEG/PNG files (torchvision's);
 //! - [`Concat`]: several sources of one schema as one dataset (shards);
 //! - [`open`]: whichever of these a path names.
 //!
@@ -10,12 +11,14 @@
 //! shared by reference among worker threads; none holds per-thread state.
 
 mod concat;
+mod image_folder;
 mod npy;
 
 use std::path::Path;
 use std::sync::Arc;
 
 pub use concat::Concat;
+pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
 
 use crate::error::{Error, Result};
@@ -64,32 +67,68 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     }
 }
 
-/// One sample: a view of a record's bytes and the schema that says where its fields are.
-#[derive(Clone, Copy)]
+/// One sample: a record's bytes and the schema that says where its fields are.
+///
+/// Sources that map their data hand out views into the mapping (no copy); sources that must
+/// read (an image file, a decoded archive member) hand out bytes they own.
+#[derive(Clone)]
 pub struct Sample<'a> {
-    bytes: &'a [u8],
+    bytes: SampleBytes<'a>,
     schema: &'a Schema,
+}
+
+#[derive(Clone)]
+enum SampleBytes<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
 }
 
 impl<'a> Sample<'a> {
     /// A sample over `bytes`, which `schema.check_record` accepted.
     pub(crate) fn new(bytes: &'a [u8], schema: &'a Schema) -> Sample<'a> {
-        Sample { bytes, schema }
+        Sample {
+            bytes: SampleBytes::Borrowed(bytes),
+            schema,
+        }
+    }
+
+    /// A sample that borrows its record bytes (laid out as `schema` says); checked here.
+    /// For sources that keep their data in memory they own.
+    pub fn borrowed(bytes: &'a [u8], schema: &'a Schema) -> Result<Sample<'a>> {
+        schema
+            .check_record(bytes)
+            .map_err(|e| Error::mismatch(format!("record does not fit its schema: {e}")))?;
+        Ok(Sample::new(bytes, schema))
+    }
+
+    /// A sample that owns its record bytes, laid out as `schema` says (see
+    /// [`Schema::record_bytes`] and `docs/FORMAT.md`, "Record"); checked here.
+    pub fn owned(bytes: Vec<u8>, schema: &'a Schema) -> Result<Sample<'a>> {
+        schema
+            .check_record(&bytes)
+            .map_err(|e| Error::mismatch(format!("record does not fit its schema: {e}")))?;
+        Ok(Sample {
+            bytes: SampleBytes::Owned(bytes),
+            schema,
+        })
     }
 
     /// The bytes of field `k` (in schema order), or `None` if there is no such field.
-    pub fn field(&self, k: usize) -> Option<&'a [u8]> {
-        self.schema.field_in(self.bytes, k)
+    pub fn field(&self, k: usize) -> Option<&[u8]> {
+        self.schema.field_in(self.bytes(), k)
     }
 
     /// The bytes of the field called `name`.
-    pub fn field_named(&self, name: &str) -> Option<&'a [u8]> {
+    pub fn field_named(&self, name: &str) -> Option<&[u8]> {
         self.field(self.schema.index_of(name)?)
     }
 
     /// The record's bytes as stored (fields, length table, padding).
-    pub fn bytes(&self) -> &'a [u8] {
-        self.bytes
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            SampleBytes::Borrowed(b) => b,
+            SampleBytes::Owned(v) => v,
+        }
     }
 
     /// The schema of this sample.
@@ -101,7 +140,7 @@ impl<'a> Sample<'a> {
 impl std::fmt::Debug for Sample<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sample")
-            .field("bytes", &self.bytes.len())
+            .field("bytes", &self.bytes().len())
             .field("schema", &self.schema.to_string())
             .finish()
     }

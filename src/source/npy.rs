@@ -92,12 +92,13 @@ impl NpyArray {
                 ),
             });
         }
-        let schema = Schema::new(vec![Field::tensor(field, header.dtype, &row_shape)]).map_err(|what| {
-            Error::UnsupportedNpy {
-                path: path.to_path_buf(),
-                what,
-            }
-        })?;
+        let schema =
+            Schema::new(vec![Field::tensor(field, header.dtype, &row_shape)]).map_err(|what| {
+                Error::UnsupportedNpy {
+                    path: path.to_path_buf(),
+                    what,
+                }
+            })?;
         Ok(NpyArray {
             path: path.to_path_buf(),
             map,
@@ -138,7 +139,10 @@ impl NpyArray {
     /// The bytes of row `i`.
     pub fn row(&self, i: u64) -> Result<&[u8]> {
         if i >= self.rows {
-            return Err(Error::OutOfRange { index: i, len: self.rows });
+            return Err(Error::OutOfRange {
+                index: i,
+                len: self.rows,
+            });
         }
         let start = self.data_offset + i as usize * self.row_bytes;
         Ok(&self.map[start..start + self.row_bytes])
@@ -196,13 +200,18 @@ pub(crate) fn parse_header(b: &[u8]) -> Result<NpyHeader, HeaderError> {
         1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10usize),
         2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
         2 | 3 => return Err(Malformed("truncated header".into())),
-        _ => return Err(Unsupported(format!("format version {major}.{minor} (1.0 to 3.0 are read)"))),
+        _ => {
+            return Err(Unsupported(format!(
+                "format version {major}.{minor} (1.0 to 3.0 are read)"
+            )));
+        }
     };
     let end = at
         .checked_add(len)
         .filter(|&e| e <= b.len())
         .ok_or_else(|| Malformed(format!("header claims {len} bytes, the file ends first")))?;
-    let text = std::str::from_utf8(&b[at..end]).map_err(|_| Malformed("header is not text".into()))?;
+    let text =
+        std::str::from_utf8(&b[at..end]).map_err(|_| Malformed("header is not text".into()))?;
     let dict = match PyValue::parse(text).map_err(|e| Malformed(format!("header {text:?}: {e}")))? {
         PyValue::Dict(d) => d,
         _ => return Err(Malformed(format!("header {text:?} is not a dict"))),
@@ -227,13 +236,17 @@ pub(crate) fn parse_header(b: &[u8]) -> Result<NpyHeader, HeaderError> {
             .iter()
             .map(|v| match v {
                 PyValue::Int(n) => Ok(*n),
-                other => Err(Malformed(format!("shape entry {other:?} is not a whole number"))),
+                other => Err(Malformed(format!(
+                    "shape entry {other:?} is not a whole number"
+                ))),
             })
             .collect::<Result<Vec<u64>, _>>()?,
         other => return Err(Malformed(format!("shape is {other:?}, not a tuple"))),
     };
     if shape.is_empty() {
-        return Err(Unsupported("a 0-dimensional array has no rows to use as samples".into()));
+        return Err(Unsupported(
+            "a 0-dimensional array has no rows to use as samples".into(),
+        ));
     }
     if fortran && shape.iter().filter(|&&d| d != 1).count() > 1 {
         return Err(Unsupported(format!(
@@ -294,7 +307,11 @@ enum PyValue {
 
 impl PyValue {
     fn parse(text: &str) -> Result<PyValue, String> {
-        let mut p = PyParser { s: text.as_bytes(), at: 0, depth: 0 };
+        let mut p = PyParser {
+            s: text.as_bytes(),
+            at: 0,
+            depth: 0,
+        };
         let v = p.value()?;
         p.ws();
         if p.at != p.s.len() {
@@ -350,8 +367,14 @@ impl PyParser<'_> {
                 if self.s.get(self.at) == Some(&b'L') {
                     self.at += 1;
                 }
-                let digits = std::str::from_utf8(&self.s[start..self.at]).unwrap_or("").trim_end_matches('L');
-                PyValue::Int(digits.parse().map_err(|_| format!("number {digits} is out of range"))?)
+                let digits = std::str::from_utf8(&self.s[start..self.at])
+                    .unwrap_or("")
+                    .trim_end_matches('L');
+                PyValue::Int(
+                    digits
+                        .parse()
+                        .map_err(|_| format!("number {digits} is out of range"))?,
+                )
             }
             Some(b'T') if self.s[self.at..].starts_with(b"True") => {
                 self.at += 4;
@@ -424,7 +447,10 @@ pub fn npy_header(dtype: DType, shape: &[u64]) -> Result<Vec<u8>> {
         DType::I64 => "<i8",
         DType::F64 => "<f8",
         DType::BF16 => {
-            return Err(Error::config("dtype", "NumPy has no bf16 dtype to write a .npy header for"));
+            return Err(Error::config(
+                "dtype",
+                "NumPy has no bf16 dtype to write a .npy header for",
+            ));
         }
     };
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
@@ -490,12 +516,20 @@ mod tests {
         ];
         for c in cases {
             assert!(
-                matches!(parse_header(&header_with(c)), Err(HeaderError::Unsupported(_))),
+                matches!(
+                    parse_header(&header_with(c)),
+                    Err(HeaderError::Unsupported(_))
+                ),
                 "{c}"
             );
         }
         // A Fortran-ordered vector is the same bytes as a C-ordered one.
-        assert!(parse_header(&header_with("{'descr': '<f4', 'fortran_order': True, 'shape': (5,), }")).is_ok());
+        assert!(
+            parse_header(&header_with(
+                "{'descr': '<f4', 'fortran_order': True, 'shape': (5,), }"
+            ))
+            .is_ok()
+        );
     }
 
     #[test]
@@ -507,7 +541,13 @@ mod tests {
             "{'descr': '<f4', 'fortran_order': 1, 'shape': (5,), }",
             "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,), }",
         ] {
-            assert!(matches!(parse_header(&header_with(c)), Err(HeaderError::Malformed(_))), "{c}");
+            assert!(
+                matches!(
+                    parse_header(&header_with(c)),
+                    Err(HeaderError::Malformed(_))
+                ),
+                "{c}"
+            );
         }
         assert!(parse_header(b"").is_err());
         assert!(parse_header(b"\x93NUMPY\x01\x00\xff\x00{").is_err());

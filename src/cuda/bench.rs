@@ -1,0 +1,160 @@
+//! Device-side measurements: the pinned-copy ceiling of this machine, and the whole path.
+//!
+//! Both synchronise the host (they are measurements, not the hot path).
+
+use serde::Serialize;
+
+use super::cuda_err;
+use super::{
+    Device, DeviceLoader, DeviceLoaderOptions, DevicePool, DevicePoolStats, PinnedBacking,
+};
+use crate::error::{Error, Result};
+use crate::loader::{LoaderBuilder, LoaderStats};
+use crate::memory::HostPool;
+
+/// Bytes per second of `iterations` back-to-back `cuMemcpyHtoDAsync` copies of `bytes` bytes
+/// from one ordinary pinned buffer into one device buffer, timed with events on a stream of its
+/// own after two warm-up copies: the ceiling the copy stage is measured against.
+pub fn pinned_copy_ceiling(device: &Device, bytes: usize, iterations: usize) -> Result<f64> {
+    if bytes == 0 || iterations == 0 {
+        return Err(Error::config(
+            "ceiling",
+            "bytes and iterations must be positive",
+        ));
+    }
+    device.bind()?;
+    let host_pool = HostPool::with_backing(
+        PinnedBacking::new(device),
+        HostPool::block_size(bytes) as u64,
+    );
+    let mut host = host_pool.acquire(bytes)?;
+    for (i, b) in host.as_mut_slice().iter_mut().enumerate() {
+        *b = (i.wrapping_mul(31) >> 3) as u8;
+    }
+    let dev = DevicePool::new(device).alloc(bytes)?;
+    let stream = device.new_stream()?;
+    let ctx = device.context();
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let copy = || {
+        // SAFETY: `host` (pinned) and `dev` both hold `bytes` bytes and outlive the stream
+        // synchronisation below, which waits for every copy enqueued here.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                dev.ptr(),
+                host.as_slice(),
+                stream.cu_stream(),
+            )
+        }
+        .map_err(cuda_err("copy to the device (cuMemcpyHtoDAsync)"))
+    };
+    copy()?;
+    copy()?;
+    let start = ctx.new_event(timing).map_err(cuda_err("create an event"))?;
+    let end = ctx.new_event(timing).map_err(cuda_err("create an event"))?;
+    start.record(&stream).map_err(cuda_err("record an event"))?;
+    for _ in 0..iterations {
+        copy()?;
+    }
+    end.record(&stream).map_err(cuda_err("record an event"))?;
+    stream
+        .synchronize()
+        .map_err(cuda_err("synchronize a stream"))?;
+    let ms = start
+        .elapsed_ms(&end)
+        .map_err(cuda_err("read the events' elapsed time"))?;
+    let secs = f64::from(ms) / 1e3;
+    if secs <= 0.0 {
+        return Err(Error::Cuda {
+            op: "time the pinned copies",
+            what: "the events measured no time".into(),
+        });
+    }
+    Ok((bytes as f64 * iterations as f64) / secs)
+}
+
+/// What [`bench_device`] measured. Serializable for `gpufeed bench --device N --json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceBenchReport {
+    /// The device's name.
+    pub device: String,
+    /// Its ordinal.
+    pub ordinal: usize,
+    /// Device batches consumed.
+    pub batches: u64,
+    /// Samples consumed.
+    pub samples: u64,
+    /// Bytes of batch fields delivered to the device.
+    pub bytes: u64,
+    /// Seconds from the first batch asked for to the consumer stream's last wait done.
+    pub elapsed_s: f64,
+    /// End to end (mapped files to device memory) bytes per second.
+    pub bytes_per_sec: f64,
+    /// Bytes of the copies (whole batch buffers).
+    pub h2d_bytes: u64,
+    /// Copy-engine seconds of the timed copies.
+    pub h2d_busy_s: f64,
+    /// The copy stage's bytes per second of copy time.
+    pub h2d_bytes_per_sec: f64,
+    /// The pinned-copy ceiling of the same run, copies of the same size.
+    pub h2d_ceiling_bytes_per_sec: f64,
+    /// `h2d_bytes_per_sec / h2d_ceiling_bytes_per_sec`.
+    pub h2d_fraction_of_ceiling: f64,
+    /// The fraction of the consumer's time spent waiting for a batch.
+    pub consumer_wait_fraction: f64,
+    /// The device pool at the end.
+    pub device_pool: DevicePoolStats,
+    /// The host loader's figures, as seen by the copy thread.
+    pub loader: Option<LoaderStats>,
+}
+
+/// Runs the whole path on `device`: builds `builder` with pinned buffers, measures the
+/// pinned-copy ceiling at the batch buffer's size (before any batch is made), then consumes up
+/// to `max_batches` device batches (all of one epoch if `None`) on a consumer stream that waits
+/// on each copy, and reports.
+pub fn bench_device(
+    builder: LoaderBuilder,
+    device: &Device,
+    opts: DeviceLoaderOptions,
+    max_batches: Option<u64>,
+) -> Result<DeviceBenchReport> {
+    let loader = builder.backing(PinnedBacking::new(device)).build()?;
+    let copy_bytes = loader.layout().total_bytes();
+    let iterations = ((4usize << 30) / copy_bytes.max(1)).clamp(20, 2000);
+    let ceiling = pinned_copy_ceiling(device, copy_bytes, iterations)?;
+    let mut dl = DeviceLoader::new(loader, device, opts)?;
+    let stream = device.new_stream()?;
+    let limit = max_batches.unwrap_or(u64::MAX);
+    let mut taken = 0u64;
+    while taken < limit {
+        match dl.next() {
+            Some(batch) => {
+                let mut batch = batch?;
+                batch.wait_on(&stream)?;
+                taken += 1;
+            }
+            None => break,
+        }
+    }
+    stream
+        .synchronize()
+        .map_err(cuda_err("synchronize the consumer stream"))?;
+    let stats = dl.stats();
+    let h2d = stats.h2d_bytes_per_sec();
+    Ok(DeviceBenchReport {
+        device: device.name().to_owned(),
+        ordinal: device.ordinal(),
+        batches: stats.batches,
+        samples: stats.samples,
+        bytes: stats.bytes,
+        elapsed_s: stats.elapsed.as_secs_f64(),
+        bytes_per_sec: stats.bytes_per_sec(),
+        h2d_bytes: stats.h2d_bytes,
+        h2d_busy_s: stats.h2d_busy.as_secs_f64(),
+        h2d_bytes_per_sec: h2d,
+        h2d_ceiling_bytes_per_sec: ceiling,
+        h2d_fraction_of_ceiling: if ceiling > 0.0 { h2d / ceiling } else { 0.0 },
+        consumer_wait_fraction: stats.wait_fraction(),
+        device_pool: stats.device_pool,
+        loader: stats.loader,
+    })
+}

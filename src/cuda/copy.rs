@@ -1,0 +1,816 @@
+//! The copy stage: [`DeviceLoader`] turns a [`Loader`]'s host batches into [`DeviceBatch`]es.
+//!
+//! A copy thread owns the loader. For each host batch it takes a buffer from a [`DevicePool`],
+//! enqueues on the device's copy stream one `cuMemcpyHtoDAsync` of the whole batch buffer (every
+//! field lives in it, at [`BatchLayout::field_offset`](crate::loader::BatchLayout::field_offset)),
+//! then the optional conversion kernels, and records events; it sets the host buffer's fence to
+//! the copy's event (so that the pinned buffer returns to its pool only once the copy has read
+//! it) and drops the host batch. The device batch goes to the consumer through a bounded
+//! channel of `depth` batches: copies of the next batches are in flight while the consumer
+//! computes on this one. Nothing on this path waits for the device.
+//!
+//! **The rule for device memory.** A [`DeviceBatch`]'s memory is valid until the batch is
+//! dropped *and* every stream registered with [`DeviceBatch::wait_on`] or
+//! [`DeviceBatch::release_on`] has passed the point where the batch was dropped: on drop, an
+//! event is recorded on each registered stream and the device buffer is reused only once those
+//! events (and the copy) have completed. So: call `wait_on(stream)` before enqueueing work that
+//! reads the batch on `stream`; call `release_on(other)` for any other stream you use it on
+//! (PyTorch's `record_stream`); then drop the batch whenever you like, without synchronising.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use cudarc::driver::{CudaEvent, CudaStream, result, sys};
+use serde::Serialize;
+
+use super::cuda_err;
+use super::{Convert, Converter, Device, DeviceBuffer, DevicePool, DevicePoolStats};
+use crate::error::{Error, Result};
+use crate::format::DType;
+use crate::loader::{Batch, Loader, LoaderBuilder, LoaderStats};
+use crate::memory::human_bytes;
+
+/// Settings of a [`DeviceLoader`].
+#[derive(Clone, Debug)]
+pub struct DeviceLoaderOptions {
+    /// Device batches copied ahead of the consumer (the channel's capacity; default 2). One
+    /// more can be in the copy thread's hands.
+    pub depth: usize,
+    /// Fields to convert on the device (opt-in; see [`Convert`]).
+    pub convert: Vec<Convert>,
+    /// Debugging: fill each device buffer with this byte before the copy, so that bytes the
+    /// copy does not write show up (tests use it; it costs a memset per batch).
+    pub poison: Option<u8>,
+}
+
+impl Default for DeviceLoaderOptions {
+    fn default() -> Self {
+        DeviceLoaderOptions {
+            depth: 2,
+            convert: Vec::new(),
+            poison: None,
+        }
+    }
+}
+
+impl DeviceLoaderOptions {
+    /// Sets [`depth`](Self::depth).
+    pub fn depth(mut self, n: usize) -> Self {
+        self.depth = n;
+        self
+    }
+
+    /// Adds a conversion.
+    pub fn convert(mut self, c: Convert) -> Self {
+        self.convert.push(c);
+        self
+    }
+
+    /// Sets [`poison`](Self::poison).
+    pub fn poison(mut self, byte: u8) -> Self {
+        self.poison = Some(byte);
+        self
+    }
+}
+
+/// One field of a [`DeviceBatch`]: where it is on the device, and what it holds.
+///
+/// `ptr` is a raw device address for frameworks (candle, burn, tch: `from_blob`); it is valid
+/// under the rule of the [module docs](self), no longer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceField {
+    /// The field's name.
+    pub name: String,
+    /// Its element type.
+    pub dtype: DType,
+    /// Its shape in this batch: `[len, per-sample shape...]` (converted fields: `[len, C, H, W]`).
+    pub shape: Vec<usize>,
+    /// Device address of its first element (aligned to 256 bytes), C-contiguous.
+    pub ptr: sys::CUdeviceptr,
+    /// Its size in bytes.
+    pub bytes: usize,
+}
+
+/// Where each field of a device batch lives, computed once.
+struct Plan {
+    host_bytes: usize,
+    device_bytes: usize,
+    /// Per output field: name, dtype, per-sample shape, offset in the device buffer, bytes per sample.
+    fields: Vec<(String, DType, Vec<usize>, usize, usize)>,
+    /// Conversions with their input and output offsets.
+    converts: Vec<(Converter, usize, usize)>,
+}
+
+impl Plan {
+    fn new(loader: &Loader, device: &Device, converts: &[Convert]) -> Result<Plan> {
+        let layout = loader.layout();
+        let host_bytes = layout.total_bytes();
+        let mut device_bytes = host_bytes.next_multiple_of(crate::loader::FIELD_ALIGN);
+        let mut fields = Vec::new();
+        let mut prepared = Vec::new();
+        for (k, f) in layout.fields().iter().enumerate() {
+            let offset = layout.field_offset(k).unwrap_or(0);
+            let convert: Vec<&Convert> = converts.iter().filter(|c| c.field == f.name).collect();
+            match convert.as_slice() {
+                [] => fields.push((
+                    f.name.clone(),
+                    f.dtype,
+                    f.shape.clone(),
+                    offset,
+                    f.sample_bytes(),
+                )),
+                [c] => {
+                    if f.dtype != DType::U8 {
+                        return Err(Error::config(
+                            "convert",
+                            format!("field `{}` is {}, not u8", f.name, f.dtype),
+                        ));
+                    }
+                    let conv = Converter::new(device, (*c).clone(), &f.shape)?;
+                    let out = device_bytes;
+                    let out_bytes = conv.output_bytes(layout.batch_size());
+                    device_bytes =
+                        (device_bytes + out_bytes).next_multiple_of(crate::loader::FIELD_ALIGN);
+                    fields.push((
+                        f.name.clone(),
+                        c.dtype,
+                        conv.output_shape(),
+                        out,
+                        conv.output_bytes(1),
+                    ));
+                    prepared.push((conv, offset, out));
+                }
+                _ => {
+                    return Err(Error::config(
+                        "convert",
+                        format!("field `{}` is converted more than once", f.name),
+                    ));
+                }
+            }
+        }
+        if let Some(c) = converts
+            .iter()
+            .find(|c| layout.index_of(&c.field).is_none())
+        {
+            let names: Vec<&str> = layout.fields().iter().map(|f| f.name.as_str()).collect();
+            return Err(Error::config(
+                "convert",
+                format!(
+                    "no batch field `{}` to convert (fields: {names:?})",
+                    c.field
+                ),
+            ));
+        }
+        Ok(Plan {
+            host_bytes,
+            device_bytes,
+            fields,
+            converts: prepared,
+        })
+    }
+}
+
+/// A batch on the device: typed fields in one pooled device buffer, and the event behind the
+/// copy (and conversions) that filled it. See the [module docs](self) for when its memory may
+/// be reused.
+pub struct DeviceBatch {
+    buffer: Option<DeviceBuffer>,
+    fields: Vec<DeviceField>,
+    indices: Vec<u64>,
+    epoch: u64,
+    number: u64,
+    ready: Arc<CudaEvent>,
+    users: Vec<Arc<CudaStream>>,
+}
+
+impl std::fmt::Debug for DeviceBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBatch")
+            .field("epoch", &self.epoch)
+            .field("number", &self.number)
+            .field("len", &self.indices.len())
+            .field("fields", &self.fields)
+            .finish()
+    }
+}
+
+impl DeviceBatch {
+    /// Samples in the batch.
+    pub fn len(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// True for a batch without samples (never delivered).
+    pub fn is_empty(&self) -> bool {
+        self.indices.is_empty()
+    }
+
+    /// The dataset indices of its samples, in batch order.
+    pub fn indices(&self) -> &[u64] {
+        &self.indices
+    }
+
+    /// The epoch it belongs to.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Its number within the epoch.
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// Every field, in the loader's order.
+    pub fn fields(&self) -> &[DeviceField] {
+        &self.fields
+    }
+
+    /// The field called `name`.
+    pub fn field(&self, name: &str) -> Result<&DeviceField> {
+        self.fields.iter().find(|f| f.name == name).ok_or_else(|| {
+            let names: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
+            Error::mismatch(format!(
+                "device batch has no field `{name}` (fields: {names:?})"
+            ))
+        })
+    }
+
+    /// The event recorded after the copy (and conversions) that fill this batch.
+    pub fn ready_event(&self) -> &Arc<CudaEvent> {
+        &self.ready
+    }
+
+    /// True once the copy (and conversions) have completed; does not wait.
+    pub fn is_ready(&self) -> bool {
+        let _ = self.ready.context().bind_to_thread();
+        self.ready.try_is_complete().unwrap_or(true)
+    }
+
+    /// Makes `stream` wait for the copy (`cuStreamWaitEvent`; the host does not wait), and
+    /// registers `stream` as a user of the batch's memory (see the [module docs](self)).
+    pub fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.wait(&self.ready).map_err(cuda_err(
+            "make a stream wait on the copy (cuStreamWaitEvent)",
+        ))?;
+        self.release_on(stream);
+        Ok(())
+    }
+
+    /// Registers `stream` as a user of the batch's memory without waiting: when the batch
+    /// drops, its buffer is reused only after `stream` has passed that point.
+    pub fn release_on(&mut self, stream: &Arc<CudaStream>) {
+        if !self.users.iter().any(|s| Arc::ptr_eq(s, stream)) {
+            self.users.push(Arc::clone(stream));
+        }
+    }
+
+    /// The bytes of field `name`, copied back to the host. Waits for the copy (blocking the
+    /// host): for tests and inspection, not the hot path.
+    pub fn field_to_host(&self, name: &str) -> Result<Vec<u8>> {
+        let field = self.field(name)?;
+        let buffer = self.buffer.as_ref().ok_or(Error::Shutdown)?;
+        self.ready
+            .context()
+            .bind_to_thread()
+            .map_err(cuda_err("make the context current"))?;
+        self.ready
+            .synchronize()
+            .map_err(cuda_err("wait for the copy (cuEventSynchronize)"))?;
+        let mut out = vec![0u8; field.bytes];
+        let offset = (field.ptr - buffer.ptr()) as usize;
+        if offset + field.bytes > buffer.len() {
+            return Err(Error::mismatch("a device field lies outside its buffer"));
+        }
+        // SAFETY: the range lies in the batch's live device buffer (checked); the copy that
+        // filled it has completed (synchronised above); `out` is a host vector of that size.
+        unsafe { result::memcpy_dtoh_sync(&mut out, field.ptr) }
+            .map_err(cuda_err("copy to the host (cuMemcpyDtoH)"))?;
+        Ok(out)
+    }
+}
+
+impl Drop for DeviceBatch {
+    fn drop(&mut self) {
+        if let Some(mut buffer) = self.buffer.take() {
+            buffer.release_after(Arc::clone(&self.ready));
+            for stream in self.users.drain(..) {
+                if buffer.release_on(&stream).is_err() {
+                    // No event: wait for the stream instead, so the rule still holds.
+                    let _ = stream.synchronize();
+                }
+            }
+        }
+    }
+}
+
+/// Figures of a [`DeviceLoader`].
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceStats {
+    /// Device batches delivered to the consumer.
+    pub batches: u64,
+    /// Samples delivered.
+    pub samples: u64,
+    /// Bytes of batch fields delivered (as collated on the host).
+    pub bytes: u64,
+    /// Time since the consumer's first call to `next`.
+    pub elapsed: Duration,
+    /// Time the consumer waited inside `next`.
+    pub waited: Duration,
+    /// Bytes copied host to device (whole batch buffers).
+    pub h2d_bytes: u64,
+    /// Copies enqueued.
+    pub h2d_copies: u64,
+    /// Bytes of the copies whose device time is known (their events completed and were read).
+    pub h2d_timed_bytes: u64,
+    /// Device time of those copies, from events around each copy on the copy stream.
+    pub h2d_busy: Duration,
+    /// The device pool.
+    pub device_pool: DevicePoolStats,
+    /// The host loader's figures, as seen by the copy thread (its `waited` is the copy thread's).
+    pub loader: Option<LoaderStats>,
+}
+
+impl DeviceStats {
+    /// Host-to-device bytes per second of copy-engine time (timed bytes over busy time).
+    pub fn h2d_bytes_per_sec(&self) -> f64 {
+        let s = self.h2d_busy.as_secs_f64();
+        if s > 0.0 {
+            self.h2d_timed_bytes as f64 / s
+        } else {
+            0.0
+        }
+    }
+
+    /// Bytes delivered per second, end to end.
+    pub fn bytes_per_sec(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 { self.bytes as f64 / s } else { 0.0 }
+    }
+
+    /// The fraction of the consumer's time spent waiting for a batch (0 to 1).
+    pub fn wait_fraction(&self) -> f64 {
+        let e = self.elapsed.as_secs_f64();
+        if e > 0.0 {
+            (self.waited.as_secs_f64() / e).min(1.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{:<22} {} batches, {} in {:.3}s: {}/s end to end",
+            "delivered to device",
+            self.batches,
+            human_bytes(self.bytes),
+            self.elapsed.as_secs_f64(),
+            human_bytes(self.bytes_per_sec() as u64)
+        )?;
+        writeln!(
+            f,
+            "{:<22} {} copies, {}; copy engine busy {:.3}s: {}/s",
+            "H2D",
+            self.h2d_copies,
+            human_bytes(self.h2d_bytes),
+            self.h2d_busy.as_secs_f64(),
+            human_bytes(self.h2d_bytes_per_sec() as u64)
+        )?;
+        writeln!(
+            f,
+            "{:<22} {:.3}s ({:.2}% of the consumer's time)",
+            "consumer waited",
+            self.waited.as_secs_f64(),
+            100.0 * self.wait_fraction()
+        )?;
+        write!(f, "{:<22} {}", "device pool", self.device_pool)?;
+        if let Some(l) = &self.loader {
+            write!(f, "\n{l}")?;
+        }
+        Ok(())
+    }
+}
+
+enum Message {
+    Batch(u64, Result<DeviceBatch>),
+    End(u64),
+}
+
+enum Control {
+    SetEpoch { epoch: u64, generation: u64 },
+}
+
+#[derive(Default)]
+struct Counters {
+    h2d_bytes: u64,
+    h2d_copies: u64,
+    h2d_timed_bytes: u64,
+    h2d_busy: Duration,
+    loader: Option<LoaderStats>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    counters: Mutex<Counters>,
+}
+
+impl Shared {
+    fn counters(&self) -> std::sync::MutexGuard<'_, Counters> {
+        self.counters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Yields the loader's batches on the device, copied asynchronously ahead of the consumer; see
+/// the [module docs](self). An iterator of `Result<DeviceBatch>` over one epoch; dropping it
+/// stops the copy thread and the loader's workers.
+pub struct DeviceLoader {
+    device: Device,
+    pool: DevicePool,
+    rx: Option<Receiver<Message>>,
+    control: Option<Sender<Control>>,
+    thread: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    generation: u64,
+    epoch: u64,
+    batches_per_epoch: u64,
+    ended: bool,
+    started: Option<Instant>,
+    waited: Duration,
+    batches: u64,
+    samples: u64,
+    bytes: u64,
+    sample_bytes: usize,
+}
+
+impl std::fmt::Debug for DeviceLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceLoader")
+            .field("device", &self.device)
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+impl DeviceLoader {
+    /// Copies `loader`'s batches to `device`. Build the loader with
+    /// `.backing(PinnedBacking::new(&device))` (or use [`DeviceLoader::from_builder`]): from
+    /// pageable buffers the copies are correct but staged by the driver, and slow.
+    pub fn new(loader: Loader, device: &Device, opts: DeviceLoaderOptions) -> Result<DeviceLoader> {
+        if opts.depth == 0 {
+            return Err(Error::config(
+                "depth",
+                "at least one device batch must be in flight",
+            ));
+        }
+        device.bind()?;
+        let plan = Arc::new(Plan::new(&loader, device, &opts.convert)?);
+        let pool = DevicePool::new(device);
+        let (tx, rx) = crossbeam_channel::bounded(opts.depth);
+        let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            counters: Mutex::new(Counters::default()),
+        });
+        let epoch = loader.epoch();
+        let batches_per_epoch = loader.batches_per_epoch();
+        let sample_bytes = loader.layout().sample_bytes();
+        let worker = CopyThread {
+            loader,
+            device: device.clone(),
+            plan,
+            pool: pool.clone(),
+            poison: opts.poison,
+            tx,
+            control: ctl_rx,
+            shared: Arc::clone(&shared),
+            timing: VecDeque::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("gpufeed-copy-{}", device.ordinal()))
+            .spawn(move || worker.run())
+            .map_err(|e| Error::config("device", format!("cannot start the copy thread: {e}")))?;
+        Ok(DeviceLoader {
+            device: device.clone(),
+            pool,
+            rx: Some(rx),
+            control: Some(ctl_tx),
+            thread: Some(thread),
+            shared,
+            generation: 0,
+            epoch,
+            batches_per_epoch,
+            ended: false,
+            started: None,
+            waited: Duration::ZERO,
+            batches: 0,
+            samples: 0,
+            bytes: 0,
+            sample_bytes,
+        })
+    }
+
+    /// Builds `builder` with pinned batch buffers on `device`, then [`DeviceLoader::new`].
+    pub fn from_builder(
+        builder: LoaderBuilder,
+        device: &Device,
+        opts: DeviceLoaderOptions,
+    ) -> Result<DeviceLoader> {
+        let loader = builder.backing(super::PinnedBacking::new(device)).build()?;
+        DeviceLoader::new(loader, device, opts)
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The pool of device batch buffers.
+    pub fn device_pool(&self) -> &DevicePool {
+        &self.pool
+    }
+
+    /// The epoch being delivered.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches in an epoch.
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.batches_per_epoch
+    }
+
+    /// Starts epoch `epoch` from its first batch, abandoning what is left of the current one.
+    pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.generation += 1;
+        self.epoch = epoch;
+        self.ended = false;
+        let control = self.control.as_ref().ok_or(Error::Shutdown)?;
+        control
+            .send(Control::SetEpoch {
+                epoch,
+                generation: self.generation,
+            })
+            .map_err(|_| Error::Shutdown)
+    }
+
+    /// Starts the epoch after the current one.
+    pub fn next_epoch(&mut self) -> Result<()> {
+        self.set_epoch(self.epoch + 1)
+    }
+
+    /// Figures so far.
+    pub fn stats(&self) -> DeviceStats {
+        let c = self.shared.counters();
+        DeviceStats {
+            batches: self.batches,
+            samples: self.samples,
+            bytes: self.bytes,
+            elapsed: self.started.map_or(Duration::ZERO, |s| s.elapsed()),
+            waited: self.waited,
+            h2d_bytes: c.h2d_bytes,
+            h2d_copies: c.h2d_copies,
+            h2d_timed_bytes: c.h2d_timed_bytes,
+            h2d_busy: c.h2d_busy,
+            device_pool: self.pool.stats(),
+            loader: c.loader.clone(),
+        }
+    }
+}
+
+impl Iterator for DeviceLoader {
+    type Item = Result<DeviceBatch>;
+
+    fn next(&mut self) -> Option<Result<DeviceBatch>> {
+        if self.ended {
+            return None;
+        }
+        self.started.get_or_insert_with(Instant::now);
+        let rx = self.rx.as_ref()?;
+        loop {
+            let t0 = Instant::now();
+            let message = rx.recv();
+            self.waited += t0.elapsed();
+            match message {
+                Err(_) => {
+                    self.ended = true;
+                    return Some(Err(Error::Shutdown));
+                }
+                Ok(Message::Batch(g, result)) if g == self.generation => {
+                    if let Ok(b) = &result {
+                        self.batches += 1;
+                        self.samples += b.len() as u64;
+                        self.bytes += (b.len() * self.sample_bytes) as u64;
+                    }
+                    return Some(result);
+                }
+                Ok(Message::End(g)) if g == self.generation => {
+                    self.ended = true;
+                    return None;
+                }
+                Ok(_) => continue,
+            }
+        }
+    }
+}
+
+impl Drop for DeviceLoader {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        // Closing both channels wakes the copy thread wherever it blocks on us; it then drops
+        // the loader, which stops and joins the workers.
+        self.control = None;
+        self.rx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The copy thread's state.
+struct CopyThread {
+    loader: Loader,
+    device: Device,
+    plan: Arc<Plan>,
+    pool: DevicePool,
+    poison: Option<u8>,
+    tx: Sender<Message>,
+    control: Receiver<Control>,
+    shared: Arc<Shared>,
+    /// Copies whose timing events have not been read: (start, end, bytes).
+    timing: VecDeque<(CudaEvent, Arc<CudaEvent>, usize)>,
+}
+
+impl CopyThread {
+    fn run(mut self) {
+        if let Err(e) = self.device.bind() {
+            let _ = self.tx.send(Message::Batch(0, Err(e)));
+            return;
+        }
+        let mut generation = 0u64;
+        let mut ended = false;
+        loop {
+            if self.shared.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let control = if ended {
+                match self.control.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                }
+            } else {
+                match self.control.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(crossbeam_channel::TryRecvError::Empty) => None,
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => return,
+                }
+            };
+            if let Some(Control::SetEpoch {
+                epoch,
+                generation: g,
+            }) = control
+            {
+                self.loader.set_epoch(epoch);
+                generation = g;
+                ended = false;
+            }
+            self.read_timings(false);
+            let message = match self.loader.next() {
+                None => {
+                    ended = true;
+                    self.read_timings(true);
+                    Message::End(generation)
+                }
+                Some(Err(e)) => Message::Batch(generation, Err(e)),
+                Some(Ok(batch)) => Message::Batch(generation, self.copy(batch)),
+            };
+            self.shared.counters().loader = Some(self.loader.stats());
+            if self.tx.send(message).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Enqueues the copy (and conversions) of one host batch; never waits for the device.
+    fn copy(&mut self, mut batch: Batch) -> Result<DeviceBatch> {
+        let plan = &self.plan;
+        let stream = self.device.copy_stream();
+        let mut buffer = self.pool.alloc(plan.device_bytes)?;
+        if let Some(byte) = self.poison {
+            buffer.fill_async(stream, 0, plan.device_bytes, byte)?;
+        }
+        let host = batch.buffer().as_slice();
+        let n = host.len().min(plan.host_bytes);
+        let ctx = self.device.context();
+        let start = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err("create an event"))?;
+        start
+            .record(stream)
+            .map_err(cuda_err("record an event (cuEventRecord)"))?;
+        // SAFETY: `host[..n]` is the batch's host buffer, which returns to its pool only after
+        // the `copied` event below has completed (release_after, set before the batch drops);
+        // the destination is a live device buffer of at least `device_bytes >= n` bytes.
+        unsafe { result::memcpy_htod_async(buffer.ptr(), &host[..n], stream.cu_stream()) }
+            .map_err(cuda_err("copy a batch to the device (cuMemcpyHtoDAsync)"))?;
+        let copied = Arc::new(
+            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("create an event"))?,
+        );
+        copied
+            .record(stream)
+            .map_err(cuda_err("record an event (cuEventRecord)"))?;
+        batch
+            .buffer_mut()
+            .release_after(Box::new(super::EventFence::new(Arc::clone(&copied))));
+        let len = batch.len();
+        for (conv, src, dst) in &plan.converts {
+            // SAFETY: the plan placed the input field at `src` and the output at `dst` inside
+            // a device buffer of `device_bytes` (computed for a full batch; `len` is at most
+            // that), the two ranges do not overlap (outputs follow the host image), and the
+            // buffer is released only behind `ready`, recorded after this kernel.
+            unsafe {
+                conv.launch_raw(
+                    stream,
+                    buffer.ptr() + *src as u64,
+                    buffer.ptr() + *dst as u64,
+                    len,
+                )?
+            };
+        }
+        let ready = if plan.converts.is_empty() {
+            Arc::clone(&copied)
+        } else {
+            Arc::new(
+                stream
+                    .record_event(None)
+                    .map_err(cuda_err("record an event (cuEventRecord)"))?,
+            )
+        };
+        {
+            let mut c = self.shared.counters();
+            c.h2d_bytes += n as u64;
+            c.h2d_copies += 1;
+        }
+        if self.timing.len() < 4096 {
+            self.timing.push_back((start, Arc::clone(&copied), n));
+        }
+        let base = buffer.ptr();
+        let fields = plan
+            .fields
+            .iter()
+            .map(|(name, dtype, shape, offset, sample_bytes)| {
+                let mut s = Vec::with_capacity(shape.len() + 1);
+                s.push(len);
+                s.extend_from_slice(shape);
+                DeviceField {
+                    name: name.clone(),
+                    dtype: *dtype,
+                    shape: s,
+                    ptr: base + *offset as u64,
+                    bytes: sample_bytes * len,
+                }
+            })
+            .collect();
+        Ok(DeviceBatch {
+            buffer: Some(buffer),
+            fields,
+            indices: batch.indices().to_vec(),
+            epoch: batch.epoch(),
+            number: batch.number(),
+            ready,
+            users: Vec::new(),
+        })
+        // `batch` drops here: its pinned buffer waits in the pool behind `copied`.
+    }
+
+    /// Reads the device time of completed copies; with `all`, waits for every pending one
+    /// (at the end of an epoch only).
+    fn read_timings(&mut self, all: bool) {
+        let mut timed_bytes = 0u64;
+        let mut busy = Duration::ZERO;
+        while let Some((start, end, bytes)) = self.timing.front() {
+            let done = end.try_is_complete().unwrap_or(true);
+            if !done && (!all || end.synchronize().is_err()) {
+                break;
+            }
+            // SAFETY: both events are live, were recorded on the copy stream, and `end` has
+            // completed, so the elapsed time is defined and the call does not wait.
+            if let Ok(ms) = unsafe { result::event::elapsed(start.cu_event(), end.cu_event()) } {
+                busy += Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+                timed_bytes += *bytes as u64;
+            }
+            self.timing.pop_front();
+        }
+        if timed_bytes > 0 {
+            let mut c = self.shared.counters();
+            c.h2d_timed_bytes += timed_bytes;
+            c.h2d_busy += busy;
+        }
+    }
+}

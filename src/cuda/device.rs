@@ -1,0 +1,259 @@
+//! [`Device`]: one GPU's context, its copy stream and the kernels embedded in the crate.
+//!
+//! Opening a device checks first that the driver library can be loaded (cudarc panics
+//! otherwise), then that the ordinal exists. A `Device` is cheap to clone (shared); every
+//! clone uses the same context and copy stream.
+
+use std::ffi::{CString, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
+
+use super::cuda_err;
+use crate::error::{Error, Result};
+
+/// The embedded kernels (hand-written PTX, see `kernels.ptx`), NUL-terminated for
+/// `cuModuleLoadData`.
+const PTX: &str = concat!(include_str!("kernels.ptx"), "\0");
+
+/// True when the CUDA driver library (`libcuda`) can be loaded on this machine. Checked once.
+pub fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries to dlopen the driver library by its usual names
+    // and drops the handle; it calls no driver function.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// One GPU: a context (the device's primary context), a copy stream, and the embedded kernels.
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    ctx: Arc<CudaContext>,
+    copy_stream: Arc<CudaStream>,
+    name: String,
+    sm_count: u32,
+    kernels: Mutex<Option<Arc<Kernels>>>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.ordinal())
+            .field("name", &self.inner.name)
+            .finish()
+    }
+}
+
+impl Device {
+    /// Opens GPU `ordinal`: retains its primary context and creates one copy stream.
+    ///
+    /// [`Error::NoGpu`] when no driver can be loaded, the driver finds no device, or no
+    /// device has this ordinal; [`Error::Cuda`] when the driver fails otherwise.
+    pub fn open(ordinal: usize) -> Result<Device> {
+        if !driver_present() {
+            return Err(Error::NoGpu {
+                what: "the CUDA driver library (libcuda) cannot be loaded on this machine".into(),
+            });
+        }
+        result::init().map_err(|e| Error::NoGpu {
+            what: format!("cuInit failed: {e:?}"),
+        })?;
+        let count = result::device::get_count().map_err(|e| Error::NoGpu {
+            what: format!("cannot count devices: {e:?}"),
+        })?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if ordinal >= count {
+            return Err(Error::NoGpu {
+                what: format!("no device with ordinal {ordinal}: this machine has {count}"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("open the device's context"))?;
+        // SAFETY: gpufeed never uses cudarc's CudaSlice, whose safety depends on event
+        // tracking; all ordering of gpufeed's memory goes through its own events (EventFence,
+        // DeviceBatch). Disabling it also keeps `new_stream` from synchronising the context.
+        unsafe { ctx.disable_event_tracking() };
+        let copy_stream = ctx
+            .new_stream()
+            .map_err(cuda_err("create the copy stream"))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_or(1, |n| n.max(1) as u32);
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                ctx,
+                copy_stream,
+                name,
+                sm_count,
+                kernels: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Opens the GPU of this process's local rank: `LOCAL_RANK` (torchrun), else
+    /// `SLURM_LOCALID`, else 0.
+    pub fn from_env() -> Result<Device> {
+        Device::open(local_rank_from_env()?)
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ctx.ordinal()
+    }
+
+    /// The device's name (`NVIDIA H200`).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Its number of multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.inner.sm_count
+    }
+
+    /// The cudarc context (the device's primary context, shared with PyTorch and others).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// The stream every host-to-device copy of this device's loaders goes on.
+    pub fn copy_stream(&self) -> &Arc<CudaStream> {
+        &self.inner.copy_stream
+    }
+
+    /// A new non-blocking stream, for the consumer's work.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.inner
+            .ctx
+            .new_stream()
+            .map_err(cuda_err("create a stream"))
+    }
+
+    /// Makes this device's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(cuda_err("make the context current"))
+    }
+
+    /// Waits (blocking the host) until every stream of the device is idle.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .synchronize()
+            .map_err(cuda_err("synchronize the context"))
+    }
+
+    /// The embedded kernels, loaded on first use.
+    pub(crate) fn kernels(&self) -> Result<Arc<Kernels>> {
+        let mut slot = self.inner.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = &*slot {
+            return Ok(Arc::clone(k));
+        }
+        let k = Arc::new(Kernels::load(&self.inner.ctx)?);
+        *slot = Some(Arc::clone(&k));
+        Ok(k)
+    }
+
+    /// Enqueues on `stream` a kernel that busy-waits for `duration` of GPU time (one thread,
+    /// timed by `%globaltimer`): a stand-in for a training step, and a way to hold a stream
+    /// busy in tests. Does not wait.
+    pub fn spin(&self, stream: &CudaStream, duration: Duration) -> Result<()> {
+        let kernels = self.kernels()?;
+        self.bind()?;
+        let mut ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        let mut args = [(&raw mut ns).cast::<c_void>()];
+        // SAFETY: `gpufeed_spin` takes one u64 by value, which `args` points to for the
+        // duration of the call (the driver copies parameters at launch); it touches no memory.
+        unsafe {
+            result::launch_kernel(
+                kernels.spin,
+                (1, 1, 1),
+                (1, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(cuda_err("launch gpufeed_spin"))
+    }
+}
+
+/// `LOCAL_RANK`, else `SLURM_LOCALID`, else 0.
+fn local_rank_from_env() -> Result<usize> {
+    for name in ["LOCAL_RANK", "SLURM_LOCALID"] {
+        if let Ok(v) = std::env::var(name) {
+            return v.trim().parse().map_err(|_| {
+                Error::config(
+                    "device",
+                    format!("environment variable {name}={v:?} is not a device ordinal"),
+                )
+            });
+        }
+    }
+    Ok(0)
+}
+
+/// The loaded module of embedded kernels.
+pub(crate) struct Kernels {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+    pub(crate) convert: sys::CUfunction,
+    pub(crate) spin: sys::CUfunction,
+}
+
+// SAFETY: module and function handles are plain driver handles, usable from any thread once the
+// context is current; nothing here is mutated after `load`.
+unsafe impl Send for Kernels {}
+// SAFETY: as for Send: shared use only reads the handles.
+unsafe impl Sync for Kernels {}
+
+impl Kernels {
+    fn load(ctx: &Arc<CudaContext>) -> Result<Kernels> {
+        ctx.bind_to_thread()
+            .map_err(cuda_err("make the context current"))?;
+        // SAFETY: PTX is a NUL-terminated PTX text (concat! above) that lives for the program.
+        let module = unsafe { result::module::load_data(PTX.as_ptr().cast()) }
+            .map_err(cuda_err("load the embedded PTX (cuModuleLoadData)"))?;
+        let get = |name: &str| {
+            let cname = CString::new(name).map_err(|e| Error::Cuda {
+                op: "get a kernel",
+                what: e.to_string(),
+            })?;
+            // SAFETY: `module` was just loaded and is not unloaded before `Kernels` drops.
+            unsafe { result::module::get_function(module, cname) }
+                .map_err(cuda_err("find a kernel in the embedded PTX"))
+        };
+        let functions = get("gpufeed_convert_u8").and_then(|c| Ok((c, get("gpufeed_spin")?)));
+        match functions {
+            Ok((convert, spin)) => Ok(Kernels {
+                ctx: Arc::clone(ctx),
+                module,
+                convert,
+                spin,
+            }),
+            Err(e) => {
+                // SAFETY: loaded above, unloaded once, no function of it escapes.
+                let _ = unsafe { result::module::unload(module) };
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // Kernels launched from it may still run: let them finish first.
+            let _ = self.ctx.synchronize();
+            // SAFETY: the module was loaded by `load` and is unloaded once, here; every user
+            // holds an `Arc<Kernels>`, so no launch can use it afterwards.
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! The GPU path (feature `cuda`): pinned batch buffers, asynchronous host-to-device copies,
+//! device batches, and opt-in on-device conversion.
+//!
+//! ```text
+//!  Loader (workers collate into PINNED host buffers: PinnedBacking)
+//!     │ Batch
+//!     ▼
+//!  copy thread ── cuMemcpyHtoDAsync (whole batch buffer, one copy) on the COPY STREAM
+//!     │           into a DevicePool buffer; [optional convert kernel]; record an event;
+//!     │           host buffer.release_after(event): it is reused only once the copy is done
+//!     ▼ bounded channel (depth)
+//!  consumer: DeviceBatch ── wait_on(stream): cuStreamWaitEvent, no host synchronisation
+//!            drop ── the device buffer returns to its pool behind an event recorded on every
+//!                    stream registered with wait_on / release_on
+//! ```
+//!
+//! What each module owns:
+//!
+//! | module | owns |
+//! |---|---|
+//! | `device` | [`Device`]: the context, the copy stream, the embedded kernels |
+//! | `pinned` | [`PinnedBacking`] (page-locked host memory for [`HostPool`](crate::memory::HostPool)) and [`EventFence`] |
+//! | `device_pool` | [`DevicePool`]: a caching device allocator with torch-like stats |
+//! | `copy` | [`DeviceLoader`], [`DeviceBatch`]: the copy stage |
+//! | `convert` | [`Convert`], [`Converter`]: u8 images to normalised f32/f16/bf16 CHW on the device |
+//! | `bench` | [`pinned_copy_ceiling`], [`bench_device`] |
+//!
+//! Nothing here calls the driver before checking that it can be loaded: without a driver every
+//! entry point returns [`Error::NoGpu`](crate::Error::NoGpu) instead of panicking (cudarc
+//! panics when its library is missing). No function here ever synchronises the host on the hot
+//! path; those that do (`*_sync`, `to_host`, benchmarks) say so.
+
+mod bench;
+mod convert;
+mod copy;
+mod device;
+mod device_pool;
+mod pinned;
+
+pub use bench::{DeviceBenchReport, bench_device, pinned_copy_ceiling};
+pub use convert::{Convert, Converter, ImageLayout};
+pub use copy::{DeviceBatch, DeviceField, DeviceLoader, DeviceLoaderOptions, DeviceStats};
+pub use device::{Device, driver_present};
+pub use device_pool::{DeviceBuffer, DevicePool, DevicePoolStats};
+pub use pinned::{EventFence, PinnedBacking};
+
+/// cudarc's driver API, re-exported so that users name the same types (`CudaStream`,
+/// `CudaEvent`, `sys::CUdeviceptr`) without a version mismatch.
+pub use cudarc::driver as cudarc_driver;
+
+use crate::error::Error;
+use cudarc::driver::DriverError;
+
+/// Maps a driver error of operation `op` to [`Error::Cuda`].
+pub(crate) fn cuda_err(op: &'static str) -> impl FnOnce(DriverError) -> Error {
+    move |e| Error::Cuda {
+        op,
+        what: format!("{e:?}"),
+    }
+}

@@ -1,0 +1,285 @@
+//! [`Batch`]: a collated batch in one pooled buffer, each field a contiguous typed slice.
+//!
+//! A batch's fields live back to back in one buffer (each at a 256-byte aligned offset), so a
+//! whole batch is one host-to-device copy. [`BatchLayout`] is computed once at `build()`; a
+//! batch holds an `Arc` of it, its buffer, and the indices of its samples. Dropping a batch
+//! returns its buffer to the pool.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::error::{Error, Result};
+use crate::format::DType;
+use crate::memory::HostBuffer;
+use crate::transform::{FieldSlot, OutputField};
+
+/// Where each field of a batch lives in its buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchLayout {
+    fields: Vec<OutputField>,
+    slots: Vec<FieldSlot>,
+    batch_size: usize,
+    total_bytes: usize,
+}
+
+/// Field offsets in a batch buffer are multiples of this (what device copies and SIMD like).
+pub const FIELD_ALIGN: usize = 256;
+
+impl BatchLayout {
+    /// The layout of batches of `batch_size` samples of these fields.
+    pub fn new(fields: Vec<OutputField>, batch_size: usize) -> Result<BatchLayout> {
+        if fields.is_empty() {
+            return Err(Error::config(
+                "transform",
+                "the transform declares no output field",
+            ));
+        }
+        let mut offset = 0usize;
+        let mut slots = Vec::with_capacity(fields.len());
+        for f in &fields {
+            let sample_bytes = f.sample_bytes();
+            slots.push(FieldSlot {
+                offset,
+                sample_bytes,
+            });
+            let field_bytes = sample_bytes
+                .checked_mul(batch_size)
+                .ok_or_else(|| Error::config("batch_size", "a batch would not fit in memory"))?;
+            offset = (offset + field_bytes).next_multiple_of(FIELD_ALIGN);
+        }
+        Ok(BatchLayout {
+            fields,
+            slots,
+            batch_size,
+            total_bytes: offset.max(1),
+        })
+    }
+
+    /// The fields, in order.
+    pub fn fields(&self) -> &[OutputField] {
+        &self.fields
+    }
+
+    /// Samples in a full batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Bytes of a full batch's buffer.
+    pub fn total_bytes(&self) -> usize {
+        self.total_bytes
+    }
+
+    /// Bytes of one sample, all fields together.
+    pub fn sample_bytes(&self) -> usize {
+        self.slots.iter().map(|s| s.sample_bytes).sum()
+    }
+
+    /// The byte offset of field `k` in a batch buffer.
+    pub fn field_offset(&self, k: usize) -> Option<usize> {
+        self.slots.get(k).map(|s| s.offset)
+    }
+
+    /// The position of the field called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.fields.iter().position(|f| f.name == name)
+    }
+
+    pub(crate) fn slots(&self) -> &[FieldSlot] {
+        &self.slots
+    }
+}
+
+/// A primitive element type a batch field can be viewed as.
+///
+/// # Safety
+///
+/// Implemented only for plain-old-data types for which every bit pattern is a valid value and
+/// whose size is `DTYPE.size()`.
+pub unsafe trait Element: Copy + Send + Sync + 'static {
+    /// The dtypes this type can view.
+    fn matches(dtype: DType) -> bool;
+}
+
+macro_rules! element {
+    ($t:ty, $($d:path),+) => {
+        // SAFETY: a primitive number: every bit pattern is valid, size equals the dtype's.
+        unsafe impl Element for $t {
+            fn matches(dtype: DType) -> bool {
+                matches!(dtype, $($d)|+)
+            }
+        }
+    };
+}
+
+element!(u8, DType::U8, DType::Bool);
+element!(i8, DType::I8);
+element!(u16, DType::U16, DType::F16, DType::BF16);
+element!(i16, DType::I16);
+element!(u32, DType::U32);
+element!(i32, DType::I32);
+element!(u64, DType::U64);
+element!(i64, DType::I64);
+element!(f32, DType::F32);
+element!(f64, DType::F64);
+
+/// Views `bytes` as a slice of `T`, checking alignment and length.
+pub(crate) fn cast_slice<T: Element>(bytes: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0 || bytes.len() % size != 0 {
+        return None;
+    }
+    // SAFETY: alignment and length are checked above; `T: Element` is valid for every bit
+    // pattern; the result borrows `bytes`, so it cannot outlive or alias a writer.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+}
+
+/// Views `bytes` as a mutable slice of `T`, checking alignment and length.
+pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0 || bytes.len() % size != 0 {
+        return None;
+    }
+    // SAFETY: as in `cast_slice`; the exclusive borrow of `bytes` moves to the result.
+    Some(unsafe {
+        std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / size)
+    })
+}
+
+/// A collated batch: `len()` samples, each field one contiguous slice of shape `[len, ...]`.
+pub struct Batch {
+    pub(crate) buffer: HostBuffer,
+    pub(crate) layout: Arc<BatchLayout>,
+    pub(crate) indices: Vec<u64>,
+    pub(crate) epoch: u64,
+    pub(crate) number: u64,
+    pub(crate) held: Option<HeldToken>,
+}
+
+/// Counts a batch as held by the caller until it is dropped.
+pub(crate) struct HeldToken(Arc<AtomicUsize>);
+
+impl HeldToken {
+    pub(crate) fn new(counter: &Arc<AtomicUsize>) -> HeldToken {
+        counter.fetch_add(1, Ordering::AcqRel);
+        HeldToken(Arc::clone(counter))
+    }
+}
+
+impl Drop for HeldToken {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("epoch", &self.epoch)
+            .field("number", &self.number)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl Batch {
+    /// Samples in this batch (the last batch of an epoch may be short without `drop_last`).
+    pub fn len(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// True for a batch without samples (never delivered by the loader).
+    pub fn is_empty(&self) -> bool {
+        self.indices.is_empty()
+    }
+
+    /// The dataset indices of its samples, in batch order.
+    pub fn indices(&self) -> &[u64] {
+        &self.indices
+    }
+
+    /// The epoch it belongs to.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Its number within the epoch (0-based, for this rank).
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// The layout of its buffer.
+    pub fn layout(&self) -> &BatchLayout {
+        &self.layout
+    }
+
+    /// The whole buffer (every field, at [`BatchLayout::field_offset`]), for one device copy.
+    pub fn buffer(&self) -> &HostBuffer {
+        &self.buffer
+    }
+
+    /// The whole buffer, mutable (for device-copy fences).
+    pub fn buffer_mut(&mut self) -> &mut HostBuffer {
+        &mut self.buffer
+    }
+
+    fn field_index(&self, name: &str) -> Result<usize> {
+        self.layout.index_of(name).ok_or_else(|| {
+            let names: Vec<&str> = self.layout.fields.iter().map(|f| f.name.as_str()).collect();
+            Error::mismatch(format!("batch has no field `{name}` (fields: {names:?})"))
+        })
+    }
+
+    fn range(&self, k: usize) -> std::ops::Range<usize> {
+        let slot = &self.layout.slots[k];
+        slot.offset..slot.offset + slot.sample_bytes * self.len()
+    }
+
+    /// The bytes of field `name`: `len()` samples back to back.
+    pub fn field_bytes(&self, name: &str) -> Result<&[u8]> {
+        let k = self.field_index(name)?;
+        Ok(&self.buffer.as_slice()[self.range(k)])
+    }
+
+    /// Field `name` as a typed slice; `T` must match the field's dtype (`u16` views f16/bf16).
+    pub fn field<T: Element>(&self, name: &str) -> Result<&[T]> {
+        let k = self.field_index(name)?;
+        let dtype = self.layout.fields[k].dtype;
+        if !T::matches(dtype) {
+            return Err(Error::mismatch(format!(
+                "field `{name}` is {dtype}, not {}",
+                std::any::type_name::<T>()
+            )));
+        }
+        cast_slice(&self.buffer.as_slice()[self.range(k)])
+            .ok_or_else(|| Error::mismatch(format!("field `{name}` is not aligned for {dtype}")))
+    }
+
+    /// Field `name` as a mutable typed slice (for per-batch transforms).
+    pub fn field_mut<T: Element>(&mut self, name: &str) -> Result<&mut [T]> {
+        let k = self.field_index(name)?;
+        let dtype = self.layout.fields[k].dtype;
+        if !T::matches(dtype) {
+            return Err(Error::mismatch(format!(
+                "field `{name}` is {dtype}, not {}",
+                std::any::type_name::<T>()
+            )));
+        }
+        let range = self.range(k);
+        cast_slice_mut(&mut self.buffer.as_mut_slice()[range])
+            .ok_or_else(|| Error::mismatch(format!("field `{name}` is not aligned for {dtype}")))
+    }
+
+    /// The shape of field `name` in this batch: `[len(), per-sample shape...]`.
+    pub fn shape(&self, name: &str) -> Result<Vec<usize>> {
+        let k = self.field_index(name)?;
+        let mut shape = vec![self.len()];
+        shape.extend_from_slice(&self.layout.fields[k].shape);
+        Ok(shape)
+    }
+
+    /// The dtype of field `name`.
+    pub fn dtype(&self, name: &str) -> Result<DType> {
+        Ok(self.layout.fields[self.field_index(name)?].dtype)
+    }
+}

@@ -1,0 +1,332 @@
+//! Decoding: JPEG and PNG bytes to packed RGB8 pixels (HWC), in a buffer the caller reuses.
+//!
+//! The format comes from the bytes' magic numbers, never from a file name or a codec tag.
+//! JPEG goes through zune-jpeg (the decoder the `image` crate uses), asked for RGB output
+//! whatever the stored colour space (grayscale, YCbCr, CMYK, YCCK); PNG through the `image`
+//! crate's decoder, then grayscale, grey+alpha, RGBA and 16-bit samples are converted to RGB8
+//! (alpha is dropped, as PIL's `convert("RGB")` does). With the `turbojpeg` feature, JPEGs may
+//! be decoded at 1/2, 1/4 or 1/8 scale in the DCT domain ([`decode_rgb8_scaled`]).
+//!
+//! Every failure is an [`Error::Image`] naming the source (file or record) and what is wrong:
+//! truncated or corrupt data, an unsupported format, a zero-sized or oversized image.
+
+use std::io::Cursor;
+
+use ::image::ImageDecoder;
+use ::image::codecs::png::PngDecoder;
+use zune_core::bytestream::ZCursor;
+use zune_core::colorspace::ColorSpace;
+use zune_core::options::DecoderOptions;
+
+use crate::error::{Error, Result};
+
+/// The largest image decoded, in pixels (PIL's decompression-bomb error threshold).
+pub const MAX_PIXELS: u64 = 178_956_970;
+
+/// An encoded image format this module decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ImageKind {
+    /// JPEG (JFIF, Exif, Adobe), baseline or progressive.
+    Jpeg,
+    /// PNG, any bit depth and colour type.
+    Png,
+}
+
+impl ImageKind {
+    /// The format of `bytes`, by their magic number.
+    pub fn detect(bytes: &[u8]) -> Option<ImageKind> {
+        if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            Some(ImageKind::Jpeg)
+        } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Some(ImageKind::Png)
+        } else {
+            None
+        }
+    }
+}
+
+/// A decoded image's size and where its pixels are: `width * height * 3` bytes, RGB, row-major.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+}
+
+/// Builds an [`Error::Image`].
+pub(crate) fn image_error(source_name: &str, what: impl Into<String>) -> Error {
+    Error::Image {
+        source_name: source_name.to_owned(),
+        what: what.into(),
+    }
+}
+
+fn detect_or_fail(bytes: &[u8], name: &str) -> Result<ImageKind> {
+    ImageKind::detect(bytes).ok_or_else(|| {
+        if bytes.is_empty() {
+            image_error(name, "empty file: no image data")
+        } else {
+            let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            image_error(
+                name,
+                format!(
+                    "unsupported image format (starts with {}; JPEG and PNG are supported)",
+                    head.join(" ")
+                ),
+            )
+        }
+    })
+}
+
+fn check_size(name: &str, width: u64, height: u64) -> Result<(u32, u32)> {
+    if width == 0 || height == 0 {
+        return Err(image_error(
+            name,
+            format!("zero-sized image ({width}x{height})"),
+        ));
+    }
+    if width.saturating_mul(height) > MAX_PIXELS {
+        return Err(image_error(
+            name,
+            format!("{width}x{height} image is larger than the {MAX_PIXELS}-pixel limit"),
+        ));
+    }
+    match (u32::try_from(width), u32::try_from(height)) {
+        (Ok(w), Ok(h)) => Ok((w, h)),
+        _ => Err(image_error(
+            name,
+            format!("{width}x{height} image is too large"),
+        )),
+    }
+}
+
+/// Reads an image's (width, height) from its header only; the pixels are not decoded.
+pub fn probe(bytes: &[u8], name: &str) -> Result<(u32, u32)> {
+    match detect_or_fail(bytes, name)? {
+        ImageKind::Jpeg => {
+            let mut d = zune_jpeg::JpegDecoder::new_with_options(
+                ZCursor::new(bytes),
+                jpeg_options(ColorSpace::RGB),
+            );
+            d.decode_headers()
+                .map_err(|e| image_error(name, format!("corrupt JPEG header: {e:?}")))?;
+            let info = d
+                .info()
+                .ok_or_else(|| image_error(name, "corrupt JPEG header: no frame"))?;
+            check_size(name, u64::from(info.width), u64::from(info.height))
+        }
+        ImageKind::Png => {
+            // Signature (8), IHDR length (4), "IHDR" (4), width (4, BE), height (4, BE).
+            let ihdr = bytes
+                .get(8..24)
+                .filter(|h| &h[4..8] == b"IHDR")
+                .ok_or_else(|| image_error(name, "truncated or corrupt PNG: no IHDR chunk"))?;
+            let be = |b: &[u8]| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+            check_size(name, be(&ihdr[8..12]), be(&ihdr[12..16]))
+        }
+    }
+}
+
+fn jpeg_options(out: ColorSpace) -> DecoderOptions {
+    DecoderOptions::default()
+        .jpeg_set_out_colorspace(out)
+        .set_strict_mode(false)
+        .set_max_width(1 << 16)
+        .set_max_height(1 << 16)
+}
+
+/// Decodes `bytes` (JPEG or PNG, by magic) to RGB8 into `out` (resized; its capacity is reused).
+///
+/// `scratch` holds intermediate samples of PNGs that are not 8-bit RGB; keep both buffers
+/// between calls (per thread) so that decoding allocates nothing in the steady state.
+pub fn decode_rgb8(
+    bytes: &[u8],
+    name: &str,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> Result<Decoded> {
+    match detect_or_fail(bytes, name)? {
+        ImageKind::Jpeg => decode_jpeg(bytes, name, out),
+        ImageKind::Png => decode_png(bytes, name, out, scratch),
+    }
+}
+
+/// A truncated JPEG is decoded by zune-jpeg's lenient mode with its missing part filled in;
+/// PIL refuses it ("image file is truncated"), and so do we: the data must end with an
+/// end-of-image marker, allowing some trailing padding after it.
+fn check_jpeg_end(bytes: &[u8], name: &str) -> Result<()> {
+    let tail = &bytes[bytes.len().saturating_sub(4096)..];
+    if tail.windows(2).any(|w| w == [0xFF, 0xD9]) {
+        Ok(())
+    } else {
+        Err(image_error(
+            name,
+            format!(
+                "truncated JPEG: no end-of-image marker in its last {} bytes ({} bytes in all)",
+                tail.len(),
+                bytes.len()
+            ),
+        ))
+    }
+}
+
+fn decode_jpeg(bytes: &[u8], name: &str, out: &mut Vec<u8>) -> Result<Decoded> {
+    check_jpeg_end(bytes, name)?;
+    let mut d = zune_jpeg::JpegDecoder::new_with_options(
+        ZCursor::new(bytes),
+        jpeg_options(ColorSpace::RGB),
+    );
+    d.decode_headers()
+        .map_err(|e| image_error(name, format!("corrupt JPEG header: {e:?}")))?;
+    let info = d
+        .info()
+        .ok_or_else(|| image_error(name, "corrupt JPEG header: no frame"))?;
+    let (w, h) = check_size(name, u64::from(info.width), u64::from(info.height))?;
+    let len = d
+        .output_buffer_size()
+        .ok_or_else(|| image_error(name, "corrupt JPEG header"))?;
+    if len != w as usize * h as usize * 3 {
+        return Err(image_error(
+            name,
+            format!("JPEG decoder wants {len} bytes for a {w}x{h} RGB image"),
+        ));
+    }
+    out.resize(len, 0);
+    d.decode_into(out)
+        .map_err(|e| image_error(name, format!("corrupt JPEG data: {e:?}")))?;
+    Ok(Decoded {
+        width: w,
+        height: h,
+    })
+}
+
+fn decode_png(
+    bytes: &[u8],
+    name: &str,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> Result<Decoded> {
+    let bad = |e: ::image::ImageError| image_error(name, format!("corrupt PNG: {e}"));
+    let d = PngDecoder::new(Cursor::new(bytes)).map_err(bad)?;
+    let (w, h) = d.dimensions();
+    let (w, h) = check_size(name, u64::from(w), u64::from(h))?;
+    let color = d.color_type();
+    let pixels = w as usize * h as usize;
+    out.resize(pixels * 3, 0);
+    use ::image::ColorType as C;
+    if color == C::Rgb8 {
+        d.read_image(out).map_err(bad)?;
+        return Ok(Decoded {
+            width: w,
+            height: h,
+        });
+    }
+    let total = usize::try_from(d.total_bytes())
+        .map_err(|_| image_error(name, "PNG too large for this machine"))?;
+    scratch.resize(total, 0);
+    d.read_image(scratch).map_err(bad)?;
+    let s = &scratch[..];
+    // 16-bit samples are big-endian in PNG, but `image` returns them in native order.
+    let s16 = |k: usize| -> u8 {
+        let v = u16::from_ne_bytes([s[2 * k], s[2 * k + 1]]);
+        ((u32::from(v) * 255 + 32_767) / 65_535) as u8
+    };
+    match color {
+        C::L8 => expand(out, |p| [s[p]; 3]),
+        C::La8 => expand(out, |p| [s[2 * p]; 3]),
+        C::Rgba8 => expand(out, |p| [s[4 * p], s[4 * p + 1], s[4 * p + 2]]),
+        C::L16 => expand(out, |p| [s16(p); 3]),
+        C::La16 => expand(out, |p| [s16(2 * p); 3]),
+        C::Rgb16 => expand(out, |p| [s16(3 * p), s16(3 * p + 1), s16(3 * p + 2)]),
+        C::Rgba16 => expand(out, |p| [s16(4 * p), s16(4 * p + 1), s16(4 * p + 2)]),
+        other => {
+            return Err(image_error(
+                name,
+                format!("unsupported PNG colour type {other:?}"),
+            ));
+        }
+    }
+    Ok(Decoded {
+        width: w,
+        height: h,
+    })
+}
+
+fn expand(out: &mut [u8], px: impl Fn(usize) -> [u8; 3]) {
+    for (p, o) in out.chunks_exact_mut(3).enumerate() {
+        o.copy_from_slice(&px(p));
+    }
+}
+
+/// The denominator (1, 2, 4 or 8) of the smallest JPEG decode scale at which a `crop_w` x
+/// `crop_h` region of the source still has at least `out_w` x `out_h` pixels.
+pub fn scale_denominator(crop_w: f64, crop_h: f64, out_w: u32, out_h: u32) -> u32 {
+    let mut denom = 1;
+    for d in [2u32, 4, 8] {
+        if crop_w / f64::from(d) >= f64::from(out_w) && crop_h / f64::from(d) >= f64::from(out_h) {
+            denom = d;
+        }
+    }
+    denom
+}
+
+/// Decodes like [`decode_rgb8`], but a JPEG at `1/denom` of its size (`denom` 1, 2, 4 or 8),
+/// in the DCT domain through libjpeg-turbo: less work when the crop is much larger than the
+/// output. Returns the decoded (scaled) size; `ceil(size / denom)`, as libjpeg computes it.
+/// PNGs, and every input when `denom` is 1, go through [`decode_rgb8`].
+#[cfg(feature = "turbojpeg")]
+pub fn decode_rgb8_scaled(
+    bytes: &[u8],
+    name: &str,
+    denom: u32,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> Result<Decoded> {
+    if denom == 1 || ImageKind::detect(bytes) != Some(ImageKind::Jpeg) {
+        return decode_rgb8(bytes, name, out, scratch);
+    }
+    if !matches!(denom, 2 | 4 | 8) {
+        return Err(image_error(
+            name,
+            format!("scale 1/{denom} is not one of 1/2, 1/4, 1/8"),
+        ));
+    }
+    check_jpeg_end(bytes, name)?;
+    thread_local! {
+        static TJ: std::cell::RefCell<Option<turbojpeg::Decompressor>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    TJ.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(
+                turbojpeg::Decompressor::new()
+                    .map_err(|e| image_error(name, format!("libjpeg-turbo: {e}")))?,
+            );
+        }
+        let Some(d) = slot.as_mut() else {
+            return Err(image_error(name, "libjpeg-turbo: no decompressor"));
+        };
+        let tj = |e: turbojpeg::Error| image_error(name, format!("corrupt JPEG: {e}"));
+        let header = d.read_header(bytes).map_err(tj)?;
+        check_size(name, header.width as u64, header.height as u64)?;
+        let factor = turbojpeg::ScalingFactor::new(1, denom as usize);
+        d.set_scaling_factor(factor).map_err(tj)?;
+        let scaled = header.scaled(factor);
+        let (w, h) = check_size(name, scaled.width as u64, scaled.height as u64)?;
+        out.resize(w as usize * h as usize * 3, 0);
+        let image = turbojpeg::Image {
+            pixels: &mut out[..],
+            width: w as usize,
+            pitch: w as usize * 3,
+            height: h as usize,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        d.decompress(bytes, image).map_err(tj)?;
+        Ok(Decoded {
+            width: w,
+            height: h,
+        })
+    })
+}

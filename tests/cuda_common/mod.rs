@@ -1,0 +1,73 @@
+//! Helpers shared by the GPU tests: open a device or skip, fresh random data, `.npy` files.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use gpufeed::DType;
+use gpufeed::cuda::Device;
+
+/// Device 0, or `None` after printing why the test skips. With `GPUFEED_REQUIRE_GPU=1`, no
+/// GPU is a failure instead.
+pub fn device() -> Option<Device> {
+    match Device::open(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            if std::env::var("GPUFEED_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("GPUFEED_REQUIRE_GPU=1 but no GPU: {e}");
+            }
+            eprintln!("skipping: no GPU ({e})");
+            None
+        }
+    }
+}
+
+/// A SplitMix64 generator seeded from the clock: fresh inputs on every run (the seed is
+/// printed so that a failure can be replayed).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn fresh(what: &str) -> Rng {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        eprintln!("{what}: seed {seed}");
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn fill(&mut self, out: &mut [u8]) {
+        for chunk in out.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+}
+
+/// Writes a u8 `.npy` array of `rows` rows of `row_shape`, returns its path and bytes.
+pub fn write_npy(
+    dir: &Path,
+    name: &str,
+    rows: u64,
+    row_shape: &[u64],
+    rng: &mut Rng,
+) -> (PathBuf, Vec<u8>) {
+    let mut shape = vec![rows];
+    shape.extend_from_slice(row_shape);
+    let n: u64 = shape.iter().product();
+    let mut data = vec![0u8; n as usize];
+    rng.fill(&mut data);
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&path).expect("create npy");
+    f.write_all(&gpufeed::source::npy_header(DType::U8, &shape).expect("header"))
+        .expect("write header");
+    f.write_all(&data).expect("write data");
+    (path, data)
+}

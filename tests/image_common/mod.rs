@@ -1,0 +1,64 @@
+// Helpers shared by the image tests (included with `#[path]`, not a test of its own).
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use image::{ExtendedColorType, ImageEncoder};
+
+/// A deterministic RGB image with a smooth gradient and some structure.
+pub fn smooth_rgb(w: u32, h: u32) -> Vec<u8> {
+    let mut v = Vec::with_capacity((w * h * 3) as usize);
+    for y in 0..h {
+        for x in 0..w {
+            v.push((x * 255 / w.max(1)) as u8);
+            v.push((y * 255 / h.max(1)) as u8);
+            v.push(((x + y) * 127 / (w + h)) as u8 + 64);
+        }
+    }
+    v
+}
+
+/// Distinct pixel values everywhere (for exact comparisons).
+pub fn noisy_rgb(w: u32, h: u32, seed: u32) -> Vec<u8> {
+    (0..w * h * 3)
+        .map(|i| {
+            (i.wrapping_mul(2_654_435_761)
+                .wrapping_add(seed.wrapping_mul(97))
+                >> 13) as u8
+        })
+        .collect()
+}
+
+pub fn png(pixels: &[u8], w: u32, h: u32, color: ExtendedColorType) -> Vec<u8> {
+    let mut out = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut out)
+        .write_image(pixels, w, h, color)
+        .unwrap();
+    out
+}
+
+pub fn jpeg(pixels: &[u8], w: u32, h: u32, color: ExtendedColorType, quality: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality)
+        .write_image(pixels, w, h, color)
+        .unwrap();
+    out
+}
+
+/// Writes `root/class_{k}/{i}.jpg` files: `per_class` each of `classes` classes.
+pub fn jpeg_folder(root: &Path, classes: usize, per_class: usize, w: u32, h: u32) {
+    for c in 0..classes {
+        let dir = root.join(format!("class_{c}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..per_class {
+            let px = noisy_rgb(w, h, (c * 1000 + i) as u32);
+            let smooth = smooth_rgb(w, h);
+            let mixed: Vec<u8> = px.iter().zip(&smooth).map(|(a, b)| a / 4 + b / 2).collect();
+            std::fs::write(
+                dir.join(format!("{i:04}.jpg")),
+                jpeg(&mixed, w, h, ExtendedColorType::Rgb8, 90),
+            )
+            .unwrap();
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! The image pipeline through the loader: geometry and flips exact, determinism across worker
+//! counts, ImageFolder labels, packing, and the bad-image policies.
+
+#[path = "image_common/mod.rs"]
+mod common;
+
+use common::*;
+use gpufeed::format::{DType, RecordFile};
+use gpufeed::source::{Dataset, ImageFolder, pack_image_folder};
+use gpufeed::transform::image::{ImageTransform, Layout, Normalize, OnBadImage};
+use gpufeed::{Error, Loader};
+use image::ExtendedColorType as E;
+
+fn batches(loader: Loader) -> Vec<(Vec<u8>, Vec<i64>, Vec<u64>)> {
+    loader
+        .map(|b| {
+            let b = b.unwrap();
+            (
+                b.field_bytes("image").unwrap().to_vec(),
+                b.field::<i64>("label").unwrap().to_vec(),
+                b.indices().to_vec(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn image_folder_sorts_classes_and_files_like_torchvision() {
+    let dir = tempfile::tempdir().unwrap();
+    for (class, files) in [("zebra", &["b.PNG", "a.jpg"][..]), ("ant", &["x.jpeg"][..])] {
+        std::fs::create_dir_all(dir.path().join(class).join("sub")).unwrap();
+        for f in files {
+            let bytes = if f.ends_with("PNG") {
+                png(&noisy_rgb(4, 4, 0), 4, 4, E::Rgb8)
+            } else {
+                jpeg(&noisy_rgb(4, 4, 0), 4, 4, E::Rgb8, 90)
+            };
+            std::fs::write(dir.path().join(class).join(f), bytes).unwrap();
+        }
+        std::fs::write(dir.path().join(class).join("notes.txt"), b"skip me").unwrap();
+    }
+    std::fs::write(
+        dir.path().join("zebra/sub/c.jpg"),
+        jpeg(&noisy_rgb(4, 4, 0), 4, 4, E::Rgb8, 90),
+    )
+    .unwrap();
+    let f = ImageFolder::open(dir.path()).unwrap();
+    assert_eq!(f.classes(), ["ant", "zebra"]);
+    assert_eq!(f.len(), 4);
+    let got: Vec<(String, u32)> = (0..4)
+        .map(|i| (f.relative_path(i).unwrap().to_owned(), f.label(i).unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("ant/x.jpeg".into(), 0),
+            ("zebra/a.jpg".into(), 1),
+            ("zebra/b.PNG".into(), 1),
+            ("zebra/sub/c.jpg".into(), 1)
+        ]
+    );
+    let s = f.get(2).unwrap();
+    assert_eq!(s.field_named("label").unwrap(), 1i64.to_le_bytes());
+    assert_eq!(s.field_named("path").unwrap(), b"zebra/b.PNG");
+    assert!(s.field_named("image").unwrap().starts_with(b"\x89PNG"));
+    // An empty class is an error naming it, as in torchvision.
+    std::fs::create_dir_all(dir.path().join("empty_class")).unwrap();
+    let e = ImageFolder::open(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("empty_class"), "{e}");
+}
+
+fn png_folder(root: &std::path::Path, n: usize, w: u32, h: u32) -> Vec<Vec<u8>> {
+    std::fs::create_dir_all(root.join("c")).unwrap();
+    (0..n)
+        .map(|i| {
+            let px = noisy_rgb(w, h, i as u32);
+            std::fs::write(root.join(format!("c/{i}.png")), png(&px, w, h, E::Rgb8)).unwrap();
+            px
+        })
+        .collect()
+}
+
+#[test]
+fn eval_at_the_source_size_is_the_identity_and_flips_are_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let px = png_folder(dir.path(), 3, 32, 32);
+    // Resize(32) + CenterCrop(32) of a 32x32 image: the image itself.
+    let t = ImageTransform::eval(32)
+        .resize(32)
+        .layout(Layout::Hwc)
+        .build()
+        .unwrap();
+    let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(3)
+        .workers(1)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let b = batches(loader);
+    assert_eq!(b[0].0, px.concat());
+    // RandomResizedCrop with scale (1, 1), ratio (1, 1) on a square image is the whole image;
+    // flip(1.0) mirrors it.
+    let t = ImageTransform::train(32)
+        .scale(1.0, 1.0)
+        .ratio(1.0, 1.0)
+        .flip(1.0)
+        .layout(Layout::Hwc)
+        .build()
+        .unwrap();
+    let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(3)
+        .workers(2)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let b = batches(loader);
+    let mut want = px.concat();
+    gpufeed::transform::image::crop::flip_horizontal(&mut want, 32, 3);
+    assert_eq!(b[0].0, want);
+    // CHW u8 is the same pixels, transposed.
+    let t = ImageTransform::eval(32).resize(32).build().unwrap();
+    let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(1)
+        .workers(1)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let b = batches(loader);
+    let chw = &b[0].0;
+    for p in 0..32 * 32 {
+        for c in 0..3 {
+            assert_eq!(chw[c * 1024 + p], px[0][p * 3 + c]);
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_batches_on_1_and_8_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    jpeg_folder(dir.path(), 3, 7, 96, 64);
+    let run = |workers| {
+        let t = ImageTransform::train(40)
+            .dtype(DType::F16)
+            .normalize(Normalize::IMAGENET)
+            .build()
+            .unwrap();
+        let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+            .transform(t)
+            .batch_size(4)
+            .shuffle(7)
+            .workers(workers)
+            .shard(0, 1)
+            .build()
+            .unwrap();
+        batches(loader)
+    };
+    let one = run(1);
+    assert_eq!(one.len(), 6);
+    assert_eq!(one, run(8));
+    // Labels follow the classes (7 files each).
+    for (_, labels, idx) in &one {
+        for (l, i) in labels.iter().zip(idx) {
+            assert_eq!(*l, (*i / 7) as i64);
+        }
+    }
+}
+
+#[test]
+fn packed_image_folder_reads_back_and_trains_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    jpeg_folder(&dir.path().join("imgs"), 2, 5, 50, 30);
+    let folder = ImageFolder::open(dir.path().join("imgs")).unwrap();
+    let out = dir.path().join("imgs.gfd");
+    let mut calls = Vec::new();
+    let summary = pack_image_folder(&folder, &out, |n| calls.push(n)).unwrap();
+    assert_eq!(summary.records, 10);
+    assert_eq!(calls.last(), Some(&10));
+    let f = RecordFile::open(&out).unwrap();
+    for i in 0..10 {
+        let s = f.get(i).unwrap();
+        assert_eq!(s.field_named("image").unwrap(), folder.read(i).unwrap());
+        assert_eq!(
+            s.field_named("label").unwrap(),
+            (i as i64 / 5).to_le_bytes()
+        );
+        let mut size = 30u32.to_le_bytes().to_vec();
+        size.extend(50u32.to_le_bytes());
+        assert_eq!(s.field_named("size").unwrap(), size);
+    }
+    let run = |ds: Box<dyn Dataset>| {
+        let t = ImageTransform::train(24).build().unwrap();
+        batches(
+            Loader::builder(ds)
+                .transform(t)
+                .batch_size(5)
+                .shuffle(3)
+                .workers(2)
+                .shard(0, 1)
+                .build()
+                .unwrap(),
+        )
+    };
+    assert_eq!(run(Box::new(folder)), run(Box::new(f)));
+}
+
+fn folder_with_bad_file(root: &std::path::Path) {
+    png_folder(root, 4, 16, 16);
+    let good = std::fs::read(root.join("c/1.png")).unwrap();
+    std::fs::write(root.join("c/1.png"), &good[..good.len() / 2]).unwrap();
+}
+
+#[test]
+fn a_bad_image_fails_its_batch_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    folder_with_bad_file(dir.path());
+    let t = ImageTransform::train(8).build().unwrap();
+    let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(2)
+        .workers(1)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let results: Vec<_> = loader.collect();
+    let e = results[0].as_ref().unwrap_err();
+    assert!(matches!(e, Error::Sample { index: 1, .. }), "{e:?}");
+    assert!(e.to_string().contains("c/1.png"), "{e}");
+    assert!(results[1].is_ok());
+}
+
+#[test]
+fn skip_policy_zeroes_the_image_sets_label_minus_one_and_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    folder_with_bad_file(dir.path());
+    let t = ImageTransform::train(8)
+        .dtype(DType::F32)
+        .on_bad_image(OnBadImage::Skip)
+        .build()
+        .unwrap();
+    let stats = t.stats();
+    let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(4)
+        .workers(1)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let b = batches(loader);
+    assert_eq!(b[0].1, [0, -1, 0, 0]);
+    let per = 8 * 8 * 3 * 4;
+    assert!(b[0].0[per..2 * per].iter().all(|&x| x == 0));
+    assert!(b[0].0[..per].iter().any(|&x| x != 0));
+    assert_eq!(stats.skipped(), 1);
+    assert_eq!(stats.decoded(), 3);
+    assert!(stats.last_skipped().unwrap().contains("c/1.png"));
+}
+
+#[test]
+fn builder_refuses_settings_that_cannot_work() {
+    assert!(ImageTransform::train(0).build().is_err());
+    assert!(ImageTransform::train(8).scale(0.5, 0.1).build().is_err());
+    assert!(ImageTransform::train(8).flip(2.0).build().is_err());
+    assert!(ImageTransform::eval(224).resize(100).build().is_err());
+    assert!(ImageTransform::train(8).dtype(DType::I32).build().is_err());
+    assert!(
+        ImageTransform::train(8)
+            .normalize(Normalize::IMAGENET)
+            .build()
+            .is_err()
+    );
+}

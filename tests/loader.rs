@@ -1,0 +1,379 @@
+//! The loader end to end: order, workers, resume, faults, shutdown, bad settings.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use gpufeed::format::{DType, Field, Schema};
+use gpufeed::{
+    Dataset, Error, FnTransform, Loader, LoaderState, OutputField, Result, Sample, SampleContext,
+    Slots,
+};
+use proptest::prelude::*;
+
+/// An in-memory dataset: sample i is 8 bytes, the little-endian u64 `i * 3 + 1`.
+struct Numbers {
+    data: Vec<u8>,
+    schema: Schema,
+}
+
+impl Numbers {
+    fn new(n: u64) -> Numbers {
+        Numbers {
+            data: (0..n).flat_map(|i| (i * 3 + 1).to_le_bytes()).collect(),
+            schema: Schema::new(vec![Field::tensor("x", DType::U64, &[])]).unwrap(),
+        }
+    }
+}
+
+impl Dataset for Numbers {
+    fn len(&self) -> u64 {
+        self.data.len() as u64 / 8
+    }
+    fn schema(&self) -> &Schema {
+        &self.schema
+    }
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        let i = index as usize;
+        let bytes = self.data.get(i * 8..i * 8 + 8).ok_or(Error::OutOfRange {
+            index,
+            len: self.len(),
+        })?;
+        Sample::borrowed(bytes, &self.schema)
+    }
+}
+
+fn values(batch: &gpufeed::Batch) -> Vec<u64> {
+    batch.field::<u64>("x").unwrap().to_vec()
+}
+
+fn epoch_of(loader: &mut Loader) -> Vec<Vec<u64>> {
+    loader.by_ref().map(|b| values(&b.unwrap())).collect()
+}
+
+#[test]
+fn delivers_every_sample_in_order_with_content() {
+    let mut loader = Loader::builder(Numbers::new(1000))
+        .batch_size(32)
+        .workers(4)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let batches = epoch_of(&mut loader);
+    assert_eq!(batches.len(), 32);
+    assert_eq!(batches.last().unwrap().len(), 1000 - 31 * 32);
+    let flat: Vec<u64> = batches.concat();
+    assert_eq!(flat, (0..1000).map(|i| i * 3 + 1).collect::<Vec<_>>());
+    assert!(loader.next().is_none(), "an epoch ends with None");
+}
+
+#[test]
+fn order_does_not_depend_on_workers_or_prefetch() {
+    let run = |workers, prefetch| {
+        let mut l = Loader::builder(Numbers::new(777))
+            .batch_size(10)
+            .shuffle(42)
+            .workers(workers)
+            .prefetch(prefetch)
+            .shard(0, 1)
+            .epoch(5)
+            .build()
+            .unwrap();
+        epoch_of(&mut l)
+    };
+    let one = run(1, 1);
+    assert_eq!(one, run(8, 3));
+    assert_eq!(one, run(3, 16));
+    let mut flat = one.concat();
+    flat.sort_unstable();
+    assert_eq!(flat, (0..777).map(|i| i * 3 + 1).collect::<Vec<_>>());
+}
+
+#[test]
+fn set_epoch_gives_a_new_order_on_the_same_threads() {
+    let mut l = Loader::builder(Numbers::new(300))
+        .batch_size(7)
+        .shuffle(1)
+        .workers(2)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let e0 = epoch_of(&mut l);
+    l.set_epoch(1);
+    let e1 = epoch_of(&mut l);
+    assert_ne!(e0, e1);
+    l.set_epoch(0);
+    // Abandon mid-epoch, then start again: the same order as before.
+    let _ = l.next();
+    let _ = l.next();
+    l.set_epoch(0);
+    assert_eq!(epoch_of(&mut l), e0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn resume_yields_exactly_the_rest(len in 1u64..400, batch in 1usize..40, stop_frac in 0.0f64..1.0,
+                                      seed: u64, workers in 1usize..5, drop_last: bool) {
+        let build = |state: Option<LoaderState>| {
+            let b = Loader::builder(Numbers::new(len)).batch_size(batch).shuffle(seed).workers(workers)
+                .drop_last(drop_last).shard(0, 1).epoch(2);
+            match state { Some(s) => b.resume(s), None => b }.build()
+        };
+        let Ok(mut full) = build(None) else { return Ok(()) }; // drop_last with len < batch
+        let whole = epoch_of(&mut full);
+        let stop = (whole.len() as f64 * stop_frac) as usize;
+        let mut first = build(None).unwrap();
+        let delivered: Vec<Vec<u64>> = first.by_ref().take(stop).map(|b| values(&b.unwrap())).collect();
+        // The state goes through JSON, as it would through a checkpoint file.
+        let saved = serde_json::to_string(&first.state()).unwrap();
+        drop(first); // the crash
+        let mut resumed = build(Some(serde_json::from_str(&saved).unwrap())).unwrap();
+        let rest = epoch_of(&mut resumed);
+        let mut joined = delivered;
+        joined.extend(rest);
+        prop_assert_eq!(joined, whole);
+    }
+}
+
+#[test]
+fn resume_refuses_a_state_from_other_settings() {
+    let mut l = Loader::builder(Numbers::new(100))
+        .batch_size(10)
+        .shuffle(3)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let _ = l.next();
+    let state = l.state();
+    let other = Loader::builder(Numbers::new(100))
+        .batch_size(20)
+        .shuffle(3)
+        .shard(0, 1)
+        .resume(state)
+        .build();
+    assert!(matches!(other, Err(Error::Mismatch { .. })));
+}
+
+fn failing_on(bad: u64, panic: bool) -> impl gpufeed::SampleTransform {
+    FnTransform::new(
+        vec![OutputField::new("x", DType::U64, &[])],
+        move |s: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>| {
+            if ctx.index == bad {
+                if panic {
+                    panic!("boom at {bad}");
+                }
+                return Err(Error::user("cannot read this one"));
+            }
+            slots.field(0)?.copy_from_slice(s.field(0).unwrap());
+            Ok(())
+        },
+    )
+}
+
+#[test]
+fn a_failing_sample_fails_its_batch_and_the_loader_goes_on() {
+    for panic in [false, true] {
+        let mut l = Loader::builder(Numbers::new(50))
+            .batch_size(10)
+            .workers(3)
+            .transform(failing_on(23, panic))
+            .shard(0, 1)
+            .build()
+            .unwrap();
+        let results: Vec<_> = l.by_ref().collect();
+        assert_eq!(results.len(), 5);
+        for (k, r) in results.iter().enumerate() {
+            if k == 2 {
+                let e = r.as_ref().unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        Error::Sample {
+                            index: 23,
+                            batch: 2,
+                            ..
+                        }
+                    ),
+                    "{e}"
+                );
+                let msg = e.to_string();
+                assert!(msg.contains("sample 23"), "{msg}");
+                if panic {
+                    assert!(
+                        msg.contains("panicked") && msg.contains("boom at 23"),
+                        "{msg}"
+                    );
+                }
+            } else {
+                assert_eq!(r.as_ref().unwrap().len(), 10);
+            }
+        }
+        // Still usable: the next epoch runs.
+        l.set_epoch(1);
+        assert_eq!(l.by_ref().filter(|r| r.is_ok()).count(), 4);
+    }
+}
+
+#[test]
+fn dropping_mid_epoch_with_a_full_channel_stops_every_thread_promptly() {
+    let made = Arc::new(AtomicUsize::new(0));
+    let m = made.clone();
+    let slow = FnTransform::new(
+        vec![OutputField::new("x", DType::U64, &[])],
+        move |s: Sample<'_>, _: &SampleContext, slots: &mut Slots<'_>| {
+            m.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_micros(200));
+            slots.field(0)?.copy_from_slice(s.field(0).unwrap());
+            Ok(())
+        },
+    );
+    let mut l = Loader::builder(Numbers::new(100_000))
+        .batch_size(64)
+        .workers(4)
+        .prefetch(8)
+        .transform(slow)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let first = l.next().unwrap().unwrap();
+    // A slow consumer: the workers fill every slot of the prefetch window, then wait.
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    drop(l);
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "drop took {:?}",
+        t0.elapsed()
+    );
+    drop(first);
+    // Each worker holds the shared state (and so the transform) until its thread ends.
+    assert_eq!(
+        Arc::strong_count(&made),
+        1,
+        "worker threads outlived the loader"
+    );
+    assert!(
+        made.load(Ordering::Relaxed) < 100_000,
+        "workers kept going after the drop"
+    );
+}
+
+#[test]
+fn holding_more_batches_than_the_budget_is_an_error_not_a_hang() {
+    let mut l = Loader::builder(Numbers::new(1000))
+        .batch_size(64)
+        .workers(2)
+        .prefetch(2)
+        .pool_budget(3 * 4096)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let mut held = Vec::new();
+    let mut error = None;
+    for r in l.by_ref() {
+        match r {
+            Ok(b) => held.push(b),
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+        assert!(held.len() <= 3);
+    }
+    assert!(
+        matches!(
+            error,
+            Some(Error::InvalidConfig {
+                setting: "pool_budget",
+                ..
+            })
+        ),
+        "{error:?}"
+    );
+    drop(held);
+}
+
+#[test]
+fn pool_reuses_buffers_across_batches() {
+    let mut l = Loader::builder(Numbers::new(10_000))
+        .batch_size(100)
+        .workers(2)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let n = l.by_ref().map(|b| b.unwrap()).count();
+    assert_eq!(n, 100);
+    let stats = l.stats();
+    assert!(stats.pool.allocations <= 8, "{}", stats.pool);
+    assert!(stats.pool.reuses >= 90, "{}", stats.pool);
+    assert_eq!(stats.samples, 10_000);
+    assert!(stats.first_batch.is_some());
+    let table = stats.to_string();
+    assert!(
+        table.contains("fetch") && table.contains("consumer waited"),
+        "{table}"
+    );
+}
+
+#[test]
+fn bad_settings_are_typed_errors_at_build() {
+    let b = || Loader::builder(Numbers::new(10)).shard(0, 1);
+    let setting = |r: Result<Loader>| match r {
+        Err(Error::InvalidConfig { setting, .. }) => setting,
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    };
+    assert_eq!(setting(b().batch_size(0).build()), "batch_size");
+    assert_eq!(setting(b().shard(2, 2).build()), "rank");
+    assert_eq!(setting(b().shard(0, 0).build()), "world");
+    assert_eq!(setting(b().prefetch(0).build()), "prefetch");
+    assert_eq!(setting(b().workers(0).build()), "workers");
+    assert_eq!(
+        setting(b().batch_size(11).drop_last(true).build()),
+        "drop_last"
+    );
+    assert_eq!(
+        setting(b().batch_size(4).pool_budget(100).build()),
+        "pool_budget"
+    );
+    assert_eq!(
+        setting(Loader::builder(Numbers::new(0)).shard(0, 1).build()),
+        "dataset"
+    );
+    // A variable-size field cannot be copied into a batch as it is.
+    struct Var(Schema);
+    impl Dataset for Var {
+        fn len(&self) -> u64 {
+            1
+        }
+        fn schema(&self) -> &Schema {
+            &self.0
+        }
+        fn get(&self, _: u64) -> Result<Sample<'_>> {
+            Err(Error::user("unused"))
+        }
+    }
+    let var = Var(Schema::new(vec![Field::bytes("jpeg", gpufeed::Codec::Jpeg)]).unwrap());
+    assert!(matches!(
+        Loader::builder(var).shard(0, 1).build(),
+        Err(Error::Mismatch { .. })
+    ));
+}
+
+#[test]
+fn sharded_loaders_split_the_epoch() {
+    let mut all = Vec::new();
+    for rank in 0..3 {
+        let mut l = Loader::builder(Numbers::new(99))
+            .batch_size(5)
+            .shuffle(9)
+            .shard(rank, 3)
+            .build()
+            .unwrap();
+        let mine = epoch_of(&mut l).concat();
+        assert_eq!(mine.len(), 33);
+        all.extend(mine);
+    }
+    all.sort_unstable();
+    assert_eq!(all, (0..99).map(|i| i * 3 + 1).collect::<Vec<_>>());
+}
