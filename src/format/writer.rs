@@ -176,43 +176,70 @@ impl RecordWriter {
                 }
             }
         }
+        let mut table_stack = [0u8; 64];
+        let mut table_heap = Vec::new();
+        let table: &mut [u8] = if var_count <= 16 {
+            &mut table_stack[..4 * var_count]
+        } else {
+            table_heap.resize(4 * var_count, 0);
+            &mut table_heap
+        };
+        for (bytes, len) in table.chunks_exact_mut(4).zip(lens.iter()) {
+            bytes.copy_from_slice(&len.to_le_bytes());
+        }
+        let content = self.schema.record_bytes(lens.iter().map(|&l| l as usize));
+        let padded = align_up(content.max(1), self.record_align);
         let Some(out) = self.out.as_mut() else {
             return Err(Error::mismatch("append after a failed write"));
         };
-        let tmp = &self.tmp;
-        let mut hash = Xxh3::new();
-        let mut put = |bytes: &[u8], hash: &mut Xxh3| -> Result<()> {
-            hash.update(bytes);
-            out.write_all(bytes).map_err(|e| Error::io(tmp, "write", e))
-        };
-        // Tensor fields, each at its aligned offset, with zero padding between them.
-        let mut at = 0usize;
-        for (i, value) in fields.iter().enumerate() {
-            if let Some(range) = self.schema.fixed_range(i) {
-                put(&self.zeros[..range.start - at], &mut hash)?;
-                put(value, &mut hash)?;
-                at = range.end;
-            }
-        }
-        if var_count > 0 {
-            let table = self.schema.var_table_offset();
-            put(&self.zeros[..table - at], &mut hash)?;
-            for len in lens.iter() {
-                put(&len.to_le_bytes(), &mut hash)?;
-            }
-            at = self.schema.min_record_bytes();
-            for (field, value) in self.schema.fields().iter().zip(fields) {
-                if let FieldKind::Bytes { .. } = field.kind {
-                    put(value, &mut hash)?;
-                    at += value.len();
+        let (schema, zeros) = (&self.schema, &self.zeros[..]);
+        let written = if padded >= PARALLEL_BYTES {
+            // A large record: hash it on another core while this one writes it, and write its
+            // large pieces past the buffer (one copy, into the page cache, instead of two).
+            let mut pieces = Vec::with_capacity(2 * fields.len() + 4);
+            record_pieces(schema, zeros, fields, table, padded, |p| pieces.push(p));
+            let (digest, written) = rayon::join(
+                || {
+                    let mut hash = Xxh3::new();
+                    pieces.iter().for_each(|p| hash.update(p));
+                    hash.digest()
+                },
+                || -> std::io::Result<()> {
+                    for p in &pieces {
+                        if p.len() >= DIRECT_BYTES {
+                            out.flush()?;
+                            out.get_mut().write_all(p)?;
+                        } else {
+                            out.write_all(p)?;
+                        }
+                    }
+                    Ok(())
+                },
+            );
+            written.map(|()| digest)
+        } else {
+            let mut hash = Xxh3::new();
+            let mut written = Ok(());
+            record_pieces(schema, zeros, fields, table, padded, |p| {
+                hash.update(p);
+                if written.is_ok() {
+                    written = out.write_all(p);
                 }
+            });
+            written.map(|()| hash.digest())
+        };
+        let digest = match written {
+            Ok(d) => d,
+            Err(e) => {
+                // The file's contents are unknown now: refuse further appends.
+                self.out = None;
+                let _ = std::fs::remove_file(&self.tmp);
+                return Err(Error::io(&self.tmp, "write", e));
             }
-        }
-        let padded = align_up(at.max(1), self.record_align);
-        put(&self.zeros[..padded - at], &mut hash)?;
+        };
         self.pos += padded as u64;
         self.offsets.push(self.pos);
-        self.checksums.push(hash.digest());
+        self.checksums.push(digest);
         Ok(())
     }
 
@@ -274,6 +301,44 @@ impl RecordWriter {
             file_bytes,
         })
     }
+}
+
+/// Records of at least this many bytes are hashed on another thread while they are written.
+const PARALLEL_BYTES: usize = 64 << 10;
+/// Pieces of at least this many bytes bypass the write buffer.
+const DIRECT_BYTES: usize = 32 << 10;
+
+/// Calls `put` with the bytes of one record, in file order (see `docs/FORMAT.md`, "Records"):
+/// tensor fields at their aligned offsets with zeros between them, the length table, the
+/// variable bytes, and zeros up to `padded`. `fields` were checked against `schema`.
+fn record_pieces<'a>(
+    schema: &Schema,
+    zeros: &'a [u8],
+    fields: &[&'a [u8]],
+    table: &'a [u8],
+    padded: usize,
+    mut put: impl FnMut(&'a [u8]),
+) {
+    let mut at = 0usize;
+    for (i, value) in fields.iter().enumerate() {
+        if let Some(range) = schema.fixed_range(i) {
+            put(&zeros[..range.start - at]);
+            put(value);
+            at = range.end;
+        }
+    }
+    if schema.var_count() > 0 {
+        put(&zeros[..schema.var_table_offset() - at]);
+        put(table);
+        at = schema.min_record_bytes();
+        for (field, value) in schema.fields().iter().zip(fields) {
+            if let FieldKind::Bytes { .. } = field.kind {
+                put(value);
+                at += value.len();
+            }
+        }
+    }
+    put(&zeros[..padded - at]);
 }
 
 impl Drop for RecordWriter {
