@@ -24,7 +24,7 @@ fn synthesise(root: &std::path::Path, classes: usize, per_class: usize) -> Resul
     let (w, h) = (500u32, 375u32);
     for c in 0..classes {
         let dir = root.join(format!("class_{c}"));
-        std::fs::create_dir_all(&dir).map_err(|e| gpufeed::Error::user(e))?;
+        std::fs::create_dir_all(&dir).map_err(gpufeed::Error::user)?;
         for i in 0..per_class {
             let px: Vec<u8> = (0..w * h * 3)
                 .map(|k| {

@@ -29,7 +29,10 @@ fn make_dataset(dir: &std::path::Path) -> Result<PathBuf> {
     let mut w = RecordWriter::create(&path, schema)?;
     let mut pixels = vec![0u8; 32 * 32 * 3];
     for i in 0..4096u32 {
-        pixels.iter_mut().enumerate().for_each(|(k, p)| *p = (i as usize * 31 + k) as u8);
+        pixels
+            .iter_mut()
+            .enumerate()
+            .for_each(|(k, p)| *p = (i as usize * 31 + k) as u8);
         w.append(&[&pixels, &(i % 10).to_le_bytes()])?;
     }
     w.finish()?;
@@ -60,7 +63,7 @@ fn build(path: &std::path::Path, resume: Option<LoaderState>) -> Result<Loader> 
 
 fn main() -> Result<()> {
     let tmp = std::env::temp_dir().join(format!("gpufeed-train-loop-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(|e| gpufeed::Error::user(e))?;
+    std::fs::create_dir_all(&tmp).map_err(gpufeed::Error::user)?;
     let path = match std::env::args().nth(1) {
         Some(p) => PathBuf::from(p),
         None => make_dataset(&tmp)?,
@@ -82,7 +85,7 @@ fn main() -> Result<()> {
                 }
                 // Checkpoint after every step, as a training job would with its model.
                 let state = serde_json::to_string(&loader.state()).map_err(gpufeed::Error::user)?;
-                std::fs::write(&checkpoint, state).map_err(|e| gpufeed::Error::user(e))?;
+                std::fs::write(&checkpoint, state).map_err(gpufeed::Error::user)?;
                 if epoch == 1 && batch.number() + 1 == CRASH_AT {
                     println!("epoch {epoch}: simulated crash after {CRASH_AT} steps");
                     break;
@@ -97,9 +100,12 @@ fn main() -> Result<()> {
     } // the loader and its threads are gone, as after a crash
 
     // The restart: read the checkpoint and go on where the last delivered batch left off.
-    let text = std::fs::read_to_string(&checkpoint).map_err(|e| gpufeed::Error::user(e))?;
+    let text = std::fs::read_to_string(&checkpoint).map_err(gpufeed::Error::user)?;
     let state: LoaderState = serde_json::from_str(&text).map_err(gpufeed::Error::user)?;
-    println!("resuming at epoch {}, batch {}", state.epoch, state.next_batch);
+    println!(
+        "resuming at epoch {}, batch {}",
+        state.epoch, state.next_batch
+    );
     let mut loader = build(&path, Some(state))?;
     let mut resumed = Vec::new();
     for batch in loader.by_ref() {
@@ -109,7 +115,12 @@ fn main() -> Result<()> {
     }
 
     // Check: the epoch, delivered before and after the crash, is every sample once.
-    let mut all: Vec<u64> = seen_epoch1.iter().chain(&resumed).flatten().copied().collect();
+    let mut all: Vec<u64> = seen_epoch1
+        .iter()
+        .chain(&resumed)
+        .flatten()
+        .copied()
+        .collect();
     let distinct: HashSet<u64> = all.iter().copied().collect();
     all.sort_unstable();
     println!(
@@ -121,7 +132,9 @@ fn main() -> Result<()> {
     );
     let expected = loader.batches_per_epoch() as usize * BATCH;
     if all.len() != expected || distinct.len() != all.len() {
-        return Err(gpufeed::Error::user("resume did not yield exactly the rest of the epoch"));
+        return Err(gpufeed::Error::user(
+            "resume did not yield exactly the rest of the epoch",
+        ));
     }
     let _ = std::fs::remove_dir_all(&tmp);
     println!("ok: resume yielded exactly the batches not yet delivered");

@@ -62,11 +62,7 @@ pub fn run(
     let report = Report {
         dataset: path.display().to_string(),
         records,
-        sample_bytes: if stats.samples > 0 {
-            stats.bytes / stats.samples
-        } else {
-            0
-        },
+        sample_bytes: stats.bytes.checked_div(stats.samples).unwrap_or(0),
         batch_size: args.batch_size,
         workers,
         prefetch: args.prefetch.unwrap_or(2 * workers),

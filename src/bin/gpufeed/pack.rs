@@ -1,4 +1,5 @@
-//! `gpufeed pack`: writes a packed record file from `.npy` arrays or raw fixed-size records.
+//! `gpufeed pack`: writes a packed record file from `.npy` arrays, raw fixed-size records or an
+//! ImageFolder directory.
 //!
 //! Inputs are read in place (`.npy` arrays are memory-mapped, raw files are read in large
 //! chunks) and streamed through one [`RecordWriter`], which writes a temporary file and renames
@@ -7,11 +8,12 @@
 //! drops the writer, which removes its temporary file.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use gpufeed::format::{DType, Field, PackSummary, RecordWriter, Schema};
+
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -22,6 +24,9 @@ pub enum InputKind {
     Npy,
     /// Raw files of fixed-size records (`--record-bytes`), back to back.
     Raw,
+    /// One ImageFolder directory (class subdirectories of JPEG/PNG files): each record stores
+    /// the encoded bytes, the label, the image size and the relative path.
+    Imagefolder,
 }
 
 /// Arguments of `gpufeed pack`.
@@ -63,6 +68,24 @@ pub fn run(args: Args) -> Result<()> {
                 return Err(config("--record-bytes", "is required with --from raw"));
             };
             pack_raw(&args.inputs, record_bytes, &args.output)?
+        }
+        InputKind::Imagefolder => {
+            if args.labels.is_some() || args.record_bytes.is_some() {
+                return Err(config(
+                    "--from imagefolder",
+                    "takes its labels from the class directories; --labels and --record-bytes do not apply",
+                ));
+            }
+            let [dir] = args.inputs.as_slice() else {
+                return Err(config("--from imagefolder", "takes exactly one directory"));
+            };
+            let summary = crate::images::pack_imagefolder(
+                dir,
+                &args.output,
+                std::io::stderr().is_terminal(),
+            )?;
+            let bytes = summary.file_bytes;
+            (summary, bytes)
         }
     };
     let secs = start.elapsed().as_secs_f64();
