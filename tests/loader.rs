@@ -377,3 +377,28 @@ fn sharded_loaders_split_the_epoch() {
     all.sort_unstable();
     assert_eq!(all, (0..99).map(|i| i * 3 + 1).collect::<Vec<_>>());
 }
+
+#[test]
+fn the_next_epoch_is_made_ahead_and_kept_only_if_asked_for() {
+    let build = |across| {
+        Loader::builder(Numbers::new(500))
+            .batch_size(16)
+            .shuffle(5)
+            .workers(3)
+            .prefetch(6)
+            .prefetch_across_epochs(across)
+            .shard(0, 1)
+            .build()
+            .unwrap()
+    };
+    let mut plain = build(false);
+    let mut ahead = build(true);
+    for epoch in [0, 1, 2, 7, 8] {
+        plain.set_epoch(epoch);
+        ahead.set_epoch(epoch);
+        assert_eq!(epoch_of(&mut ahead), epoch_of(&mut plain), "epoch {epoch}");
+    }
+    // At the end of an epoch, batches of the next one are in flight already.
+    assert!(ahead.stats().in_flight > 0);
+    assert_eq!(plain.stats().in_flight, 0);
+}

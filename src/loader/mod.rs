@@ -59,6 +59,7 @@ pub struct LoaderBuilder {
     epoch: u64,
     resume: Option<LoaderState>,
     budget: Option<u64>,
+    across_epochs: bool,
     backing: Option<Box<dyn FnOnce(u64) -> HostPool + Send>>,
 }
 
@@ -118,6 +119,13 @@ impl LoaderBuilder {
     /// yet delivered. The settings that decide the order must match those of the state.
     pub fn resume(mut self, state: LoaderState) -> Self {
         self.resume = Some(state);
+        self
+    }
+
+    /// Makes the first batches of epoch + 1 while the end of an epoch is consumed (default
+    /// true), so that [`Loader::set_epoch`]`(epoch + 1)` finds them ready.
+    pub fn prefetch_across_epochs(mut self, yes: bool) -> Self {
+        self.across_epochs = yes;
         self
     }
 
@@ -240,6 +248,9 @@ impl LoaderBuilder {
             next_batch: next,
             next_dispatch: next,
             ready: BTreeMap::new(),
+            ahead: None,
+            ahead_dispatch: 0,
+            speculate: self.across_epochs,
             built: Instant::now(),
             first_batch: None,
             started: None,
@@ -324,7 +335,13 @@ pub struct Loader {
     budget_batches: usize,
     next_batch: u64,
     next_dispatch: u64,
-    ready: BTreeMap<u64, Result<Batch>>,
+    /// Finished batches, by (epoch, number), waiting for their turn.
+    ready: BTreeMap<(u64, u64), Result<Batch>>,
+    /// The next epoch's order, once its batches are being made ahead of time.
+    ahead: Option<Order>,
+    /// Batches of `ahead` dispatched.
+    ahead_dispatch: u64,
+    speculate: bool,
     built: Instant,
     first_batch: Option<Duration>,
     started: Option<Instant>,
@@ -386,11 +403,25 @@ impl Loader {
 
     /// Starts epoch `epoch` from its first batch (PyTorch's `set_epoch`), abandoning what is
     /// left of the current one. Batches in flight are discarded.
+    ///
+    /// Once an epoch has been delivered to its end, the loader already makes the first batches
+    /// of the next one (epoch + 1), so that the pipeline does not drain between epochs; asking
+    /// for that epoch keeps them, asking for another discards them.
     pub fn set_epoch(&mut self, epoch: u64) {
-        self.abandon();
-        self.order = self.spec.epoch(epoch);
-        self.next_batch = 0;
-        self.next_dispatch = 0;
+        let finished = self.next_batch >= self.order.batches();
+        match self.ahead.take() {
+            Some(ahead) if finished && ahead.epoch() == epoch => {
+                self.order = ahead;
+                self.next_batch = 0;
+                self.next_dispatch = std::mem::take(&mut self.ahead_dispatch);
+            }
+            _ => {
+                self.abandon();
+                self.order = self.spec.epoch(epoch);
+                self.next_batch = 0;
+                self.next_dispatch = 0;
+            }
+        }
     }
 
     /// Starts the epoch after the current one.
@@ -409,7 +440,7 @@ impl Loader {
             waited: self.waited,
             first_batch: self.first_batch,
             workers: self.threads.len(),
-            in_flight: (self.next_dispatch - self.next_batch) as usize,
+            in_flight: self.in_flight() as usize,
             ready: self.ready.len(),
             stages: self.shared.times.snapshot(),
             pool: self.shared.pool.stats(),
@@ -421,6 +452,20 @@ impl Loader {
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         self.shared.pool.wake_waiters();
         self.ready.clear();
+        self.ahead = None;
+        self.ahead_dispatch = 0;
+    }
+
+    /// Batches dispatched and not delivered, of this epoch and (ahead) of the next.
+    fn in_flight(&self) -> u64 {
+        self.next_dispatch - self.next_batch + self.ahead_dispatch
+    }
+
+    fn send(&self, task: Task) -> Result<()> {
+        let Some(tx) = &self.tasks else {
+            return Err(Error::Shutdown);
+        };
+        tx.send(task).map_err(|_| Error::Shutdown)
     }
 
     fn dispatch(&mut self) -> Result<()> {
@@ -428,7 +473,7 @@ impl Loader {
         // budget has room for, or workers would wait for buffers that never come back.
         let held = self.shared.held.load(Ordering::Acquire);
         let room = self.budget_batches.saturating_sub(held);
-        if room == 0 && self.next_dispatch == self.next_batch {
+        if room == 0 && self.in_flight() == 0 {
             return Err(Error::config(
                 "pool_budget",
                 format!(
@@ -439,28 +484,43 @@ impl Loader {
         }
         let limit = self.prefetch.min(room);
         let generation = self.shared.generation.load(Ordering::Acquire);
-        while self.next_dispatch < self.order.batches()
-            && self.next_dispatch - self.next_batch < limit as u64
-        {
-            let task = Task {
+        while self.next_dispatch < self.order.batches() && self.in_flight() < limit as u64 {
+            self.send(Task {
                 generation,
                 order: self.order.clone(),
                 number: self.next_dispatch,
-            };
-            let Some(tx) = &self.tasks else {
-                return Err(Error::Shutdown);
-            };
-            tx.send(task).map_err(|_| Error::Shutdown)?;
+            })?;
             self.next_dispatch += 1;
+        }
+        // This epoch is all in flight: start on the next one while there is room.
+        if self.speculate
+            && self.next_dispatch >= self.order.batches()
+            && self.in_flight() < limit as u64
+        {
+            let Some(next_epoch) = self.order.epoch().checked_add(1) else {
+                return Ok(());
+            };
+            let ahead = self
+                .ahead
+                .get_or_insert_with(|| self.spec.epoch(next_epoch))
+                .clone();
+            while self.ahead_dispatch < ahead.batches() && self.in_flight() < limit as u64 {
+                self.send(Task {
+                    generation,
+                    order: ahead.clone(),
+                    number: self.ahead_dispatch,
+                })?;
+                self.ahead_dispatch += 1;
+            }
         }
         Ok(())
     }
 
     fn receive(&mut self) -> Result<Batch> {
         let generation = self.shared.generation.load(Ordering::Acquire);
-        let number = self.next_batch;
+        let key = (self.order.epoch(), self.next_batch);
         loop {
-            if let Some(result) = self.ready.remove(&number) {
+            if let Some(result) = self.ready.remove(&key) {
                 return result;
             }
             let t0 = Instant::now();
@@ -471,7 +531,7 @@ impl Loader {
             }
             match done.result {
                 Some(result) => {
-                    self.ready.insert(done.number, result);
+                    self.ready.insert((done.epoch, done.number), result);
                 }
                 None => {
                     return Err(Error::user(format!(
@@ -502,6 +562,7 @@ impl LoaderBuilder {
             epoch: 0,
             resume: None,
             budget: None,
+            across_epochs: true,
             backing: None,
         }
     }

@@ -43,6 +43,7 @@ pub(crate) struct Task {
 /// A finished task: `None` when it was skipped (its generation is over) or abandoned midway.
 pub(crate) struct Done {
     pub generation: u64,
+    pub epoch: u64,
     pub number: u64,
     pub result: Option<Result<Batch>>,
 }
@@ -58,6 +59,7 @@ pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) 
         };
         let message = Done {
             generation: task.generation,
+            epoch: task.order.epoch(),
             number: task.number,
             result,
         };
