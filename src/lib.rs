@@ -34,6 +34,9 @@ pub mod sampler;
 pub mod source;
 pub mod transform;
 
+#[cfg(doctest)]
+mod readme;
+
 pub use error::{Error, Result};
 pub use format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
 pub use loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};

@@ -18,6 +18,7 @@
 //! Dropping the loader stops and joins every worker thread, also when they wait on a full
 //! channel or an exhausted pool.
 
+mod baseline;
 mod batch;
 mod stats;
 mod worker;
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use serde::{Deserialize, Serialize};
 
+pub use baseline::gather_baseline;
 pub use batch::{Batch, BatchLayout, Element, FIELD_ALIGN};
 use stats::StageTimes;
 pub use stats::{LoaderStats, StageSnapshot};

@@ -8,11 +8,10 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gpufeed::format::{DType, Field, RecordWriter, Schema};
 use gpufeed::memory::human_bytes;
-use gpufeed::sampler::OrderSpec;
 use gpufeed::source::{self, Dataset};
 use gpufeed::{Error, Loader, LoaderStats, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -322,7 +321,7 @@ pub fn run(args: Args) -> Result<()> {
         generate_secs,
     );
     if args.baseline {
-        let b = gather_baseline(
+        let b = gpufeed::loader::gather_baseline(
             dataset.as_ref(),
             &spec,
             args.epochs,
@@ -462,67 +461,4 @@ fn print_report_with(args: &Args, report: &Report, stats: &str) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// A plain gather: `threads` threads copy the same records, in the same order, into batch-sized
-/// buffers, batch `b` by thread `b % threads`. What the loader is measured against.
-pub fn gather_baseline(
-    dataset: &dyn Dataset,
-    spec: &OrderSpec,
-    epochs: u64,
-    threads: usize,
-    max_batches: Option<u64>,
-) -> Result<f64> {
-    let threads = threads.max(1);
-    let started = Instant::now();
-    let mut bytes = 0u64;
-    for epoch in 0..epochs {
-        let order = spec.epoch(epoch);
-        let batches = max_batches.map_or(order.batches(), |m| m.min(order.batches()));
-        let results: Vec<Result<u64>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let order = &order;
-                    s.spawn(move || -> Result<u64> {
-                        let mut indices = Vec::new();
-                        let mut out = Vec::new();
-                        let mut copied = 0u64;
-                        let mut b = t as u64;
-                        while b < batches {
-                            order.batch(b, &mut indices);
-                            let mut at = 0;
-                            for &i in &indices {
-                                let sample = dataset.get(i)?;
-                                let mut k = 0;
-                                while let Some(field) = sample.field(k) {
-                                    if out.len() < at + field.len() {
-                                        out.resize(at + field.len(), 0u8);
-                                    }
-                                    out[at..at + field.len()].copy_from_slice(field);
-                                    at += field.len();
-                                    k += 1;
-                                }
-                            }
-                            std::hint::black_box(out.first());
-                            copied += at as u64;
-                            b += threads as u64;
-                        }
-                        Ok(copied)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::user("a gather thread panicked")))
-                })
-                .collect()
-        });
-        for r in results {
-            bytes += r?;
-        }
-    }
-    let secs = started.elapsed().max(Duration::from_nanos(1)).as_secs_f64();
-    Ok(bytes as f64 / secs)
 }

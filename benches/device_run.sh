@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One device run on the H200 machine: every staged test with GPUFEED_REQUIRE_GPU=1, then PyTorch
+# and gpufeed side by side on the same files. Stage first (here, on the build machine):
+#   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
+#     GPU_FEATURES="cuda,turbojpeg" ../shared/tools/gpu-stage
+#   cp ../shared/bench/torch_baseline.py .gpu/
+# then call the device tool's `run` with carry [".gpu"] and `bash benches/device_run.sh`.
+# Summaries go to stdout; logs to $OUT (at most 8 files come back).
+set -u
+cd "$(dirname "$0")/.."
+G=.gpu
+OUT=${OUT:-/tmp/gpufeed-out}
+LOGS=/tmp/gpufeed-logs
+DATA=/tmp/gpufeed-baseline
+mkdir -p "$OUT" "$LOGS" "$DATA"
+export GPUFEED_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "cpus: $(nproc)"
+
+echo "== tests (GPUFEED_REQUIRE_GPU=1)"
+for t in "$G"/tests/*; do
+  name=$(basename "$t")
+  case $name in
+    cli_pack_inspect) echo "skip $name: it runs the binary at its build-machine path"; continue ;;
+  esac
+  if "$t" -q >"$LOGS/$name.log" 2>&1; then
+    echo "ok   $name: $(grep 'test result' "$LOGS/$name.log" | tail -1)"
+  else
+    echo "FAIL $name"; tail -25 "$LOGS/$name.log"
+  fi
+done
+cat "$LOGS"/*.log >"$OUT/tests.log" 2>/dev/null
+
+step() { echo; echo "== $*"; }
+step "PyTorch DataLoader, raw records (16384 x 150528 B, batch 256, shuffled, pinned)"
+python3 "$G/torch_baseline.py" --npy "$DATA/records.npy" --only raw --workers 0,4,8,16 2>&1 | tee "$OUT/torch_raw.log" | grep -E '^\{|^#'
+
+step "gpufeed, same .npy, host only, with the plain gather baseline"
+for w in 8 16; do
+  "$G/bin/gpufeed" bench "$DATA/records.npy" --workers "$w" --epochs 5 --baseline --json | tee -a "$OUT/gpufeed.jsonl"
+done
+step "gpufeed, same .npy, to the GPU (pinned, copy stream), ceiling measured in the same run"
+for w in 12 16; do
+  "$G/bin/gpufeed" bench "$DATA/records.npy" --workers "$w" --epochs 5 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
+done
+"$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --device 0 | tail -25
+
+step "train_loop_cuda: a GPU step slower than loading"
+for ms in 10 25; do
+  "$G/examples/train_loop_cuda" "$DATA/records.npy" --step-ms "$ms" --epochs 6 --workers 16 2>&1 | tail -6
+done
+
+step "memory against workers (2M records)"
+"$G/examples/memory_vs_workers" 2>&1 | tail -6
+
+step "PyTorch + PIL, JPEG RandomResizedCrop(224) + flip"
+python3 "$G/torch_baseline.py" --jpeg-dir "$DATA/jpegs" --only jpeg --workers 1,16 2>&1 | tee "$OUT/torch_jpeg.log" | grep -E '^\{|^#'
+step "gpufeed, same JPEGs"
+for w in 1 16; do
+  "$G/bin/gpufeed" bench --images "$DATA/jpegs" --workers "$w" --batch-size 128 --json | tee -a "$OUT/gpufeed.jsonl"
+done
+"$G/bin/gpufeed" pack --from imagefolder "$DATA/jpegs" -o "$DATA/jpegs.gfd" | tail -1
+for w in 1 16; do
+  "$G/bin/gpufeed" bench --images "$DATA/jpegs.gfd" --workers "$w" --batch-size 128 --json | tee -a "$OUT/gpufeed.jsonl"
+done
+
+step "first batch on a 100M-record file"
+"$G/examples/open_large" "$DATA/large.gfd" --keep 2>&1 | tail -4
+"$G/bin/gpufeed" bench "$DATA/large.gfd" --epochs 1 --max-batches 20 --json | tee -a "$OUT/gpufeed.jsonl"
+rm -f "$DATA/large.gfd"
+echo "== done"
