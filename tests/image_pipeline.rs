@@ -246,6 +246,8 @@ fn skip_policy_zeroes_the_image_sets_label_minus_one_and_counts() {
         .batch_size(4)
         .workers(1)
         .shard(0, 1)
+        // Counts of one epoch: no work on the next one ahead of time.
+        .prefetch_across_epochs(false)
         .build()
         .unwrap();
     let b = batches(loader);

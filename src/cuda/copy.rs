@@ -326,7 +326,8 @@ pub struct DeviceStats {
     pub h2d_copies: u64,
     /// Bytes of the copies whose device time is known (their events completed and were read).
     pub h2d_timed_bytes: u64,
-    /// Device time of those copies, from events around each copy on the copy stream.
+    /// Device time of those copies: the union of the intervals between the events around each
+    /// copy on the copy stream (time shared by queued copies counted once).
     pub h2d_busy: Duration,
     /// The device pool.
     pub device_pool: DevicePoolStats,
@@ -490,6 +491,7 @@ impl DeviceLoader {
             control: ctl_rx,
             shared: Arc::clone(&shared),
             timing: VecDeque::new(),
+            last_end: None,
         };
         let thread = std::thread::Builder::new()
             .name(format!("gpufeed-copy-{}", device.ordinal()))
@@ -644,6 +646,8 @@ struct CopyThread {
     shared: Arc<Shared>,
     /// Copies whose timing events have not been read: (start, end, bytes).
     timing: VecDeque<(CudaEvent, Arc<CudaEvent>, usize)>,
+    /// The end event of the last copy timed, to count time shared with the next one once.
+    last_end: Option<Arc<CudaEvent>>,
 }
 
 impl CopyThread {
@@ -802,9 +806,21 @@ impl CopyThread {
             // SAFETY: both events are live, were recorded on the copy stream, and `end` has
             // completed, so the elapsed time is defined and the call does not wait.
             if let Ok(ms) = unsafe { result::event::elapsed(start.cu_event(), end.cu_event()) } {
-                busy += Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+                // Busy time is the union of the copies' intervals: a start event can be stamped
+                // before the previous copy has ended (copies queued back to back), so the part
+                // of this interval before the previous end is not counted twice.
+                let overlap = match &self.last_end {
+                    // SAFETY: as above; the previous end event has completed too.
+                    Some(prev) => {
+                        unsafe { result::event::elapsed(start.cu_event(), prev.cu_event()) }
+                            .map_or(0.0, |o| o.clamp(0.0, ms.max(0.0)))
+                    }
+                    None => 0.0,
+                };
+                busy += Duration::from_secs_f64(f64::from((ms - overlap).max(0.0)) / 1e3);
                 timed_bytes += *bytes as u64;
             }
+            self.last_end = Some(Arc::clone(end));
             self.timing.pop_front();
         }
         if timed_bytes > 0 {

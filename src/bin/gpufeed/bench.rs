@@ -320,6 +320,7 @@ pub fn run(args: Args) -> Result<()> {
         prefetch,
         generate_secs,
     );
+    report.epoch_bytes_per_sec = epoch_rates;
     if args.baseline {
         let b = gpufeed::loader::gather_baseline(
             dataset.as_ref(),
