@@ -19,18 +19,19 @@ pub fn gather_baseline(
 ) -> Result<f64> {
     let threads = threads.max(1);
     let started = Instant::now();
-    let mut bytes = 0u64;
-    for epoch in 0..epochs {
-        let order = spec.epoch(epoch);
-        let batches = max_batches.map_or(order.batches(), |m| m.min(order.batches()));
-        let results: Vec<Result<u64>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let order = &order;
-                    s.spawn(move || -> Result<u64> {
-                        let mut indices = Vec::new();
-                        let mut out = Vec::new();
-                        let mut copied = 0u64;
+    // Threads and their buffers live across epochs, as the loader's do: page faults on fresh
+    // buffers are paid once, not every epoch.
+    let results: Vec<Result<u64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || -> Result<u64> {
+                    let mut indices = Vec::new();
+                    let mut out = Vec::new();
+                    let mut copied = 0u64;
+                    for epoch in 0..epochs {
+                        let order = spec.epoch(epoch);
+                        let batches =
+                            max_batches.map_or(order.batches(), |m| m.min(order.batches()));
                         let mut b = t as u64;
                         while b < batches {
                             order.batch(b, &mut indices);
@@ -51,21 +52,22 @@ pub fn gather_baseline(
                             copied += at as u64;
                             b += threads as u64;
                         }
-                        Ok(copied)
-                    })
+                    }
+                    Ok(copied)
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::user("a gather thread panicked")))
-                })
-                .collect()
-        });
-        for r in results {
-            bytes += r?;
-        }
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::user("a gather thread panicked")))
+            })
+            .collect()
+    });
+    let mut bytes = 0u64;
+    for r in results {
+        bytes += r?;
     }
     let secs = started.elapsed().max(Duration::from_nanos(1)).as_secs_f64();
     Ok(bytes as f64 / secs)

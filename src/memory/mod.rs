@@ -11,6 +11,10 @@
 //! page-locked (pinned) memory with the `cuda` feature. The pool never touches a block's bytes
 //! after zeroing it once at allocation.
 
+mod copy;
+
+pub use copy::{STREAM_THRESHOLD, copy_to_batch};
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ptr::NonNull;

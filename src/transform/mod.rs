@@ -269,7 +269,7 @@ impl SampleTransform for CopyFields {
                     dst.len()
                 )));
             }
-            dst.copy_from_slice(src);
+            crate::memory::copy_to_batch(dst, src);
         }
         Ok(())
     }

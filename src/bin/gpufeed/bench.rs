@@ -112,7 +112,13 @@ pub struct Report {
     /// The plain gather's bytes per second (with `--baseline`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline_bytes_per_sec: Option<f64>,
-    /// `bytes_per_sec / baseline_bytes_per_sec` (with `--baseline`).
+    /// Batch bytes per second over the epochs after the first (with 2 epochs or more): the
+    /// steady state, once the mapping's pages are mapped and the pool's buffers allocated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_bytes_per_sec: Option<f64>,
+    /// `steady_bytes_per_sec / baseline_bytes_per_sec` (with `--baseline`; the gather runs
+    /// after the loader, over pages the loader has mapped, so it is compared with the loader's
+    /// steady state).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline_ratio: Option<f64>,
     /// Host-to-device bytes per second of the copy stage (with `--device`).
@@ -320,6 +326,7 @@ pub fn run(args: Args) -> Result<()> {
         prefetch,
         generate_secs,
     );
+    report.steady_bytes_per_sec = steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
     if args.baseline {
         let b = gpufeed::loader::gather_baseline(
@@ -330,9 +337,17 @@ pub fn run(args: Args) -> Result<()> {
             args.max_batches,
         )?;
         report.baseline_bytes_per_sec = Some(b);
-        report.baseline_ratio = Some(report.bytes_per_sec / b);
+        report.baseline_ratio =
+            Some(report.steady_bytes_per_sec.unwrap_or(report.bytes_per_sec) / b);
     }
     print_report(&args, &report, &stats)
+}
+
+/// The mean rate of the epochs after the first (each epoch moves the same bytes), if any.
+pub fn steady_rate(epoch_rates: &[f64]) -> Option<f64> {
+    let later = epoch_rates.get(1..).filter(|r| !r.is_empty())?;
+    // Equal bytes per epoch: the overall rate is the harmonic mean of the epochs' rates.
+    Some(later.len() as f64 / later.iter().map(|r| 1.0 / r.max(1e-9)).sum::<f64>())
 }
 
 /// `gpufeed bench --images`.
@@ -430,6 +445,12 @@ fn print_report_with(args: &Args, report: &Report, stats: &str) -> Result<()> {
         }
     );
     println!("{stats}");
+    if let Some(steady) = report.steady_bytes_per_sec {
+        println!(
+            "steady state (epochs after the first): {:.2} GB/s",
+            steady / 1e9
+        );
+    }
     println!(
         "throughput: {:.0} samples/s, {:.2} GB/s; first batch {:.2} ms; consumer waited {:.1}%",
         report.samples_per_sec,
@@ -447,7 +468,7 @@ fn print_report_with(args: &Args, report: &Report, stats: &str) -> Result<()> {
     }
     if let (Some(b), Some(r)) = (report.baseline_bytes_per_sec, report.baseline_ratio) {
         println!(
-            "baseline: plain {}-thread memcpy gather of the same records in the same order: {:.2} GB/s; loader at {:.1}% of it",
+            "baseline: plain {}-thread memcpy gather of the same records in the same order: {:.2} GB/s; loader (steady state) at {:.1}% of it",
             report.workers,
             b / 1e9,
             100.0 * r

@@ -79,6 +79,7 @@ pub fn run(
         pool_peak_bytes: host.as_ref().map_or(0, |h| h.pool.peak_reserved_bytes),
         h2d_bytes_per_sec: Some(stats.h2d_bytes_per_sec()),
         h2d_ceiling_bytes_per_sec: Some(ceiling),
+        steady_bytes_per_sec: crate::bench::steady_rate(&epoch_rates),
         epoch_bytes_per_sec: epoch_rates,
         device: Some(format!("{} (ordinal {})", device.name(), device.ordinal())),
         generate_secs,
