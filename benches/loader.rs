@@ -70,9 +70,12 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
+    // The gather's buffers persist across iterations, as the loader's pool does.
+    let mut buffers = vec![Vec::new(); 2];
     g.bench_function("memcpy_gather_2_threads", |b| {
         b.iter(|| {
-            gpufeed::loader::gather_baseline(data.as_ref(), &spec, 1, 2, None).expect("gather")
+            gpufeed::loader::gather_baseline(data.as_ref(), &spec, 1, None, &mut buffers)
+                .expect("gather")
         })
     });
     g.finish();

@@ -6,27 +6,35 @@ use crate::error::{Error, Result};
 use crate::sampler::OrderSpec;
 use crate::source::Dataset;
 
-/// Copies the records of `epochs` epochs of `spec`, in the loader's order, into plain
-/// batch-sized buffers with `threads` threads (batch `b` by thread `b % threads`), and returns
-/// the bytes per second. No pool, no channel, no transform: what the loader's overhead is
-/// measured against (`gpufeed bench --baseline`, `benches/loader.rs`).
+/// Copies the records of `epochs` epochs of `spec`, in the loader's order, with one thread per
+/// buffer in `buffers` (batch `b` by thread `b % threads`, into its own buffer, grown as
+/// needed and kept), and returns the bytes per second. No pool, no channel, no transform:
+/// what the loader's overhead is measured against (`gpufeed bench --baseline`,
+/// `benches/loader.rs`). Pass the same buffers again to measure without their page faults.
 pub fn gather_baseline(
     dataset: &dyn Dataset,
     spec: &OrderSpec,
     epochs: u64,
-    threads: usize,
     max_batches: Option<u64>,
+    buffers: &mut [Vec<u8>],
 ) -> Result<f64> {
-    let threads = threads.max(1);
+    let threads = buffers.len();
+    if threads == 0 {
+        return Err(Error::config(
+            "threads",
+            "the gather needs at least one buffer (thread)",
+        ));
+    }
     let started = Instant::now();
     // Threads and their buffers live across epochs, as the loader's do: page faults on fresh
     // buffers are paid once, not every epoch.
     let results: Vec<Result<u64>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
+        let handles: Vec<_> = buffers
+            .iter_mut()
+            .enumerate()
+            .map(|(t, out)| {
                 s.spawn(move || -> Result<u64> {
                     let mut indices = Vec::new();
-                    let mut out = Vec::new();
                     let mut copied = 0u64;
                     for epoch in 0..epochs {
                         let order = spec.epoch(epoch);

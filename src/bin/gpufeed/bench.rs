@@ -329,12 +329,13 @@ pub fn run(args: Args) -> Result<()> {
     report.steady_bytes_per_sec = steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
     if args.baseline {
+        let mut buffers = vec![Vec::new(); workers];
         let b = gpufeed::loader::gather_baseline(
             dataset.as_ref(),
             &spec,
             args.epochs,
-            workers,
             args.max_batches,
+            &mut buffers,
         )?;
         report.baseline_bytes_per_sec = Some(b);
         report.baseline_ratio =
