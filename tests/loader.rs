@@ -402,3 +402,47 @@ fn the_next_epoch_is_made_ahead_and_kept_only_if_asked_for() {
     assert!(ahead.stats().in_flight > 0);
     assert_eq!(plain.stats().in_flight, 0);
 }
+
+#[test]
+fn a_dataset_that_panics_fails_its_batch_and_does_not_hang() {
+    struct Fragile(Numbers);
+    impl Dataset for Fragile {
+        fn len(&self) -> u64 {
+            self.0.len()
+        }
+        fn schema(&self) -> &Schema {
+            self.0.schema()
+        }
+        fn get(&self, index: u64) -> Result<Sample<'_>> {
+            if index == 7 {
+                panic!("disk on fire at {index}");
+            }
+            self.0.get(index)
+        }
+    }
+    let mut l = Loader::builder(Fragile(Numbers::new(40)))
+        .batch_size(5)
+        .workers(2)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    // Keep the outcomes, not the batches (holding every batch would exhaust the pool).
+    let results: Vec<_> = l.by_ref().map(|r| r.map(|b| b.len())).collect();
+    assert_eq!(results.len(), 8);
+    let e = results[1].as_ref().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Sample {
+                index: 7,
+                batch: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("disk on fire"), "{e}");
+    for (k, r) in results.iter().enumerate() {
+        assert!(k == 1 || r.is_ok(), "batch {k}: {:?}", r.as_ref().err());
+    }
+}

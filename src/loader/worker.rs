@@ -106,30 +106,30 @@ fn make_batch(shared: &Shared, task: &Task, indices: &mut Vec<u64>) -> Option<Re
         if position % 16 == 15 && shared.generation.load(Ordering::Relaxed) != task.generation {
             return None;
         }
-        let a = Instant::now();
-        let sample = match shared.dataset.get(index) {
-            Ok(s) => s,
-            Err(e) => return Some(Err(sample_error(index, task.number, e))),
-        };
-        let b = Instant::now();
         let mut slot = Slots::new(buf, slots, position);
-        let applied = catch_unwind(AssertUnwindSafe(|| {
+        // User code runs here twice (a Dataset's `get`, the transform): a panic in either
+        // becomes this batch's error instead of ending the worker thread.
+        let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<(u64, u64)> {
+            let a = Instant::now();
+            let sample = shared.dataset.get(index)?;
+            let b = Instant::now();
             shared
                 .transform
-                .apply(sample, &ctx(position, index), &mut slot)
+                .apply(sample, &ctx(position, index), &mut slot)?;
+            Ok(((b - a).as_nanos() as u64, b.elapsed().as_nanos() as u64))
         }));
-        let c = Instant::now();
-        fetch_ns += (b - a).as_nanos() as u64;
-        transform_ns += (c - b).as_nanos() as u64;
-        match applied {
-            Ok(Ok(())) => {}
+        match outcome {
+            Ok(Ok((f, t))) => {
+                fetch_ns += f;
+                transform_ns += t;
+            }
             Ok(Err(e)) => return Some(Err(sample_error(index, task.number, e))),
             Err(panic) => {
                 let what = panic_message(&panic);
                 return Some(Err(sample_error(
                     index,
                     task.number,
-                    Error::user(format!("the transform panicked: {what}")),
+                    Error::user(format!("the dataset or transform panicked: {what}")),
                 )));
             }
         }

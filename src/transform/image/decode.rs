@@ -104,18 +104,7 @@ fn check_size(name: &str, width: u64, height: u64) -> Result<(u32, u32)> {
 /// Reads an image's (width, height) from its header only; the pixels are not decoded.
 pub fn probe(bytes: &[u8], name: &str) -> Result<(u32, u32)> {
     match detect_or_fail(bytes, name)? {
-        ImageKind::Jpeg => {
-            let mut d = zune_jpeg::JpegDecoder::new_with_options(
-                ZCursor::new(bytes),
-                jpeg_options(ColorSpace::RGB),
-            );
-            d.decode_headers()
-                .map_err(|e| image_error(name, format!("corrupt JPEG header: {e:?}")))?;
-            let info = d
-                .info()
-                .ok_or_else(|| image_error(name, "corrupt JPEG header: no frame"))?;
-            check_size(name, u64::from(info.width), u64::from(info.height))
-        }
+        ImageKind::Jpeg => jpeg_header(bytes, name).map(|(_, w, h)| (w, h)),
         ImageKind::Png => {
             // Signature (8), IHDR length (4), "IHDR" (4), width (4, BE), height (4, BE).
             let ihdr = bytes
@@ -126,6 +115,24 @@ pub fn probe(bytes: &[u8], name: &str) -> Result<(u32, u32)> {
             check_size(name, be(&ihdr[8..12]), be(&ihdr[12..16]))
         }
     }
+}
+
+/// A JPEG decoder (RGB output) that has read and checked the headers, and the image's size.
+fn jpeg_header<'a>(
+    bytes: &'a [u8],
+    name: &str,
+) -> Result<(zune_jpeg::JpegDecoder<ZCursor<&'a [u8]>>, u32, u32)> {
+    let mut d = zune_jpeg::JpegDecoder::new_with_options(
+        ZCursor::new(bytes),
+        jpeg_options(ColorSpace::RGB),
+    );
+    d.decode_headers()
+        .map_err(|e| image_error(name, format!("corrupt JPEG header: {e:?}")))?;
+    let info = d
+        .info()
+        .ok_or_else(|| image_error(name, "corrupt JPEG header: no frame"))?;
+    let (w, h) = check_size(name, u64::from(info.width), u64::from(info.height))?;
+    Ok((d, w, h))
 }
 
 fn jpeg_options(out: ColorSpace) -> DecoderOptions {
@@ -173,16 +180,7 @@ fn check_jpeg_end(bytes: &[u8], name: &str) -> Result<()> {
 
 fn decode_jpeg(bytes: &[u8], name: &str, out: &mut Vec<u8>) -> Result<Decoded> {
     check_jpeg_end(bytes, name)?;
-    let mut d = zune_jpeg::JpegDecoder::new_with_options(
-        ZCursor::new(bytes),
-        jpeg_options(ColorSpace::RGB),
-    );
-    d.decode_headers()
-        .map_err(|e| image_error(name, format!("corrupt JPEG header: {e:?}")))?;
-    let info = d
-        .info()
-        .ok_or_else(|| image_error(name, "corrupt JPEG header: no frame"))?;
-    let (w, h) = check_size(name, u64::from(info.width), u64::from(info.height))?;
+    let (mut d, w, h) = jpeg_header(bytes, name)?;
     let len = d
         .output_buffer_size()
         .ok_or_else(|| image_error(name, "corrupt JPEG header"))?;
