@@ -117,11 +117,11 @@ pub fn probe(bytes: &[u8], name: &str) -> Result<(u32, u32)> {
     }
 }
 
+/// A JPEG decoder over bytes in memory.
+type JpegOver<'a> = zune_jpeg::JpegDecoder<ZCursor<&'a [u8]>>;
+
 /// A JPEG decoder (RGB output) that has read and checked the headers, and the image's size.
-fn jpeg_header<'a>(
-    bytes: &'a [u8],
-    name: &str,
-) -> Result<(zune_jpeg::JpegDecoder<ZCursor<&'a [u8]>>, u32, u32)> {
+fn jpeg_header<'a>(bytes: &'a [u8], name: &str) -> Result<(JpegOver<'a>, u32, u32)> {
     let mut d = zune_jpeg::JpegDecoder::new_with_options(
         ZCursor::new(bytes),
         jpeg_options(ColorSpace::RGB),
