@@ -163,3 +163,178 @@ fn zero_sized_images_are_errors() {
     j[sof + 6] = 0;
     assert!(matches!(dec(&j), Err(Error::Image { .. })));
 }
+
+/// `decode_rgb8_region` (libjpeg-turbo partial decode) against a full libjpeg-turbo decode at
+/// the same scale, cut to the same block.
+#[cfg(feature = "turbojpeg")]
+mod region {
+    use super::*;
+    use gpufeed::transform::image::Region;
+    use gpufeed::transform::image::decode::decode_rgb8_region;
+
+    fn tj_jpeg(px: &[u8], w: u32, h: u32, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
+        let image = turbojpeg::Image {
+            pixels: px,
+            width: w as usize,
+            pitch: w as usize * 3,
+            height: h as usize,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        turbojpeg::compress(image, 95, subsamp).unwrap().to_vec()
+    }
+
+    /// The whole image decoded by libjpeg-turbo at 1/denom: (width, height, RGB).
+    fn full(bytes: &[u8], denom: usize) -> (usize, usize, Vec<u8>) {
+        let mut d = turbojpeg::Decompressor::new().unwrap();
+        let header = d.read_header(bytes).unwrap();
+        let factor = turbojpeg::ScalingFactor::new(1, denom);
+        d.set_scaling_factor(factor).unwrap();
+        let s = header.scaled(factor);
+        let mut px = vec![0u8; s.width * s.height * 3];
+        let image = turbojpeg::Image {
+            pixels: &mut px[..],
+            width: s.width,
+            pitch: s.width * 3,
+            height: s.height,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        d.decompress(bytes, image).unwrap();
+        (s.width, s.height, px)
+    }
+
+    fn region(left: f64, top: f64, width: f64, height: f64) -> Region {
+        Region {
+            left,
+            top,
+            width,
+            height,
+        }
+    }
+
+    /// Decodes `r` at 1/denom, checks that the block covers it, and compares every pixel of
+    /// the block with the full decode: (mean abs diff, max abs diff).
+    fn compare(bytes: &[u8], r: Region, denom: u32) -> (f64, u8) {
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let got = decode_rgb8_region(bytes, "test.img", r, denom, &mut out, &mut scratch).unwrap();
+        assert_eq!(got.denom, denom);
+        let (bw, bh) = (got.decoded.width as usize, got.decoded.height as usize);
+        assert_eq!(out.len(), bw * bh * 3);
+        let w = &got.region;
+        let d = f64::from(denom);
+        let eps = 1e-9;
+        assert!(w.left >= 0.0 && w.top >= 0.0, "{r:?} -> {w:?}");
+        assert!(
+            w.left + w.width <= bw as f64 + eps,
+            "{r:?} -> {w:?} in {bw}"
+        );
+        assert!(
+            w.top + w.height <= bh as f64 + eps,
+            "{r:?} -> {w:?} in {bh}"
+        );
+        assert!((w.width - r.width / d).abs() < eps && (w.height - r.height / d).abs() < eps);
+        // The block's origin in the scaled image: a whole pixel, left on an iMCU boundary.
+        let (ox, oy) = (r.left / d - w.left, r.top / d - w.top);
+        assert!(
+            ox.fract().abs() < eps && oy.fract().abs() < eps,
+            "{ox} {oy}"
+        );
+        let (ox, oy) = (ox.round() as usize, oy.round() as usize);
+        let (fw, fh, fpx) = full(bytes, denom as usize);
+        assert!(ox + bw <= fw && oy + bh <= fh);
+        let (mut sum, mut max) = (0u64, 0u8);
+        for y in 0..bh {
+            let a = &out[y * bw * 3..(y + 1) * bw * 3];
+            let b = &fpx[((oy + y) * fw + ox) * 3..((oy + y) * fw + ox + bw) * 3];
+            for (p, q) in a.iter().zip(b) {
+                let e = p.abs_diff(*q);
+                sum += u64::from(e);
+                max = max.max(e);
+            }
+        }
+        (sum as f64 / (bw * bh * 3) as f64, max)
+    }
+
+    #[test]
+    fn cropped_decode_matches_full_decode_cropped() {
+        // A smooth image, quality 95, at a size that is not a multiple of any iMCU. Tolerance:
+        // libjpeg-turbo upsamples the chroma of the block's edge columns and rows without
+        // their neighbours outside the block, so those pixels may differ a little from a
+        // full decode: mean abs diff < 1.0 and max < 16 over every pixel of the block.
+        let (w, h) = (157, 113);
+        let px = smooth_rgb(w, h);
+        let regions = [
+            region(0.0, 0.0, 157.0, 113.0),  // the whole image
+            region(5.0, 7.0, 60.0, 40.0),    // x not on an iMCU boundary
+            region(23.0, 50.0, 134.0, 63.0), // to the right and bottom edges
+            region(141.0, 97.0, 16.0, 16.0), // the bottom-right corner
+            region(0.0, 30.0, 9.0, 83.0),    // left edge, to the bottom
+            region(17.0, 1.0, 33.5, 90.25),  // fractional size (an Eval crop)
+            region(98.0, 0.0, 41.0, 1.0),    // one row
+        ];
+        use turbojpeg::Subsamp as S;
+        for subsamp in [S::Sub2x2, S::Sub2x1, S::None, S::Gray] {
+            let bytes = tj_jpeg(&px, w, h, subsamp);
+            for r in regions {
+                for denom in [1, 2, 4] {
+                    let (mean, max) = compare(&bytes, r, denom);
+                    assert!(
+                        mean < 1.0 && max < 16,
+                        "{subsamp:?} {r:?} 1/{denom}: mean {mean}, max {max}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grayscale_region_becomes_rgb8() {
+        let (w, h) = (40, 24);
+        let gray: Vec<u8> = (0..w * h).map(|i| (i % 200) as u8 / 2 + 60).collect();
+        let bytes = jpeg(&gray, w, h, E::L8, 95);
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let r = region(9.0, 3.0, 20.0, 10.0);
+        let got = decode_rgb8_region(&bytes, "test.img", r, 1, &mut out, &mut scratch).unwrap();
+        assert_eq!(got.decoded.height, 10);
+        assert_eq!(out.len(), (got.decoded.width * 10 * 3) as usize);
+        assert!(out.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+    }
+
+    #[test]
+    fn png_goes_through_the_whole_decode() {
+        let (w, h) = (21, 13);
+        let px = noisy_rgb(w, h, 3);
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let r = region(2.0, 3.0, 10.0, 5.0);
+        let bytes = png(&px, w, h, E::Rgb8);
+        let got = decode_rgb8_region(&bytes, "test.img", r, 2, &mut out, &mut scratch).unwrap();
+        assert_eq!(
+            (got.decoded.width, got.decoded.height, got.denom),
+            (w, h, 1)
+        );
+        assert_eq!(got.region, r);
+        assert_eq!(out, px);
+    }
+
+    fn dec_region(bytes: &[u8]) -> gpufeed::Result<Vec<u8>> {
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let r = region(10.0, 10.0, 30.0, 30.0);
+        decode_rgb8_region(bytes, "test.img", r, 1, &mut out, &mut scratch)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn truncated_and_corrupt_jpegs_are_errors() {
+        let b = tj_jpeg(&smooth_rgb(64, 64), 64, 64, turbojpeg::Subsamp::Sub2x2);
+        assert_image_error(dec_region(&b[..b.len() / 2]), "truncated");
+        // A JPEG magic then garbage, with an end marker so the truncation check passes.
+        let mut g = vec![0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x02];
+        g.extend((0..500u32).map(|i| (i * 7919 % 251) as u8));
+        g.extend([0xFF, 0xD9]);
+        assert_image_error(dec_region(&g), "JPEG");
+        // Valid headers, then the entropy-coded data cut out: libjpeg-turbo fails on it.
+        let sos = b.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
+        let mut cut = b[..sos].to_vec();
+        cut.extend([0xFF, 0xD9]);
+        assert_image_error(dec_region(&cut), "JPEG");
+    }
+}

@@ -5,7 +5,8 @@
 //! whatever the stored colour space (grayscale, YCbCr, CMYK, YCCK); PNG through the `image`
 //! crate's decoder, then grayscale, grey+alpha, RGBA and 16-bit samples are converted to RGB8
 //! (alpha is dropped, as PIL's `convert("RGB")` does). With the `turbojpeg` feature, JPEGs may
-//! be decoded at 1/2, 1/4 or 1/8 scale in the DCT domain ([`decode_rgb8_scaled`]).
+//! be decoded at 1/2, 1/4 or 1/8 scale in the DCT domain ([`decode_rgb8_scaled`]), and only the
+//! part that covers a crop ([`decode_rgb8_region`]).
 //!
 //! Every failure is an [`Error::Image`] naming the source (file or record) and what is wrong:
 //! truncated or corrupt data, an unsupported format, a zero-sized or oversized image.
@@ -327,4 +328,222 @@ pub fn decode_rgb8_scaled(
             height: h,
         })
     })
+}
+
+/// What [`decode_rgb8_region`] decoded.
+#[cfg(feature = "turbojpeg")]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodedRegion {
+    /// The decoded block's size.
+    pub decoded: Decoded,
+    /// The requested region in the block's pixels.
+    pub region: crate::transform::image::Region,
+    /// The block's scale is `1/denom` of the source's.
+    pub denom: u32,
+}
+
+/// libjpeg-turbo's `tjMCUWidth`, the iMCU width in pixels by `TJSAMP` (4:4:4, 4:2:2, 4:2:0,
+/// gray, 4:4:0, 4:1:1, 4:4:1): a copy, so that reading it needs no `unsafe` extern static.
+#[cfg(feature = "turbojpeg")]
+const MCU_WIDTH: [std::ffi::c_int; 7] = [8, 16, 16, 8, 8, 32, 8];
+
+/// A libjpeg-turbo 3 decompressor handle (`tj3Init(TJINIT_DECOMPRESS)`), freed on drop.
+#[cfg(feature = "turbojpeg")]
+struct Tj3(turbojpeg::raw::tjhandle);
+
+#[cfg(feature = "turbojpeg")]
+impl Tj3 {
+    fn new(name: &str) -> Result<Tj3> {
+        // SAFETY: tj3Init takes no pointers; it returns a new handle or NULL on failure.
+        let h = unsafe { turbojpeg::raw::tj3Init(turbojpeg::raw::TJINIT_TJINIT_DECOMPRESS as _) };
+        if h.is_null() {
+            return Err(image_error(name, "libjpeg-turbo: tj3Init failed"));
+        }
+        Ok(Tj3(h))
+    }
+
+    /// The handle's last error message.
+    fn error(&self) -> String {
+        // SAFETY: self.0 is a live handle (non-null, not yet destroyed). tj3GetErrorStr returns
+        // a pointer to a NUL-terminated string owned by the handle (or a static buffer), valid
+        // until the next call on this handle; we copy it out before making any other call.
+        unsafe {
+            let s = turbojpeg::raw::tj3GetErrorStr(self.0);
+            if s.is_null() {
+                "unknown libjpeg-turbo error".to_owned()
+            } else {
+                std::ffi::CStr::from_ptr(s)
+                    .to_string_lossy()
+                    .trim()
+                    .to_owned()
+            }
+        }
+    }
+
+    /// Whether the handle's last error was only a warning (the image was decoded).
+    fn last_was_warning(&self) -> bool {
+        // SAFETY: self.0 is a live handle; tj3GetErrorCode only reads its state.
+        let code = unsafe { turbojpeg::raw::tj3GetErrorCode(self.0) };
+        code == turbojpeg::raw::TJERR_TJERR_WARNING as std::ffi::c_int
+    }
+
+    fn get(&self, param: turbojpeg::raw::TJPARAM) -> std::ffi::c_int {
+        // SAFETY: self.0 is a live handle; tj3Get only reads a parameter (-1 if it is unknown).
+        unsafe { turbojpeg::raw::tj3Get(self.0, param as _) }
+    }
+}
+
+#[cfg(feature = "turbojpeg")]
+impl Drop for Tj3 {
+    fn drop(&mut self) {
+        // SAFETY: self.0 came from tj3Init, is non-null, and is destroyed only here, once; no
+        // borrow of the handle outlives `self`.
+        unsafe { turbojpeg::raw::tj3Destroy(self.0) }
+    }
+}
+
+/// Decodes only the part of a JPEG that covers `region` (in source pixels), at `1/denom` of
+/// its size (`denom` 1, 2, 4 or 8), through libjpeg-turbo's partial decompression: rows above
+/// and below are skipped and columns are cut to whole iMCUs, so the work is about the crop's
+/// share of the image. The decoded block starts at the iMCU boundary at or left of the region
+/// (libjpeg-turbo requires it) and at the region's first row; it is clamped to the image.
+///
+/// Returns the decoded block's size (in `out`, RGB8, `width * 3` bytes a row), `region` in
+/// that block's pixels (scaled by `1/denom` and shifted by the block's origin) and the scale.
+///
+/// Grayscale JPEGs become RGB. JPEGs libjpeg-turbo cannot crop or convert to RGB (CMYK, YCCK,
+/// lossless, unusual subsampling, precision other than 8) go through [`decode_rgb8`] whole, at
+/// full size, and `region` comes back unchanged, with `denom` 1. PNGs go through [`decode_rgb8`] too. A
+/// libjpeg-turbo warning (e.g. extraneous bytes) is not an error, as with PIL; a truncated
+/// file (no end-of-image marker) or a fatal decode error is an [`Error::Image`].
+#[cfg(feature = "turbojpeg")]
+pub fn decode_rgb8_region(
+    bytes: &[u8],
+    name: &str,
+    region: crate::transform::image::Region,
+    denom: u32,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> Result<DecodedRegion> {
+    use crate::transform::image::Region;
+    use turbojpeg::raw;
+
+    let whole = |out: &mut Vec<u8>, scratch: &mut Vec<u8>| {
+        Ok(DecodedRegion {
+            decoded: decode_rgb8(bytes, name, out, scratch)?,
+            region,
+            denom: 1,
+        })
+    };
+    if ImageKind::detect(bytes) != Some(ImageKind::Jpeg) {
+        return whole(out, scratch);
+    }
+    if !matches!(denom, 1 | 2 | 4 | 8) {
+        return Err(image_error(
+            name,
+            format!("scale 1/{denom} is not one of 1, 1/2, 1/4, 1/8"),
+        ));
+    }
+    check_jpeg_end(bytes, name)?;
+    thread_local! {
+        static TJ3: std::cell::RefCell<Option<Tj3>> = const { std::cell::RefCell::new(None) };
+    }
+    let done = TJ3.with(|cell| -> Result<Option<DecodedRegion>> {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(Tj3::new(name)?);
+        }
+        let Some(tj) = slot.as_ref() else {
+            return Err(image_error(name, "libjpeg-turbo: no decompressor"));
+        };
+        let fail = |what: &str| image_error(name, format!("{what}: {}", tj.error()));
+        // SAFETY: tj.0 is a live handle; the pointer and length describe `bytes`, which
+        // outlives the call; libjpeg-turbo only reads them.
+        if unsafe { raw::tj3DecompressHeader(tj.0, bytes.as_ptr(), bytes.len() as _) } != 0 {
+            return Err(fail("corrupt JPEG header"));
+        }
+        let (jw, jh) = (
+            tj.get(raw::TJPARAM_TJPARAM_JPEGWIDTH),
+            tj.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT),
+        );
+        if jw <= 0 || jh <= 0 {
+            // A tables-only datastream, or garbage libjpeg-turbo read no frame from.
+            return Err(image_error(name, "corrupt JPEG header: no frame"));
+        }
+        check_size(name, jw as u64, jh as u64)?;
+        let subsamp = tj.get(raw::TJPARAM_TJPARAM_SUBSAMP);
+        let colorspace = tj.get(raw::TJPARAM_TJPARAM_COLORSPACE);
+        let usable = (0..MCU_WIDTH.len() as std::ffi::c_int).contains(&subsamp)
+            && matches!(
+                colorspace as raw::TJCS,
+                raw::TJCS_TJCS_RGB | raw::TJCS_TJCS_YCbCr | raw::TJCS_TJCS_GRAY
+            )
+            && tj.get(raw::TJPARAM_TJPARAM_LOSSLESS) == 0
+            && tj.get(raw::TJPARAM_TJPARAM_PRECISION) == 8;
+        if !usable {
+            return Ok(None);
+        }
+        let d = denom as std::ffi::c_int;
+        let scaled = |v: std::ffi::c_int| (v + d - 1) / d; // TJSCALED(v, 1/denom)
+        let (sw, sh) = (scaled(jw), scaled(jh));
+        // The requested region at this scale, clamped to the scaled image, then the pixels
+        // that cover it; the left edge goes down to the scaled iMCU width.
+        let r = region.scaled(denom, sw as u32, sh as u32);
+        let mcu_w = scaled(MCU_WIDTH[subsamp as usize]).max(1);
+        let x1 = ((r.left + r.width).ceil() as std::ffi::c_int).clamp(1, sw);
+        let y1 = ((r.top + r.height).ceil() as std::ffi::c_int).clamp(1, sh);
+        let x0 = (r.left.floor() as std::ffi::c_int).clamp(0, x1 - 1) / mcu_w * mcu_w;
+        let y0 = (r.top.floor() as std::ffi::c_int).clamp(0, y1 - 1);
+        let (w, h) = (x1 - x0, y1 - y0);
+        let factor = raw::tjscalingfactor { num: 1, denom: d };
+        // SAFETY: tj.0 is a live handle whose header has been read; the factor is passed by value.
+        if unsafe { raw::tj3SetScalingFactor(tj.0, factor) } != 0 {
+            return Err(fail("libjpeg-turbo scaling"));
+        }
+        let crop = raw::tjregion { x: x0, y: y0, w, h };
+        // SAFETY: as above; the region is passed by value and checked by libjpeg-turbo (x is a
+        // multiple of the scaled iMCU width, and the region lies within the scaled image).
+        if unsafe { raw::tj3SetCroppingRegion(tj.0, crop) } != 0 {
+            return Err(fail("libjpeg-turbo cropping"));
+        }
+        let pitch = w as usize * 3;
+        out.resize(pitch * h as usize, 0);
+        // SAFETY: tj.0 is a live handle; `bytes` is read-only input that outlives the call;
+        // `out` holds exactly pitch * h bytes, and with the cropping region set libjpeg-turbo
+        // writes h rows of w RGB pixels (3 bytes each) at `pitch` bytes apart, so every write
+        // lies within `out`, which nothing else borrows during the call.
+        let rc = unsafe {
+            raw::tj3Decompress8(
+                tj.0,
+                bytes.as_ptr(),
+                bytes.len() as _,
+                out.as_mut_ptr(),
+                pitch as std::ffi::c_int,
+                raw::TJPF_TJPF_RGB as std::ffi::c_int,
+            )
+        };
+        if rc != 0 && !tj.last_was_warning() {
+            return Err(fail("corrupt JPEG data"));
+        }
+        let decoded = Decoded {
+            width: w as u32,
+            height: h as u32,
+        };
+        let (ox, oy) = (f64::from(x0), f64::from(y0));
+        let within = Region {
+            left: r.left - ox,
+            top: r.top - oy,
+            width: r.width.min(f64::from(w) - (r.left - ox)),
+            height: r.height.min(f64::from(h) - (r.top - oy)),
+        };
+        Ok(Some(DecodedRegion {
+            decoded,
+            region: within,
+            denom,
+        }))
+    })?;
+    match done {
+        Some(done) => Ok(done),
+        None => whole(out, scratch),
+    }
 }
