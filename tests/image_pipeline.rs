@@ -274,3 +274,39 @@ fn builder_refuses_settings_that_cannot_work() {
             .is_err()
     );
 }
+
+#[test]
+fn eval_center_crop_of_a_jpeg_is_its_decoded_centre() {
+    // Resize(96) + CenterCrop(32) of a 96x96 JPEG is its pixels 32..64 in both directions:
+    // with the turbojpeg feature, a partial decode whose block starts left of and above the
+    // crop. Against zune-jpeg's full decode: different decoders, so a tolerance (mean < 1.5).
+    let dir = tempfile::tempdir().unwrap();
+    let (w, h) = (96, 96);
+    let bytes = jpeg(&smooth_rgb(w, h), w, h, E::Rgb8, 95);
+    std::fs::create_dir(dir.path().join("a")).unwrap();
+    std::fs::write(dir.path().join("a/x.jpg"), &bytes).unwrap();
+    let (mut full, mut scratch) = (Vec::new(), Vec::new());
+    gpufeed::transform::image::decode::decode_rgb8(&bytes, "x", &mut full, &mut scratch).unwrap();
+    let t = ImageTransform::eval(32)
+        .resize(96)
+        .layout(Layout::Hwc)
+        .build()
+        .unwrap();
+    let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(1)
+        .workers(1)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let got = &batches(loader)[0].0;
+    let mut sum = 0u64;
+    for y in 0..32 {
+        for x in 0..32 * 3 {
+            let want = full[((32 + y) * 96 + 32) * 3 + x];
+            sum += u64::from(got[y * 32 * 3 + x].abs_diff(want));
+        }
+    }
+    let mean = sum as f64 / (32 * 32 * 3) as f64;
+    assert!(mean < 1.5, "mean abs diff {mean}");
+}

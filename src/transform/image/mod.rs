@@ -460,8 +460,9 @@ impl ImageTransform {
         Ok((d, region, flipped))
     }
 
-    /// Decodes into `bufs.decoded`, at a reduced scale when the region allows; returns the
-    /// decoded size, the region (in decoded pixels) and the flip.
+    /// Decodes into `bufs.decoded` only the part of the image the resize reads (JPEG, through
+    /// libjpeg-turbo's partial decompression), at a reduced scale when the region allows;
+    /// returns the decoded size, the region (in decoded pixels) and the flip.
     #[cfg(feature = "turbojpeg")]
     fn decode_for(
         &self,
@@ -475,14 +476,42 @@ impl ImageTransform {
         let (region, flipped) = geometry(h, w, rng);
         let (out_h, out_w) = self.cfg.size;
         let denom = decode::scale_denominator(region.width, region.height, out_w, out_h);
-        let d =
-            decode::decode_rgb8_scaled(bytes, name, denom, &mut bufs.decoded, &mut bufs.scratch)?;
-        let region = if denom == 1 {
-            region
-        } else {
-            region.scaled(denom, d.width, d.height)
+        // The resize reads source pixels up to its filter's support beyond the region's edges
+        // (as PIL's does): decode that margin too, so that the output is the one a full decode
+        // gives. 3 is the widest support (Lanczos3), scaled by the downscale factor; the extra
+        // pixel keeps libjpeg-turbo's edge upsampling of the block out of the support.
+        let d = f64::from(denom);
+        let margin =
+            |len: f64, out: u32| ((3.0 * (len / d / f64::from(out)).max(1.0)).ceil() + 1.0) * d;
+        let (mx, my) = (margin(region.width, out_w), margin(region.height, out_h));
+        let left = (region.left - mx).max(0.0);
+        let top = (region.top - my).max(0.0);
+        let wide = Region {
+            left,
+            top,
+            width: (region.left + region.width + mx).min(f64::from(w)) - left,
+            height: (region.top + region.height + my).min(f64::from(h)) - top,
         };
-        Ok((d, region, flipped))
+        let got = decode::decode_rgb8_region(
+            bytes,
+            name,
+            wide,
+            denom,
+            &mut bufs.decoded,
+            &mut bufs.scratch,
+        )?;
+        // `got.region` is `wide` in the block; the region is `wide` less the margins, scaled.
+        let (within, scale) = (got.region, f64::from(got.denom));
+        let (bw, bh) = (f64::from(got.decoded.width), f64::from(got.decoded.height));
+        let left = (within.left + (region.left - wide.left) / scale).min(bw);
+        let top = (within.top + (region.top - wide.top) / scale).min(bh);
+        let region = Region {
+            left,
+            top,
+            width: (region.width / scale).min(bw - left),
+            height: (region.height / scale).min(bh - top),
+        };
+        Ok((got.decoded, region, flipped))
     }
 
     fn apply_sample(
