@@ -6,7 +6,10 @@
 #   cp ../shared/bench/torch_baseline.py .gpu/
 # then call the device tool's `run` with carry [".gpu"] and `bash benches/device_run.sh`.
 # Summaries go to stdout; logs to $OUT (at most 8 files come back).
+# `bash benches/device_run.sh gpu` runs only the GPU benches (the .npy must be made first:
+# the torch step makes it, or it is made here with numpy).
 set -u
+ONLY=${1:-all}
 cd "$(dirname "$0")/.."
 G=.gpu
 OUT=${OUT:-/tmp/gpufeed-out}
@@ -16,6 +19,24 @@ mkdir -p "$OUT" "$LOGS" "$DATA"
 export GPUFEED_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "cpus: $(nproc)"
+
+if [ "$ONLY" = gpu ]; then
+  python3 - "$DATA/records.npy" <<'PY'
+import numpy as np, os, sys
+p = sys.argv[1]
+if not os.path.exists(p):
+    mm = np.lib.format.open_memmap(p, mode="w+", dtype=np.uint8, shape=(16384, 150528))
+    rng = np.random.default_rng(0)
+    for s in range(0, 16384, 1024):
+        mm[s:s + 1024] = rng.integers(0, 256, size=(1024, 150528), dtype=np.uint8)
+    mm.flush()
+PY
+  for w in 12 16; do
+    "$G/bin/gpufeed" bench "$DATA/records.npy" --workers "$w" --epochs 8 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
+  done
+  "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 8 --device 0 | tail -6
+  exit 0
+fi
 
 echo "== tests (GPUFEED_REQUIRE_GPU=1)"
 for t in "$G"/tests/*; do

@@ -38,12 +38,17 @@ pub fn run(
     let consumer = device.new_stream()?;
     let bar = progress(per_epoch * args.epochs, "bench (device)", args.json);
     let mut epoch_rates = Vec::new();
+    // Copy-stage counters (timed bytes, busy time) at the end of the first epoch.
+    let mut after_first = None;
     for epoch in 0..args.epochs {
         if epoch > 0 {
             feed.set_epoch(epoch)?;
         }
         let (t0, mut bytes) = (std::time::Instant::now(), 0u64);
-        for batch in feed.by_ref().take(per_epoch as usize) {
+        // Run a whole epoch to its end (`None`) unless told to stop early: the copy stage reads
+        // the last copies' timings at the end of an epoch.
+        let limit = args.max_batches.map_or(usize::MAX, |_| per_epoch as usize);
+        for batch in feed.by_ref().take(limit) {
             let mut batch = batch?;
             batch.wait_on(&consumer)?;
             bytes += batch.fields().iter().map(|f| f.bytes as u64).sum::<u64>();
@@ -54,6 +59,10 @@ pub fn run(
             what: e.to_string(),
         })?;
         epoch_rates.push(bytes as f64 / t0.elapsed().as_secs_f64().max(1e-9));
+        if epoch == 0 {
+            let s = feed.stats();
+            after_first = Some((s.h2d_timed_bytes, s.h2d_busy));
+        }
     }
     bar.finish_and_clear();
     device.synchronize()?;
@@ -78,6 +87,10 @@ pub fn run(
         pool_reserved_bytes: host.as_ref().map_or(0, |h| h.pool.reserved_bytes),
         pool_peak_bytes: host.as_ref().map_or(0, |h| h.pool.peak_reserved_bytes),
         h2d_bytes_per_sec: Some(stats.h2d_bytes_per_sec()),
+        h2d_steady_bytes_per_sec: after_first.filter(|_| args.epochs > 1).and_then(|(b, t)| {
+            let busy = stats.h2d_busy.saturating_sub(t).as_secs_f64();
+            (busy > 0.0).then(|| (stats.h2d_timed_bytes - b) as f64 / busy)
+        }),
         h2d_ceiling_bytes_per_sec: Some(ceiling),
         steady_bytes_per_sec: crate::bench::steady_rate(&epoch_rates),
         epoch_bytes_per_sec: epoch_rates,
