@@ -142,6 +142,17 @@ impl RecordFile {
                 f.data_offset, f.data_end
             )));
         }
+        // One record, still O(1): a schema that does not fit the records (for fixed schemas,
+        // every record has the size of the first) is refused here rather than at every get.
+        if f.records > 0 {
+            let range = f.record_range(0)?;
+            f.schema.check_record(&f.map[range]).map_err(|e| {
+                bad(format!(
+                    "the schema [{}] does not fit record 0: {e}",
+                    f.schema
+                ))
+            })?;
+        }
         Ok(f)
     }
 
