@@ -4,9 +4,9 @@
 //! JPEG goes through zune-jpeg (the decoder the `image` crate uses), asked for RGB output
 //! whatever the stored colour space (grayscale, YCbCr, CMYK, YCCK); PNG through the `image`
 //! crate's decoder, then grayscale, grey+alpha, RGBA and 16-bit samples are converted to RGB8
-//! (alpha is dropped, as PIL's `convert("RGB")` does). With the `turbojpeg` feature, JPEGs may
-//! be decoded at 1/2, 1/4 or 1/8 scale in the DCT domain ([`decode_rgb8_scaled`]), and only the
-//! part that covers a crop ([`decode_rgb8_region`]).
+//! (alpha is dropped, as PIL's `convert("RGB")` does). With the `turbojpeg` feature, JPEGs go
+//! through libjpeg-turbo instead, which decodes only the part that covers a crop, at 1/2, 1/4
+//! or 1/8 scale in the DCT domain when the crop allows ([`decode_rgb8_region`]).
 //!
 //! Every failure is an [`Error::Image`] naming the source (file or record) and what is wrong:
 //! truncated or corrupt data, an unsupported format, a zero-sized or oversized image.
@@ -268,66 +268,6 @@ pub fn scale_denominator(crop_w: f64, crop_h: f64, out_w: u32, out_h: u32) -> u3
         }
     }
     denom
-}
-
-/// Decodes like [`decode_rgb8`], but a JPEG at `1/denom` of its size (`denom` 1, 2, 4 or 8),
-/// in the DCT domain through libjpeg-turbo: less work when the crop is much larger than the
-/// output. Returns the decoded (scaled) size; `ceil(size / denom)`, as libjpeg computes it.
-/// PNGs, and every input when `denom` is 1, go through [`decode_rgb8`].
-#[cfg(feature = "turbojpeg")]
-pub fn decode_rgb8_scaled(
-    bytes: &[u8],
-    name: &str,
-    denom: u32,
-    out: &mut Vec<u8>,
-    scratch: &mut Vec<u8>,
-) -> Result<Decoded> {
-    if denom == 1 || ImageKind::detect(bytes) != Some(ImageKind::Jpeg) {
-        return decode_rgb8(bytes, name, out, scratch);
-    }
-    if !matches!(denom, 2 | 4 | 8) {
-        return Err(image_error(
-            name,
-            format!("scale 1/{denom} is not one of 1/2, 1/4, 1/8"),
-        ));
-    }
-    check_jpeg_end(bytes, name)?;
-    thread_local! {
-        static TJ: std::cell::RefCell<Option<turbojpeg::Decompressor>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    TJ.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(
-                turbojpeg::Decompressor::new()
-                    .map_err(|e| image_error(name, format!("libjpeg-turbo: {e}")))?,
-            );
-        }
-        let Some(d) = slot.as_mut() else {
-            return Err(image_error(name, "libjpeg-turbo: no decompressor"));
-        };
-        let tj = |e: turbojpeg::Error| image_error(name, format!("corrupt JPEG: {e}"));
-        let header = d.read_header(bytes).map_err(tj)?;
-        check_size(name, header.width as u64, header.height as u64)?;
-        let factor = turbojpeg::ScalingFactor::new(1, denom as usize);
-        d.set_scaling_factor(factor).map_err(tj)?;
-        let scaled = header.scaled(factor);
-        let (w, h) = check_size(name, scaled.width as u64, scaled.height as u64)?;
-        out.resize(w as usize * h as usize * 3, 0);
-        let image = turbojpeg::Image {
-            pixels: &mut out[..],
-            width: w as usize,
-            pitch: w as usize * 3,
-            height: h as usize,
-            format: turbojpeg::PixelFormat::RGB,
-        };
-        d.decompress(bytes, image).map_err(tj)?;
-        Ok(Decoded {
-            width: w,
-            height: h,
-        })
-    })
 }
 
 /// What [`decode_rgb8_region`] decoded.
