@@ -68,6 +68,10 @@ fn bench(c: &mut Criterion) {
             ImageTransform::train(224).layout(Layout::Hwc).build(),
         ),
         (
+            "decode_rrc224_flip_u8_chw",
+            ImageTransform::train(224).layout(Layout::Chw).build(),
+        ),
+        (
             "decode_rrc224_flip_f16_chw_norm",
             ImageTransform::train(224)
                 .dtype(DType::F16)

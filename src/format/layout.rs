@@ -154,7 +154,7 @@ impl Footer {
                 "the tables end at byte {prev_end}, past the footer at {footer_at}: the file is truncated"
             ));
         }
-        if f.offsets_offset % 8 != 0 || f.checksums_offset % 8 != 0 {
+        if !f.offsets_offset.is_multiple_of(8) || !f.checksums_offset.is_multiple_of(8) {
             return Err("offset or checksum table is not 8-byte aligned".into());
         }
         let header_bytes: &[u8; BLOCK] = file[..BLOCK].try_into().map_err(|_| "short header")?;

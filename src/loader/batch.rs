@@ -126,7 +126,9 @@ element!(f64, DType::F64);
 /// Views `bytes` as a slice of `T`, checking alignment and length.
 pub(crate) fn cast_slice<T: Element>(bytes: &[u8]) -> Option<&[T]> {
     let size = std::mem::size_of::<T>();
-    if bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0 || bytes.len() % size != 0 {
+    if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+        || !bytes.len().is_multiple_of(size)
+    {
         return None;
     }
     // SAFETY: alignment and length are checked above; `T: Element` is valid for every bit
@@ -137,7 +139,9 @@ pub(crate) fn cast_slice<T: Element>(bytes: &[u8]) -> Option<&[T]> {
 /// Views `bytes` as a mutable slice of `T`, checking alignment and length.
 pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
     let size = std::mem::size_of::<T>();
-    if bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0 || bytes.len() % size != 0 {
+    if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+        || !bytes.len().is_multiple_of(size)
+    {
         return None;
     }
     // SAFETY: as in `cast_slice`; the exclusive borrow of `bytes` moves to the result.

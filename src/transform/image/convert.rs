@@ -73,18 +73,26 @@ impl Converter {
         self.dtype == DType::U8 && self.layout == Layout::Hwc
     }
 
-    /// Converts `src` (`pixels` RGB8 pixels, HWC) into `dst` (exactly the slot's bytes).
-    pub fn convert(&self, src: &[u8], pixels: usize, dst: &mut [u8]) {
-        let src = &src[..pixels * 3];
+    /// Converts `src` (`width` x `height` RGB8 pixels, HWC) into `dst` (exactly the slot's
+    /// bytes), mirrored left to right when `flip` is set. `src` is scratch: it may be flipped
+    /// in place.
+    pub fn convert(&self, src: &mut [u8], width: usize, height: usize, flip: bool, dst: &mut [u8]) {
+        let pixels = width * height;
+        let src = &mut src[..pixels * 3];
+        if flip && (self.dtype, self.layout) != (DType::U8, Layout::Chw) {
+            super::crop::flip_horizontal(src, width, 3);
+        }
         match (self.dtype, self.layout) {
             (DType::U8, Layout::Hwc) => dst.copy_from_slice(src),
             (DType::U8, Layout::Chw) => {
                 let (r, rest) = dst.split_at_mut(pixels);
                 let (g, b) = rest.split_at_mut(pixels);
-                for (p, px) in src.chunks_exact(3).enumerate() {
-                    r[p] = px[0];
-                    g[p] = px[1];
-                    b[p] = px[2];
+                deinterleave(src, r, g, b);
+                if flip && width > 0 {
+                    // Reversing byte planes is cheaper than reversing 3-byte pixels.
+                    for plane in [r, g, b] {
+                        plane.chunks_exact_mut(width).for_each(<[u8]>::reverse);
+                    }
                 }
             }
             (DType::F32, layout) => {
@@ -101,6 +109,78 @@ impl Converter {
             }
         }
     }
+}
+
+/// Splits packed RGB pixels (`src`, 3 bytes each) into three planes of `r.len()` bytes.
+fn deinterleave(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("ssse3") {
+        // SAFETY: the CPU has SSSE3, the only requirement of `deinterleave_ssse3` beyond its
+        // (safe) slice arguments; `is_x86_feature_detected!` caches its answer.
+        done = unsafe { deinterleave_ssse3(src, r, g, b) };
+    }
+    let rest = r[done..]
+        .iter_mut()
+        .zip(&mut g[done..])
+        .zip(&mut b[done..])
+        .zip(src[done * 3..].chunks_exact(3));
+    for (((r, g), b), px) in rest {
+        (*r, *g, *b) = (px[0], px[1], px[2]);
+    }
+}
+
+/// `shuffle[c][v]`: the `pshufb` mask that moves channel `c` of the pixels in the `v`-th
+/// 16 bytes of a 48-byte block (16 RGB pixels) to their places in a 16-byte plane chunk;
+/// 0x80 zeroes a lane.
+#[cfg(target_arch = "x86_64")]
+const SHUFFLE: [[[u8; 16]; 3]; 3] = {
+    let mut m = [[[0x80u8; 16]; 3]; 3];
+    let mut c = 0;
+    while c < 3 {
+        let mut i = 0;
+        while i < 16 {
+            let at = 3 * i + c; // the byte of pixel i's channel c in the block
+            m[c][at / 16][i] = (at % 16) as u8;
+            i += 1;
+        }
+        c += 1;
+    }
+    m
+};
+
+/// [`deinterleave`] 16 pixels at a time, three `pshufb` per plane (the scalar loop was 6% of
+/// decode + crop + flip to u8 CHW; with this, CHW costs what HWC does). Returns how many
+/// pixels it wrote (a multiple of 16).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "ssse3")]
+fn deinterleave_ssse3(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) -> usize {
+    use std::arch::x86_64::{
+        __m128i, _mm_loadu_si128, _mm_or_si128, _mm_shuffle_epi8, _mm_storeu_si128,
+    };
+    let load = |bytes: &[u8; 16]| {
+        // SAFETY: `bytes` is 16 readable bytes; `loadu` has no alignment requirement.
+        unsafe { _mm_loadu_si128(bytes.as_ptr().cast::<__m128i>()) }
+    };
+    let masks = SHUFFLE.map(|c| c.map(|v| load(&v)));
+    let blocks = (src.len() / 48).min(r.len().min(g.len()).min(b.len()) / 16);
+    let src = src[..blocks * 48].as_chunks::<16>().0;
+    for (k, s) in src.chunks_exact(3).enumerate() {
+        let a = [load(&s[0]), load(&s[1]), load(&s[2])];
+        for (c, plane) in [&mut *r, &mut *g, &mut *b].into_iter().enumerate() {
+            let m = &masks[c];
+            let v = _mm_or_si128(
+                _mm_or_si128(_mm_shuffle_epi8(a[0], m[0]), _mm_shuffle_epi8(a[1], m[1])),
+                _mm_shuffle_epi8(a[2], m[2]),
+            );
+            let out = &mut plane[k * 16..k * 16 + 16];
+            // SAFETY: `out` is 16 writable bytes (the slice above is bounds-checked);
+            // `storeu` has no alignment requirement.
+            unsafe { _mm_storeu_si128(out.as_mut_ptr().cast::<__m128i>(), v) };
+        }
+    }
+    blocks * 16
 }
 
 fn write_typed<const N: usize>(
@@ -133,9 +213,9 @@ mod tests {
     #[test]
     fn u8_chw_transposes() {
         let c = Converter::new(DType::U8, Layout::Chw, None);
-        let src = [1, 2, 3, 4, 5, 6];
+        let mut src = [1, 2, 3, 4, 5, 6];
         let mut dst = [0u8; 6];
-        c.convert(&src, 2, &mut dst);
+        c.convert(&mut src, 2, 1, false, &mut dst);
         assert_eq!(dst, [1, 4, 2, 5, 3, 6]);
     }
 
@@ -146,9 +226,9 @@ mod tests {
             std: [0.5, 1.0, 2.0],
         };
         let c = Converter::new(DType::F32, Layout::Chw, Some(n));
-        let src = [255, 0, 51];
+        let mut src = [255, 0, 51];
         let mut dst = [0u8; 12];
-        c.convert(&src, 1, &mut dst);
+        c.convert(&mut src, 1, 1, false, &mut dst);
         let got: Vec<f32> = dst
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -162,9 +242,9 @@ mod tests {
     fn half_types_round_trip_within_their_precision() {
         for dtype in [DType::F16, DType::BF16] {
             let c = Converter::new(dtype, Layout::Hwc, None);
-            let src = [0, 128, 255];
+            let mut src = [0, 128, 255];
             let mut dst = [0u8; 6];
-            c.convert(&src, 1, &mut dst);
+            c.convert(&mut src, 1, 1, false, &mut dst);
             let v: Vec<f32> = dst
                 .chunks_exact(2)
                 .map(|b| {
@@ -179,6 +259,46 @@ mod tests {
             assert_eq!(v[0], 0.0);
             assert_eq!(v[2], 1.0);
             assert!((v[1] - 128.0 / 255.0).abs() < 4e-3);
+        }
+    }
+
+    #[test]
+    fn flip_while_converting_equals_flip_then_convert() {
+        // Widths around the 16-pixel blocks of the SSSE3 path, so both paths and the tail run.
+        for (w, h) in [(5usize, 3usize), (16, 2), (37, 4), (224, 3)] {
+            let src: Vec<u8> = (0..w * h * 3).map(|i| (i * 37 % 251) as u8).collect();
+            let mut mirrored = src.clone();
+            crate::transform::image::crop::flip_horizontal(&mut mirrored, w, 3);
+            for dtype in [DType::U8, DType::F16, DType::BF16, DType::F32] {
+                for layout in [Layout::Hwc, Layout::Chw] {
+                    let c = Converter::new(dtype, layout, Some(Normalize::IMAGENET));
+                    let bytes = w * h * 3 * dtype.size();
+                    let (mut got, mut want) = (vec![0u8; bytes], vec![0u8; bytes]);
+                    c.convert(&mut src.clone(), w, h, true, &mut got);
+                    c.convert(&mut mirrored.clone(), w, h, false, &mut want);
+                    assert_eq!(got, want, "{dtype:?} {layout:?} {w}x{h}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn u8_chw_puts_every_channel_in_its_plane() {
+        for n in [0usize, 1, 15, 16, 17, 48, 100] {
+            let src: Vec<u8> = (0..n * 3).map(|i| (i * 7 % 256) as u8).collect();
+            let mut dst = vec![0u8; n * 3];
+            Converter::new(DType::U8, Layout::Chw, None).convert(
+                &mut src.clone(),
+                n,
+                1,
+                false,
+                &mut dst,
+            );
+            for p in 0..n {
+                for c in 0..3 {
+                    assert_eq!(dst[c * n + p], src[p * 3 + c], "{n} pixels, pixel {p}");
+                }
+            }
         }
     }
 }

@@ -436,10 +436,9 @@ impl ImageTransform {
             bufs.resizer
                 .resize(&src, &mut dst, &options)
                 .map_err(resize_err)?;
-            if flipped {
-                crop::flip_horizontal(&mut bufs.resized, out_w as usize, 3);
-            }
-            self.converter.convert(&bufs.resized, pixels, slot);
+            let (w, h) = (out_w as usize, out_h as usize);
+            self.converter
+                .convert(&mut bufs.resized, w, h, flipped, slot);
         }
         self.stats.decoded.fetch_add(1, Ordering::Relaxed);
         Ok(())
