@@ -310,3 +310,48 @@ fn eval_center_crop_of_a_jpeg_is_its_decoded_centre() {
     let mean = sum as f64 / (32 * 32 * 3) as f64;
     assert!(mean < 1.5, "mean abs diff {mean}");
 }
+
+#[test]
+fn image_bench_runs_epochs_and_reports_each() {
+    use gpufeed::transform::image::bench::{ImageBenchConfig, bench_images};
+    let dir = tempfile::tempdir().unwrap();
+    png_folder(dir.path(), 10, 40, 30);
+    let cfg = ImageBenchConfig {
+        workers: 2,
+        batch_size: 4,
+        size: 16,
+        epochs: 3,
+        ..ImageBenchConfig::default()
+    };
+    let r = bench_images(dir.path(), &cfg).unwrap();
+    assert_eq!((r.images, r.epochs, r.kind), (30, 3, "imagefolder"));
+    assert_eq!(r.epoch_images_per_sec.len(), 3);
+    assert!(r.steady_images_per_sec.is_some_and(|s| s > 0.0));
+
+    // drop_last: 2 whole batches of 4 per epoch; one epoch: no steady figure.
+    let one = ImageBenchConfig {
+        epochs: 1,
+        drop_last: true,
+        ..cfg.clone()
+    };
+    let r = bench_images(dir.path(), &one).unwrap();
+    assert_eq!((r.images, r.epoch_images_per_sec.len()), (8, 1));
+    assert_eq!(r.steady_images_per_sec, None);
+
+    // The limit counts across epochs and stops at the batch that reaches it.
+    let limited = ImageBenchConfig {
+        limit: Some(13),
+        ..cfg.clone()
+    };
+    let r = bench_images(dir.path(), &limited).unwrap();
+    assert_eq!((r.images, r.epochs), (14, 2));
+
+    let none = ImageBenchConfig { epochs: 0, ..cfg };
+    assert!(matches!(
+        bench_images(dir.path(), &none),
+        Err(Error::InvalidConfig {
+            setting: "epochs",
+            ..
+        })
+    ));
+}

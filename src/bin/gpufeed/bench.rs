@@ -70,7 +70,7 @@ pub struct Args {
     /// mean and std unless u8).
     #[arg(long, default_value = "u8")]
     pub image_dtype: String,
-    /// Stop the image pipeline after this many images.
+    /// Stop the image pipeline after this many images (all epochs together).
     #[arg(long)]
     pub limit: Option<u64>,
     /// Print one JSON object instead of tables.
@@ -368,14 +368,18 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
             .map_or(2, |n| n.get())
             .min(16)
     });
-    let report = crate::images::bench_images(
-        path,
+    let cfg = gpufeed::transform::image::bench::ImageBenchConfig {
         workers,
-        args.batch_size,
-        args.image_size,
+        batch_size: args.batch_size,
+        size: args.image_size,
         dtype,
-        args.limit,
-    )?;
+        epochs: args.epochs,
+        drop_last: args.drop_last,
+        limit: args.limit,
+        seed: args.seed,
+        ..Default::default()
+    };
+    let report = crate::images::bench_images(path, &cfg)?;
     if args.json {
         let text = serde_json::to_string(&report)
             .map_err(|e| Error::user(format!("cannot encode the report: {e}")))?;

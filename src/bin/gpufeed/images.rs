@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use gpufeed::format::{DType, PackSummary};
+use gpufeed::format::PackSummary;
 use gpufeed::source::{Dataset, ImageFolder, pack_image_folder};
 use gpufeed::transform::image::bench::{ImageBenchConfig, ImageBenchReport, bench_images as run};
 
@@ -28,24 +28,8 @@ pub fn pack_imagefolder(dir: &Path, out: &Path, progress: bool) -> gpufeed::Resu
     Ok(summary)
 }
 
-/// Runs decode + RandomResizedCrop(`size`) + flip through the loader over `path` (an
-/// ImageFolder directory or a packed file of images) and reports images/s. `limit` stops
-/// after that many images (at most one epoch).
-pub fn bench_images(
-    path: &Path,
-    workers: usize,
-    batch_size: usize,
-    size: u32,
-    dtype: DType,
-    limit: Option<u64>,
-) -> gpufeed::Result<ImageBenchReport> {
-    let cfg = ImageBenchConfig {
-        workers,
-        batch_size,
-        size,
-        dtype,
-        limit,
-        ..ImageBenchConfig::default()
-    };
-    run(path, &cfg)
+/// Runs decode + RandomResizedCrop + flip through the loader over `path` (an ImageFolder
+/// directory or a packed file of images) and reports images/s, per epoch and in all.
+pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> gpufeed::Result<ImageBenchReport> {
+    run(path, cfg)
 }

@@ -22,7 +22,12 @@ pub struct ImageBenchConfig {
     pub size: u32,
     /// Output dtype (u8 CHW, or f16/bf16/f32 normalised with ImageNet's statistics).
     pub dtype: DType,
-    /// Stop after this many images (at most one epoch); `None`: one whole epoch.
+    /// Epochs to run, back to back (the loader makes the next epoch's first batches while the
+    /// last ones of the current epoch are delivered).
+    pub epochs: u64,
+    /// Drop each epoch's last short batch (as PyTorch's `drop_last=True`).
+    pub drop_last: bool,
+    /// Stop after this many images in all; `None`: every epoch to its end.
     pub limit: Option<u64>,
     /// Shuffle seed.
     pub seed: u64,
@@ -37,6 +42,8 @@ impl Default for ImageBenchConfig {
             batch_size: 128,
             size: 224,
             dtype: DType::U8,
+            epochs: 1,
+            drop_last: false,
             limit: None,
             seed: 0,
             skip_bad: false,
@@ -51,14 +58,23 @@ pub struct ImageBenchReport {
     pub source: String,
     /// `imagefolder` or `packed`.
     pub kind: &'static str,
-    /// Images delivered.
+    /// Images delivered, all epochs.
     pub images: u64,
+    /// Epochs run (the last one may have been cut short by the limit).
+    pub epochs: u64,
     /// Bad images skipped.
     pub skipped: u64,
     /// Seconds from the first request to the last batch.
     pub seconds: f64,
-    /// Images per second.
+    /// Images per second over the whole run, start-up included.
     pub images_per_sec: f64,
+    /// Images per second of each epoch, in order. The first one includes start-up (threads,
+    /// buffer allocation, cold caches): it is what a one-epoch measurement, such as
+    /// `torch_baseline.py`'s, sees.
+    pub epoch_images_per_sec: Vec<f64>,
+    /// Images per second over the epochs after the first (with 2 epochs or more): the rate a
+    /// training run sustains.
+    pub steady_images_per_sec: Option<f64>,
     /// Images per second per worker thread.
     pub images_per_sec_per_worker: f64,
     /// Worker threads.
@@ -71,16 +87,33 @@ impl std::fmt::Display for ImageBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({}): {} images in {:.2} s: {:.0} images/s, {:.0} per worker ({} workers), {} skipped",
+            "{} ({}): {} images in {:.2} s ({} epochs): {:.0} images/s, {:.0} per worker ({} workers), {} skipped",
             self.source,
             self.kind,
             self.images,
             self.seconds,
+            self.epochs,
             self.images_per_sec,
             self.images_per_sec_per_worker,
             self.workers,
             self.skipped
-        )
+        )?;
+        if self.epoch_images_per_sec.len() > 1 {
+            let rates: Vec<String> = self
+                .epoch_images_per_sec
+                .iter()
+                .map(|r| format!("{r:.0}"))
+                .collect();
+            write!(f, "\nper epoch (images/s): {}", rates.join(", "))?;
+        }
+        if let Some(steady) = self.steady_images_per_sec {
+            write!(
+                f,
+                "\nsteady state (epochs after the first): {steady:.0} images/s, {:.0} per worker",
+                steady / self.workers as f64
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -102,21 +135,37 @@ pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchRep
     }
     let t = t.build()?;
     let stats = t.stats();
-    let loader = Loader::builder(dataset)
+    if cfg.epochs == 0 {
+        return Err(Error::InvalidConfig {
+            setting: "epochs",
+            what: "the image bench needs at least one epoch".to_owned(),
+        });
+    }
+    let mut loader = Loader::builder(dataset)
         .transform(t)
         .batch_size(cfg.batch_size)
         .shuffle(cfg.seed)
+        .drop_last(cfg.drop_last)
         .workers(cfg.workers)
         .shard(0, 1)
         .build()?;
-    let mut images = 0u64;
-    let mut loader = loader;
+    let (mut images, mut epochs, mut epoch_rates) = (0u64, 0u64, Vec::new());
     let t0 = Instant::now();
-    for batch in loader.by_ref() {
-        images += batch?.len() as u64;
-        if cfg.limit.is_some_and(|l| images >= l) {
-            break;
+    'run: for epoch in 0..cfg.epochs {
+        if epoch > 0 {
+            loader.set_epoch(epoch);
         }
+        epochs += 1;
+        let (start, mut n) = (Instant::now(), 0u64);
+        for batch in loader.by_ref() {
+            n += batch?.len() as u64;
+            if cfg.limit.is_some_and(|l| images + n >= l) {
+                images += n;
+                break 'run;
+            }
+        }
+        images += n;
+        epoch_rates.push(n as f64 / start.elapsed().as_secs_f64().max(1e-9));
     }
     let seconds = t0.elapsed().as_secs_f64();
     if images == 0 {
@@ -125,14 +174,22 @@ pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchRep
             path.display()
         )));
     }
+    // Equal images per epoch: the later epochs' overall rate is their rates' harmonic mean.
+    let steady = epoch_rates
+        .get(1..)
+        .filter(|r| !r.is_empty())
+        .map(|r| r.len() as f64 / r.iter().map(|x| 1.0 / x.max(1e-9)).sum::<f64>());
     let rate = images as f64 / seconds.max(1e-9);
     Ok(ImageBenchReport {
         source: path.display().to_string(),
         kind,
         images,
+        epochs,
         skipped: stats.skipped(),
         seconds,
         images_per_sec: rate,
+        epoch_images_per_sec: epoch_rates,
+        steady_images_per_sec: steady,
         images_per_sec_per_worker: rate / cfg.workers as f64,
         workers: cfg.workers,
         wait_fraction: loader.stats().wait_fraction(),
