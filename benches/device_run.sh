@@ -7,7 +7,8 @@
 # then call the device tool's `run` with carry [".gpu"] and `bash benches/device_run.sh`.
 # Summaries go to stdout; logs to $OUT (at most 8 files come back).
 # `bash benches/device_run.sh gpu` runs only the GPU benches (the .npy must be made first:
-# the torch step makes it, or it is made here with numpy).
+# the torch step makes it, or it is made here with numpy); `bash benches/device_run.sh images`
+# runs the tests, then only the JPEG benches.
 set -u
 ONLY=${1:-all}
 cd "$(dirname "$0")/.."
@@ -38,6 +39,7 @@ PY
   exit 0
 fi
 
+step() { echo; echo "== $*"; }
 echo "== tests (GPUFEED_REQUIRE_GPU=1)"
 for t in "$G"/tests/*; do
   name=$(basename "$t")
@@ -52,7 +54,25 @@ for t in "$G"/tests/*; do
 done
 cat "$LOGS"/*.log >"$OUT/tests.log" 2>/dev/null
 
-step() { echo; echo "== $*"; }
+jpeg_benches() {
+  step "PyTorch + PIL, JPEG RandomResizedCrop(224) + flip (one epoch from the DataLoader's creation)"
+  python3 "$G/torch_baseline.py" --jpeg-dir "$DATA/jpegs" --only jpeg --workers 1,16 2>&1 | tee "$OUT/torch_jpeg.log" | grep -E '^\{|^#'
+  step "PyTorch + PIL, same, 3 epochs with persistent workers"
+  python3 benches/torch_jpeg_epochs.py --jpeg-dir "$DATA/jpegs" --workers 1,16 --epochs 3 2>&1 | tee -a "$OUT/torch_jpeg.log"
+  step "gpufeed, same JPEGs, same batches (128, drop_last), 3 epochs"
+  for w in 1 16; do
+    "$G/bin/gpufeed" bench --images "$DATA/jpegs" --workers "$w" --batch-size 128 --drop-last --epochs 3 --json | tee -a "$OUT/gpufeed.jsonl"
+  done
+  "$G/bin/gpufeed" pack --from imagefolder "$DATA/jpegs" -o "$DATA/jpegs.gfd" | tail -1
+  for w in 1 16; do
+    "$G/bin/gpufeed" bench --images "$DATA/jpegs.gfd" --workers "$w" --batch-size 128 --drop-last --epochs 3 --json | tee -a "$OUT/gpufeed.jsonl"
+  done
+}
+if [ "$ONLY" = images ]; then
+  jpeg_benches
+  echo "== done"
+  exit 0
+fi
 step "PyTorch DataLoader, raw records (16384 x 150528 B, batch 256, shuffled, pinned)"
 python3 "$G/torch_baseline.py" --npy "$DATA/records.npy" --only raw --workers 0,4,8,16 2>&1 | tee "$OUT/torch_raw.log" | grep -E '^\{|^#'
 
@@ -74,16 +94,7 @@ done
 step "memory against workers (2M records)"
 "$G/examples/memory_vs_workers" 2>&1 | tail -6
 
-step "PyTorch + PIL, JPEG RandomResizedCrop(224) + flip"
-python3 "$G/torch_baseline.py" --jpeg-dir "$DATA/jpegs" --only jpeg --workers 1,16 2>&1 | tee "$OUT/torch_jpeg.log" | grep -E '^\{|^#'
-step "gpufeed, same JPEGs"
-for w in 1 16; do
-  "$G/bin/gpufeed" bench --images "$DATA/jpegs" --workers "$w" --batch-size 128 --json | tee -a "$OUT/gpufeed.jsonl"
-done
-"$G/bin/gpufeed" pack --from imagefolder "$DATA/jpegs" -o "$DATA/jpegs.gfd" | tail -1
-for w in 1 16; do
-  "$G/bin/gpufeed" bench --images "$DATA/jpegs.gfd" --workers "$w" --batch-size 128 --json | tee -a "$OUT/gpufeed.jsonl"
-done
+jpeg_benches
 
 step "first batch on a 100M-record file"
 "$G/examples/open_large" "$DATA/large.gfd" --keep 2>&1 | tail -4
