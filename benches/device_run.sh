@@ -67,6 +67,13 @@ jpeg_benches() {
   for w in 1 16; do
     "$G/bin/gpufeed" bench --images "$DATA/jpegs.gfd" --workers "$w" --batch-size 128 --drop-last --epochs 3 --json | tee -a "$OUT/gpufeed.jsonl"
   done
+  step "gpufeed, f16 normalised: on the host, then u8 CHW to the GPU and normalised there"
+  for dev in "" "--device 0"; do
+    # shellcheck disable=SC2086
+    "$G/bin/gpufeed" bench --images "$DATA/jpegs.gfd" --workers 16 --batch-size 128 --drop-last --epochs 3 --image-dtype f16 $dev --json | tee -a "$OUT/gpufeed.jsonl"
+  done
+  step "imagenet_like: folder -> packed file -> f16 device batches"
+  "$G/examples/imagenet_like" "$DATA/jpegs" 2>&1 | tail -3
 }
 if [ "$ONLY" = images ]; then
   jpeg_benches

@@ -6,11 +6,14 @@
 //!
 //! 1. opens the folder (sorted class names give labels 0..k),
 //! 2. packs it into one packed record file (what `gpufeed pack --from imagefolder` does),
-//! 3. trains-style loads it: RandomResizedCrop(224) + flip, f16 CHW normalised with
-//!    ImageNet's mean/std, batches of 32 on every core, and prints what it got.
+//! 3. trains-style loads it: RandomResizedCrop(224) + flip, batches of 32 on every core,
+//!    f16 CHW normalised with ImageNet's mean/std, and prints what it got.
 //!
-//! With the `cuda` feature, the same batches are what the loader copies to the device: the
-//! batch buffer is the pinned buffer the copy reads.
+//! With the `cuda` feature and a GPU (`cargo run --release --features cuda --example
+//! imagenet_like`), step 3 ends on the device: the workers write u8 CHW into pinned batch
+//! buffers (half the bytes of f16), the copy thread moves each batch to GPU 0 and normalises
+//! it there to f16, and the loop receives device batches. Without a GPU it says so and
+//! normalises on the host.
 
 use std::path::PathBuf;
 
@@ -69,6 +72,12 @@ fn main() -> Result<()> {
         summary.records, summary.file_bytes
     );
 
+    #[cfg(feature = "cuda")]
+    match gpufeed::cuda::Device::open(0) {
+        Ok(device) => return on_device(&packed, &device),
+        Err(e) => println!("{e}: normalising on the host instead"),
+    }
+
     let transform = ImageTransform::train(224)
         .dtype(DType::F16)
         .normalize(Normalize::IMAGENET)
@@ -99,6 +108,53 @@ fn main() -> Result<()> {
     println!(
         "{:.0} images/s, {} bad images skipped",
         s.samples_per_sec(),
+        image_stats.skipped()
+    );
+    Ok(())
+}
+
+/// Step 3 on the GPU: u8 CHW batches copied to `device` and normalised to f16 there.
+#[cfg(feature = "cuda")]
+fn on_device(packed: &std::path::Path, device: &gpufeed::cuda::Device) -> Result<()> {
+    use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions, ImageLayout};
+
+    let transform = ImageTransform::train(224) // u8, CHW
+        .on_bad_image(OnBadImage::Skip)
+        .build()?;
+    let image_stats = transform.stats();
+    let builder = Loader::builder(RecordFile::open(packed)?)
+        .transform(transform)
+        .batch_size(32)
+        .shuffle(42)
+        .drop_last(true)
+        .shard(0, 1);
+    let normalise = Convert::imagenet("image", ImageLayout::Chw, DType::F16);
+    let opts = DeviceLoaderOptions::default().convert(normalise);
+    let mut feed = DeviceLoader::from_builder(builder, device, opts)?;
+    // The training step's stream: it waits for each batch's copy and conversion on the GPU,
+    // never on the host.
+    let step = device.new_stream()?;
+    for batch in feed.by_ref() {
+        let mut batch = batch?;
+        batch.wait_on(&step)?;
+        let image = batch.field("image")?;
+        println!(
+            "batch {}: {:?} {:?} at device address {:#x}",
+            batch.number(),
+            image.dtype,
+            image.shape,
+            image.ptr
+        );
+    }
+    step.synchronize().map_err(|e| gpufeed::Error::Cuda {
+        op: "synchronize the step stream",
+        what: e.to_string(),
+    })?;
+    let s = feed.stats();
+    println!(
+        "on {}: {:.0} images/s, {} bad images skipped",
+        device.name(),
+        s.samples as f64 / s.elapsed.as_secs_f64().max(1e-9),
         image_stats.skipped()
     );
     Ok(())

@@ -158,3 +158,72 @@ pub fn bench_device(
         loader: stats.loader,
     })
 }
+
+/// [`bench_images`](crate::transform::image::bench::bench_images) through the GPU path on
+/// `device`: the workers decode, crop, resize and flip into u8 CHW batches in pinned buffers
+/// (half the bytes of f16), the copy thread moves each batch to the device and, unless
+/// `cfg.dtype` is u8, converts it there to `cfg.dtype` normalised with ImageNet's mean and std
+/// ([`Convert::imagenet`](super::Convert::imagenet)); the consumer waits on every batch on a
+/// stream of its own. Images/s are counted when the consumer stream has them.
+pub fn bench_images_device(
+    path: &std::path::Path,
+    cfg: &crate::transform::image::bench::ImageBenchConfig,
+    device: &Device,
+) -> Result<crate::transform::image::bench::ImageBenchReport> {
+    use crate::format::DType;
+    use crate::transform::image::bench::{
+        EpochSource, EpochTimes, ImageBenchReport, ImageBenchSetup,
+    };
+
+    /// Device batches, each waited for on the consumer stream.
+    struct Feed {
+        loader: DeviceLoader,
+        consumer: std::sync::Arc<cudarc::driver::CudaStream>,
+    }
+
+    impl EpochSource for Feed {
+        fn start_epoch(&mut self, epoch: u64) -> Result<()> {
+            self.loader.set_epoch(epoch)
+        }
+
+        fn next_batch(&mut self) -> Option<Result<u64>> {
+            let batch = self.loader.next()?;
+            Some(batch.and_then(|mut b| {
+                b.wait_on(&self.consumer)?;
+                Ok(b.len() as u64)
+            }))
+        }
+
+        fn end_epoch(&mut self) -> Result<()> {
+            self.consumer
+                .synchronize()
+                .map_err(cuda_err("synchronize the consumer stream"))
+        }
+    }
+
+    let setup = ImageBenchSetup::new(path, cfg, DType::U8)?;
+    let loader = setup.builder.backing(PinnedBacking::new(device)).build()?;
+    let mut opts = DeviceLoaderOptions::default();
+    if cfg.dtype != DType::U8 {
+        opts = opts.convert(super::Convert::imagenet(
+            "image",
+            super::ImageLayout::Chw,
+            cfg.dtype,
+        ));
+    }
+    let mut feed = Feed {
+        loader: DeviceLoader::new(loader, device, opts)?,
+        consumer: device.new_stream()?,
+    };
+    let times = EpochTimes::measure(cfg, &mut feed)?;
+    let wait = feed.loader.stats().wait_fraction();
+    ImageBenchReport::new(
+        path,
+        setup.kind,
+        cfg,
+        times,
+        setup.stats.skipped(),
+        wait,
+        Some(format!("{} (ordinal {})", device.name(), device.ordinal())),
+    )
+}

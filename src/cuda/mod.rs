@@ -23,7 +23,7 @@
 //! | `device_pool` | [`DevicePool`]: a caching device allocator with torch-like stats |
 //! | `copy` | [`DeviceLoader`], [`DeviceBatch`]: the copy stage |
 //! | `convert` | [`Convert`], [`Converter`]: u8 images to normalised f32/f16/bf16 CHW on the device |
-//! | `bench` | [`pinned_copy_ceiling`], [`bench_device`] |
+//! | `bench` | [`pinned_copy_ceiling`], [`bench_device`], [`bench_images_device`] |
 //!
 //! Nothing here calls the driver before checking that it can be loaded: without a driver every
 //! entry point returns [`Error::NoGpu`](crate::Error::NoGpu) instead of panicking (cudarc
@@ -37,7 +37,7 @@ mod device;
 mod device_pool;
 mod pinned;
 
-pub use bench::{DeviceBenchReport, bench_device, pinned_copy_ceiling};
+pub use bench::{DeviceBenchReport, bench_device, bench_images_device, pinned_copy_ceiling};
 pub use convert::{Convert, Converter, ImageLayout};
 pub use copy::{DeviceBatch, DeviceField, DeviceLoader, DeviceLoaderOptions, DeviceStats};
 pub use device::{Device, driver_present};

@@ -379,6 +379,12 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         seed: args.seed,
         ..Default::default()
     };
+    #[cfg(feature = "cuda")]
+    let report = match args.device {
+        Some(ordinal) => crate::bench_cuda::run_images(path, &cfg, ordinal)?,
+        None => crate::images::bench_images(path, &cfg)?,
+    };
+    #[cfg(not(feature = "cuda"))]
     let report = crate::images::bench_images(path, &cfg)?;
     if args.json {
         let text = serde_json::to_string(&report)

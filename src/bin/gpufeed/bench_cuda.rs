@@ -10,6 +10,26 @@ use gpufeed::{Error, LoaderBuilder, Result};
 
 use crate::bench::{Args, Report, print_device_report, progress};
 
+/// Opens GPU `ordinal`, with a hint in the error when there is none.
+fn open_device(ordinal: usize) -> Result<Device> {
+    Device::open(ordinal).map_err(|e| match e {
+        Error::NoGpu { what } => Error::NoGpu {
+            what: format!("{what}; run `gpufeed bench` without --device for the host-only figures"),
+        },
+        other => other,
+    })
+}
+
+/// `gpufeed bench --images PATH --device N`: the image pipeline to device batches (u8 CHW
+/// copied, converted to the output dtype on the device).
+pub fn run_images(
+    path: &Path,
+    cfg: &gpufeed::transform::image::bench::ImageBenchConfig,
+    ordinal: usize,
+) -> Result<gpufeed::transform::image::bench::ImageBenchReport> {
+    gpufeed::cuda::bench_images_device(path, cfg, &open_device(ordinal)?)
+}
+
 /// Runs the device bench; `builder` has every host setting already.
 pub fn run(
     args: &Args,
@@ -19,12 +39,7 @@ pub fn run(
     generate_secs: f64,
     ordinal: usize,
 ) -> Result<()> {
-    let device = Device::open(ordinal).map_err(|e| match e {
-        Error::NoGpu { what } => Error::NoGpu {
-            what: format!("{what}; run `gpufeed bench` without --device for the host-only figures"),
-        },
-        other => other,
-    })?;
+    let device = open_device(ordinal)?;
     let loader = builder.backing(PinnedBacking::new(&device)).build()?;
     let workers = loader.stats().workers;
     let copy_bytes = loader.layout().total_bytes();

@@ -1,14 +1,17 @@
-//! [`bench_images`]: the image pipeline through the loader, timed (for `gpufeed bench --images`).
+//! [`bench_images`]: the image pipeline through the loader, timed (for `gpufeed bench --images`;
+//! `gpufeed bench --images --device N` runs the same through the GPU path,
+//! `cuda::bench_images_device`).
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{ImageTransform, OnBadImage};
+use super::{ImageStats, ImageTransform, OnBadImage};
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::loader::Loader;
+use crate::loader::{Loader, LoaderBuilder};
 use crate::source::{self, AnySource, ImageFolder};
 
 /// Settings of [`bench_images`].
@@ -81,6 +84,8 @@ pub struct ImageBenchReport {
     pub workers: usize,
     /// Fraction of the time the consumer waited for data (≈ 1 here: nothing else runs).
     pub wait_fraction: f64,
+    /// The GPU the batches were copied to (and converted on), if any.
+    pub device: Option<String>,
 }
 
 impl std::fmt::Display for ImageBenchReport {
@@ -98,6 +103,9 @@ impl std::fmt::Display for ImageBenchReport {
             self.workers,
             self.skipped
         )?;
+        if let Some(device) = &self.device {
+            write!(f, ", to {device}")?;
+        }
         if self.epoch_images_per_sec.len() > 1 {
             let rates: Vec<String> = self
                 .epoch_images_per_sec
@@ -121,77 +129,173 @@ impl std::fmt::Display for ImageBenchReport {
 /// file of images written by [`pack_image_folder`](crate::source::pack_image_folder)) through
 /// the loader and reports images/s.
 pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchReport> {
-    let (dataset, kind): (AnySource, _) = if path.is_dir() {
-        (Box::new(ImageFolder::open(path)?), "imagefolder")
-    } else {
-        (source::open(path)?, "packed")
-    };
-    let mut t = ImageTransform::train(cfg.size).dtype(cfg.dtype);
-    if cfg.dtype != DType::U8 {
-        t = t.normalize(super::Normalize::IMAGENET);
-    }
-    if cfg.skip_bad {
-        t = t.on_bad_image(OnBadImage::Skip);
-    }
-    let t = t.build()?;
-    let stats = t.stats();
-    if cfg.epochs == 0 {
-        return Err(Error::InvalidConfig {
-            setting: "epochs",
-            what: "the image bench needs at least one epoch".to_owned(),
-        });
-    }
-    let mut loader = Loader::builder(dataset)
-        .transform(t)
-        .batch_size(cfg.batch_size)
-        .shuffle(cfg.seed)
-        .drop_last(cfg.drop_last)
-        .workers(cfg.workers)
-        .shard(0, 1)
-        .build()?;
-    let (mut images, mut epochs, mut epoch_rates) = (0u64, 0u64, Vec::new());
-    let t0 = Instant::now();
-    'run: for epoch in 0..cfg.epochs {
-        if epoch > 0 {
-            loader.set_epoch(epoch);
+    let setup = ImageBenchSetup::new(path, cfg, cfg.dtype)?;
+    let mut loader = setup.builder.build()?;
+    let times = EpochTimes::measure(cfg, &mut loader)?;
+    let wait = loader.stats().wait_fraction();
+    ImageBenchReport::new(
+        path,
+        setup.kind,
+        cfg,
+        times,
+        setup.stats.skipped(),
+        wait,
+        None,
+    )
+}
+
+/// The source and loader settings of an image bench, and the transform's counters.
+pub(crate) struct ImageBenchSetup {
+    /// Every loader setting but the backing.
+    pub builder: LoaderBuilder,
+    /// `imagefolder` or `packed`.
+    pub kind: &'static str,
+    /// The transform's counters (skipped images).
+    pub stats: Arc<ImageStats>,
+}
+
+impl ImageBenchSetup {
+    /// Opens `path` and sets up RandomResizedCrop(`cfg.size`) + flip to `dtype` in CHW
+    /// (normalised with ImageNet's statistics unless u8).
+    pub fn new(path: &Path, cfg: &ImageBenchConfig, dtype: DType) -> Result<ImageBenchSetup> {
+        if cfg.epochs == 0 {
+            return Err(Error::InvalidConfig {
+                setting: "epochs",
+                what: "the image bench needs at least one epoch".to_owned(),
+            });
         }
-        epochs += 1;
-        let (start, mut n) = (Instant::now(), 0u64);
-        for batch in loader.by_ref() {
-            n += batch?.len() as u64;
-            if cfg.limit.is_some_and(|l| images + n >= l) {
-                images += n;
-                break 'run;
+        let (dataset, kind): (AnySource, _) = if path.is_dir() {
+            (Box::new(ImageFolder::open(path)?), "imagefolder")
+        } else {
+            (source::open(path)?, "packed")
+        };
+        let mut t = ImageTransform::train(cfg.size).dtype(dtype);
+        if dtype != DType::U8 {
+            t = t.normalize(super::Normalize::IMAGENET);
+        }
+        if cfg.skip_bad {
+            t = t.on_bad_image(OnBadImage::Skip);
+        }
+        let t = t.build()?;
+        let stats = t.stats();
+        let builder = Loader::builder(dataset)
+            .transform(t)
+            .batch_size(cfg.batch_size)
+            .shuffle(cfg.seed)
+            .drop_last(cfg.drop_last)
+            .workers(cfg.workers)
+            .shard(0, 1);
+        Ok(ImageBenchSetup {
+            builder,
+            kind,
+            stats,
+        })
+    }
+}
+
+/// Where an image bench takes its batches from: the loader, or the GPU path.
+pub(crate) trait EpochSource {
+    /// Starts epoch `epoch` (called before every epoch after the first).
+    fn start_epoch(&mut self, epoch: u64) -> Result<()>;
+    /// The next batch's image count, `None` at the end of the epoch.
+    fn next_batch(&mut self) -> Option<Result<u64>>;
+    /// Waits until the epoch's batches are where the consumer uses them (before the epoch's
+    /// time is taken); nothing to wait for on the host.
+    fn end_epoch(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl EpochSource for Loader {
+    fn start_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.set_epoch(epoch);
+        Ok(())
+    }
+
+    fn next_batch(&mut self) -> Option<Result<u64>> {
+        self.next().map(|b| b.map(|b| b.len() as u64))
+    }
+}
+
+/// What the epochs of an image bench took.
+pub(crate) struct EpochTimes {
+    images: u64,
+    epochs: u64,
+    seconds: f64,
+    rates: Vec<f64>,
+}
+
+impl EpochTimes {
+    /// Runs up to `cfg.epochs` epochs of `source`, until `cfg.limit` images; times each epoch
+    /// and the whole.
+    pub fn measure(cfg: &ImageBenchConfig, source: &mut impl EpochSource) -> Result<EpochTimes> {
+        let (mut images, mut epochs, mut rates) = (0u64, 0u64, Vec::new());
+        let t0 = Instant::now();
+        'run: for epoch in 0..cfg.epochs {
+            if epoch > 0 {
+                source.start_epoch(epoch)?;
             }
+            epochs += 1;
+            let (begin, mut n) = (Instant::now(), 0u64);
+            while let Some(batch) = source.next_batch() {
+                n += batch?;
+                if cfg.limit.is_some_and(|l| images + n >= l) {
+                    source.end_epoch()?;
+                    images += n;
+                    break 'run;
+                }
+            }
+            source.end_epoch()?;
+            images += n;
+            rates.push(n as f64 / begin.elapsed().as_secs_f64().max(1e-9));
         }
-        images += n;
-        epoch_rates.push(n as f64 / start.elapsed().as_secs_f64().max(1e-9));
+        Ok(EpochTimes {
+            images,
+            epochs,
+            seconds: t0.elapsed().as_secs_f64(),
+            rates,
+        })
     }
-    let seconds = t0.elapsed().as_secs_f64();
-    if images == 0 {
-        return Err(Error::mismatch(format!(
-            "{}: no image to read",
-            path.display()
-        )));
+}
+
+impl ImageBenchReport {
+    /// The report of a run; an error if it delivered no image.
+    pub(crate) fn new(
+        path: &Path,
+        kind: &'static str,
+        cfg: &ImageBenchConfig,
+        times: EpochTimes,
+        skipped: u64,
+        wait_fraction: f64,
+        device: Option<String>,
+    ) -> Result<ImageBenchReport> {
+        if times.images == 0 {
+            return Err(Error::mismatch(format!(
+                "{}: no image to read",
+                path.display()
+            )));
+        }
+        // Equal images per epoch: the later epochs' overall rate is their rates' harmonic mean.
+        let steady = times
+            .rates
+            .get(1..)
+            .filter(|r| !r.is_empty())
+            .map(|r| r.len() as f64 / r.iter().map(|x| 1.0 / x.max(1e-9)).sum::<f64>());
+        let rate = times.images as f64 / times.seconds.max(1e-9);
+        Ok(ImageBenchReport {
+            source: path.display().to_string(),
+            kind,
+            images: times.images,
+            epochs: times.epochs,
+            skipped,
+            seconds: times.seconds,
+            images_per_sec: rate,
+            epoch_images_per_sec: times.rates,
+            steady_images_per_sec: steady,
+            images_per_sec_per_worker: rate / cfg.workers as f64,
+            workers: cfg.workers,
+            wait_fraction,
+            device,
+        })
     }
-    // Equal images per epoch: the later epochs' overall rate is their rates' harmonic mean.
-    let steady = epoch_rates
-        .get(1..)
-        .filter(|r| !r.is_empty())
-        .map(|r| r.len() as f64 / r.iter().map(|x| 1.0 / x.max(1e-9)).sum::<f64>());
-    let rate = images as f64 / seconds.max(1e-9);
-    Ok(ImageBenchReport {
-        source: path.display().to_string(),
-        kind,
-        images,
-        epochs,
-        skipped: stats.skipped(),
-        seconds,
-        images_per_sec: rate,
-        epoch_images_per_sec: epoch_rates,
-        steady_images_per_sec: steady,
-        images_per_sec_per_worker: rate / cfg.workers as f64,
-        workers: cfg.workers,
-        wait_fraction: loader.stats().wait_fraction(),
-    })
 }
