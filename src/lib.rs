@@ -11,7 +11,7 @@
 //!
 //! | stage | module |
 //! |---|---|
-//! | the packed record file (layout, writer, reader) | [`format`] |
+//! | the packed record file (layout, writer, reader) | [`format`](mod@format) |
 //! | where samples come from (packed files, `.npy`, shards) | [`source`] |
 //! | the order of samples: shuffle, shards, batches, resume | [`sampler`] |
 //! | per-sample work that writes into the batch (copy, decode, augment) | [`transform`] |

@@ -33,7 +33,7 @@ pub enum ImageLayout {
     Chw,
 }
 
-/// The conversion of one u8 batch field (opt-in; see the [module docs](self)).
+/// The conversion of one u8 batch field (opt-in; see [conversion on the device](crate::cuda#conversion-on-the-device)).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Convert {
     /// The batch field to convert (dtype u8, shape `[H, W, C]` or `[C, H, W]`).

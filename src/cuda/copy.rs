@@ -9,13 +9,7 @@
 //! channel of `depth` batches: copies of the next batches are in flight while the consumer
 //! computes on this one. Nothing on this path waits for the device.
 //!
-//! **The rule for device memory.** A [`DeviceBatch`]'s memory is valid until the batch is
-//! dropped *and* every stream registered with [`DeviceBatch::wait_on`] or
-//! [`DeviceBatch::release_on`] has passed the point where the batch was dropped: on drop, an
-//! event is recorded on each registered stream and the device buffer is reused only once those
-//! events (and the copy) have completed. So: call `wait_on(stream)` before enqueueing work that
-//! reads the batch on `stream`; call `release_on(other)` for any other stream you use it on
-//! (PyTorch's `record_stream`); then drop the batch whenever you like, without synchronising.
+//! The rule for device memory that this implements is in the [`cuda`](crate::cuda) module's docs.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,7 +74,7 @@ impl DeviceLoaderOptions {
 /// One field of a [`DeviceBatch`]: where it is on the device, and what it holds.
 ///
 /// `ptr` is a raw device address for frameworks (candle, burn, tch: `from_blob`); it is valid
-/// under the rule of the [module docs](self), no longer.
+/// under [the rule for device memory](crate::cuda#the-rule-for-device-memory), no longer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeviceField {
     /// The field's name.
@@ -175,8 +169,8 @@ impl Plan {
 }
 
 /// A batch on the device: typed fields in one pooled device buffer, and the event behind the
-/// copy (and conversions) that filled it. See the [module docs](self) for when its memory may
-/// be reused.
+/// copy (and conversions) that filled it. See [the rule for device
+/// memory](crate::cuda#the-rule-for-device-memory) for when its memory may be reused.
 pub struct DeviceBatch {
     buffer: Option<DeviceBuffer>,
     fields: Vec<DeviceField>,
@@ -251,7 +245,7 @@ impl DeviceBatch {
     }
 
     /// Makes `stream` wait for the copy (`cuStreamWaitEvent`; the host does not wait), and
-    /// registers `stream` as a user of the batch's memory (see the [module docs](self)).
+    /// registers `stream` as a user of the batch's memory (see [the rule for device memory](crate::cuda#the-rule-for-device-memory)).
     pub fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.wait(&self.ready).map_err(cuda_err(
             "make a stream wait on the copy (cuStreamWaitEvent)",
@@ -427,8 +421,10 @@ impl Shared {
     }
 }
 
-/// Yields the loader's batches on the device, copied asynchronously ahead of the consumer; see
-/// the [module docs](self). An iterator of `Result<DeviceBatch>` over one epoch; dropping it
+/// Yields the loader's batches on the device, copied asynchronously ahead of the consumer (one
+/// `cuMemcpyHtoDAsync` of each whole batch buffer on the device's copy stream, then the
+/// conversions, then an event; see [the rule for device
+/// memory](crate::cuda#the-rule-for-device-memory)). An iterator of `Result<DeviceBatch>` over one epoch; dropping it
 /// stops the copy thread and the loader's workers.
 pub struct DeviceLoader {
     device: Device,

@@ -26,9 +26,35 @@
 //! | `bench` | [`pinned_copy_ceiling`], [`bench_device`], [`bench_images_device`] |
 //!
 //! Nothing here calls the driver before checking that it can be loaded: without a driver every
-//! entry point returns [`Error::NoGpu`](crate::Error::NoGpu) instead of panicking (cudarc
+//! entry point returns [`Error::NoGpu`] instead of panicking (cudarc
 //! panics when its library is missing). No function here ever synchronises the host on the hot
 //! path; those that do (`*_sync`, `to_host`, benchmarks) say so.
+//!
+//! [`Error::NoGpu`]: crate::Error::NoGpu
+//!
+//! # The rule for device memory
+//!
+//! A [`DeviceBatch`]'s memory is valid until the batch is dropped *and* every stream registered
+//! with [`DeviceBatch::wait_on`] or [`DeviceBatch::release_on`] has passed the point where the
+//! batch was dropped: on drop, an event is recorded on each registered stream and the device
+//! buffer is reused only once those events (and the copy) have completed. So: call
+//! `wait_on(stream)` before enqueueing work that reads the batch on `stream`; call
+//! `release_on(other)` for any other stream you use it on (PyTorch's `record_stream`); then drop
+//! the batch whenever you like, without synchronising. Raw addresses
+//! ([`DeviceField::ptr`]) do not extend this.
+//!
+//! # Conversion on the device
+//!
+//! A [`Convert`] (opt-in, per u8 field) makes the copy thread run a kernel after the copy that
+//! computes, for sample `n`, channel `c`, row `y`, column `x`:
+//!
+//! ```text
+//! out[n, c, y, x] = cast(in[n, y, x, c] * a[c] + b[c])      (HWC input; CHW reads in[n, c, y, x])
+//! a[c] = scale / std[c],  b[c] = -mean[c] / std[c]           (scale defaults to 1/255)
+//! ```
+//!
+//! that is `(in * scale - mean) / std`, torchvision's `ToTensor` + `Normalize`, rounded to
+//! nearest-even into f16 or bf16; PCIe carries u8 and the GPU does the arithmetic.
 
 mod bench;
 mod convert;

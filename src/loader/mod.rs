@@ -6,10 +6,10 @@
 //! iterator of `Result<Batch>`. [`Loader::set_epoch`] starts another epoch on the same threads.
 //!
 //! How a batch is made (see `worker.rs`): the loader puts the batch's number on a task channel;
-//! a free worker computes its sample indices from the [`Order`](crate::sampler::Order), takes a
+//! a free worker computes its sample indices from the [`Order`], takes a
 //! buffer from the [`HostPool`] (waiting if the byte budget is used up: backpressure), and for
 //! each sample calls [`Dataset::get`] (a view into the mapping) and the
-//! [`SampleTransform`](crate::transform::SampleTransform), which writes straight into the
+//! [`SampleTransform`], which writes straight into the
 //! sample's slot. The finished batch goes back on a bounded result channel; the loader puts
 //! results back in order. At most `prefetch` batches are in flight.
 //!

@@ -25,7 +25,11 @@ use crate::transform::image::decode;
 /// File extensions read as images (compared case-insensitively).
 pub const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
 
-/// A directory of class subdirectories of JPEG and PNG files; see the [module docs](self).
+/// A directory of class subdirectories of JPEG and PNG files, torchvision's `ImageFolder`
+/// layout: `root/<class>/**/<file>.{jpg,jpeg,png}`. Class directories sorted by name give
+/// labels `0..k`; files are found recursively and sorted by path within each class; a sample
+/// (`image`: the encoded bytes, `label`: i64, `path`: utf8 relative to the root) is read from
+/// its file when asked for, never cached.
 pub struct ImageFolder {
     root: PathBuf,
     classes: Vec<String>,

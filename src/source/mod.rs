@@ -1,6 +1,6 @@
 //! Where samples come from: every source is a map-style [`Dataset`] of zero-copy [`Sample`]s.
 //!
-//! - [`RecordFile`](crate::format::RecordFile): a packed record file;
+//! - [`RecordFile`]: a packed record file;
 //! - [`NpyArray`]: a `.npy` array, memory-mapped in place, one row a sample;
 //! - [`ImageFolder`]: a directory of class subdirectories of JPEG/PNG files (torchvision's);
 //! - [`Concat`]: several sources of one schema as one dataset (shards);

@@ -2,7 +2,7 @@
 //!
 //! - [`decode`]: JPEG and PNG bytes to RGB8, in reusable per-thread buffers;
 //! - [`crop`]: torchvision's crop geometry (RandomResizedCrop, Resize + CenterCrop) and flips;
-//! - [`Converter`](convert): RGB8 HWC to u8/f16/bf16/f32, HWC or CHW, normalised;
+//! - `convert`: RGB8 HWC to u8/f16/bf16/f32 ([`Layout`] HWC or CHW), [`Normalize`]d;
 //! - [`ImageTransform`]: all of it as one [`SampleTransform`], built with [`ImageTransform::train`]
 //!   or [`ImageTransform::eval`].
 //!
