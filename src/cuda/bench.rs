@@ -202,6 +202,8 @@ pub fn bench_images_device(
     }
 
     let setup = ImageBenchSetup::new(path, cfg, DType::U8)?;
+    // Timed from the loader's creation, pinned buffers and copy thread included.
+    let started = std::time::Instant::now();
     let loader = setup.builder.backing(PinnedBacking::new(device)).build()?;
     let mut opts = DeviceLoaderOptions::default();
     if cfg.dtype != DType::U8 {
@@ -215,7 +217,7 @@ pub fn bench_images_device(
         loader: DeviceLoader::new(loader, device, opts)?,
         consumer: device.new_stream()?,
     };
-    let times = EpochTimes::measure(cfg, &mut feed)?;
+    let times = EpochTimes::measure(cfg, started, &mut feed)?;
     let wait = feed.loader.stats().wait_fraction();
     ImageBenchReport::new(
         path,

@@ -67,7 +67,7 @@ pub struct ImageBenchReport {
     pub epochs: u64,
     /// Bad images skipped.
     pub skipped: u64,
-    /// Seconds from the first request to the last batch.
+    /// Seconds from the loader's creation to the last batch.
     pub seconds: f64,
     /// Images per second over the whole run, start-up included.
     pub images_per_sec: f64,
@@ -130,8 +130,11 @@ impl std::fmt::Display for ImageBenchReport {
 /// the loader and reports images/s.
 pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchReport> {
     let setup = ImageBenchSetup::new(path, cfg, cfg.dtype)?;
+    // Timed from the loader's creation (its threads start in `build`), as a DataLoader's first
+    // epoch is timed from `iter()`, which starts its worker processes.
+    let started = Instant::now();
     let mut loader = setup.builder.build()?;
-    let times = EpochTimes::measure(cfg, &mut loader)?;
+    let times = EpochTimes::measure(cfg, started, &mut loader)?;
     let wait = loader.stats().wait_fraction();
     ImageBenchReport::new(
         path,
@@ -227,16 +230,20 @@ pub(crate) struct EpochTimes {
 
 impl EpochTimes {
     /// Runs up to `cfg.epochs` epochs of `source`, until `cfg.limit` images; times each epoch
-    /// and the whole.
-    pub fn measure(cfg: &ImageBenchConfig, source: &mut impl EpochSource) -> Result<EpochTimes> {
+    /// and the whole, the first epoch and the whole from `started` (when the source was made).
+    pub fn measure(
+        cfg: &ImageBenchConfig,
+        started: Instant,
+        source: &mut impl EpochSource,
+    ) -> Result<EpochTimes> {
         let (mut images, mut epochs, mut rates) = (0u64, 0u64, Vec::new());
-        let t0 = Instant::now();
         'run: for epoch in 0..cfg.epochs {
             if epoch > 0 {
                 source.start_epoch(epoch)?;
             }
             epochs += 1;
-            let (begin, mut n) = (Instant::now(), 0u64);
+            let begin = if epoch == 0 { started } else { Instant::now() };
+            let mut n = 0u64;
             while let Some(batch) = source.next_batch() {
                 n += batch?;
                 if cfg.limit.is_some_and(|l| images + n >= l) {
@@ -252,7 +259,7 @@ impl EpochTimes {
         Ok(EpochTimes {
             images,
             epochs,
-            seconds: t0.elapsed().as_secs_f64(),
+            seconds: started.elapsed().as_secs_f64(),
             rates,
         })
     }
