@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 pub use baseline::gather_baseline;
 pub use batch::{Batch, BatchLayout, Element, FIELD_ALIGN};
 use stats::StageTimes;
-pub use stats::{LoaderStats, StageSnapshot};
+pub use stats::{LoaderStats, StageSnapshot, steady_rate};
 
 use crate::error::{Error, Result};
 use crate::memory::{Backing, HeapBacking, HostPool};

@@ -330,7 +330,7 @@ pub fn run(args: Args) -> Result<()> {
         prefetch,
         generate_secs,
     );
-    report.steady_bytes_per_sec = steady_rate(&epoch_rates);
+    report.steady_bytes_per_sec = gpufeed::loader::steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
     if args.baseline {
         let mut buffers = vec![Vec::new(); workers];
@@ -346,13 +346,6 @@ pub fn run(args: Args) -> Result<()> {
             Some(report.steady_bytes_per_sec.unwrap_or(report.bytes_per_sec) / b);
     }
     print_report(&args, &report, &stats)
-}
-
-/// The mean rate of the epochs after the first (each epoch moves the same bytes), if any.
-pub fn steady_rate(epoch_rates: &[f64]) -> Option<f64> {
-    let later = epoch_rates.get(1..).filter(|r| !r.is_empty())?;
-    // Equal bytes per epoch: the overall rate is the harmonic mean of the epochs' rates.
-    Some(later.len() as f64 / later.iter().map(|r| 1.0 / r.max(1e-9)).sum::<f64>())
 }
 
 /// `gpufeed bench --images`.

@@ -107,7 +107,7 @@ pub fn run(
             (busy > 0.0).then(|| (stats.h2d_timed_bytes - b) as f64 / busy)
         }),
         h2d_ceiling_bytes_per_sec: Some(ceiling),
-        steady_bytes_per_sec: crate::bench::steady_rate(&epoch_rates),
+        steady_bytes_per_sec: gpufeed::loader::steady_rate(&epoch_rates),
         epoch_bytes_per_sec: epoch_rates,
         device: Some(format!("{} (ordinal {})", device.name(), device.ordinal())),
         generate_secs,

@@ -282,12 +282,7 @@ impl ImageBenchReport {
                 path.display()
             )));
         }
-        // Equal images per epoch: the later epochs' overall rate is their rates' harmonic mean.
-        let steady = times
-            .rates
-            .get(1..)
-            .filter(|r| !r.is_empty())
-            .map(|r| r.len() as f64 / r.iter().map(|x| 1.0 / x.max(1e-9)).sum::<f64>());
+        let steady = crate::loader::steady_rate(&times.rates);
         let rate = times.images as f64 / times.seconds.max(1e-9);
         Ok(ImageBenchReport {
             source: path.display().to_string(),
