@@ -13,6 +13,19 @@
 //! sample's slot. The finished batch goes back on a bounded result channel; the loader puts
 //! results back in order. At most `prefetch` batches are in flight.
 //!
+//! The budget: a loader makes at most as many batch buffers as its pool's byte budget holds
+//! (see [`LoaderBuilder::pool_budget`]). Each batch dispatched takes a permit that travels with
+//! it into the [`Batch`] and is given back when the batch drops, so batches in flight plus
+//! batches the caller holds never exceed the budget, and a caller that holds all of them gets an
+//! error naming the budget, before anything waits, without losing a batch.
+//!
+//! Position and resume: [`Loader::state`] is where the loader stands (the epoch and the number
+//! of batches delivered in it); [`LoaderBuilder::resume`] or [`Loader::load_state`] puts a
+//! loader back there, and the next batches are the rest of that epoch, as with torchdata's
+//! `StatefulDataLoader`. A loop that calls [`Loader::set_epoch`] at the top of every epoch works
+//! unchanged for fresh and resumed runs: the first `set_epoch` of the state's own epoch keeps
+//! the position instead of starting the epoch over.
+//!
 //! Faults: an error or a panic in a transform for sample *i* makes that batch an `Err` naming
 //! sample *i* and the batch; the loader stays usable and the next call yields the next batch.
 //! Dropping the loader stops and joins every worker thread, also when they wait on a full
@@ -20,12 +33,13 @@
 
 mod baseline;
 mod batch;
+mod budget;
 mod stats;
 mod worker;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -39,13 +53,25 @@ pub use stats::{LoaderStats, StageSnapshot, steady_rate};
 
 use crate::error::{Error, Result};
 use crate::memory::{Backing, HeapBacking, HostPool};
-use crate::sampler::{Order, OrderSpec};
+use crate::sampler::{Order, OrderSpec, Remainder};
 use crate::source::Dataset;
 use crate::transform::{CopyFields, SampleTransform};
+use budget::BatchBudget;
 use worker::{Done, Shared, Task};
 
 /// A hook run on each whole batch, in the worker, after its samples are written.
 pub type BatchHook = Arc<dyn Fn(&mut Batch) -> Result<()> + Send + Sync>;
+
+/// Where a loader's rank and world size come from.
+#[derive(Clone, Copy, Debug)]
+enum ShardChoice {
+    /// Rank 0 of 1: the whole data set.
+    Whole,
+    /// Set by [`LoaderBuilder::shard`].
+    Explicit(u64, u64),
+    /// Read at `build()` by [`rank_from_env`].
+    FromEnv,
+}
 
 /// Settings of a [`Loader`]; see [`Loader::builder`].
 pub struct LoaderBuilder {
@@ -57,7 +83,8 @@ pub struct LoaderBuilder {
     workers: usize,
     prefetch: Option<usize>,
     drop_last: bool,
-    shard: Option<(u64, u64)>,
+    evaluation: bool,
+    shard: ShardChoice,
     epoch: u64,
     resume: Option<LoaderState>,
     budget: Option<u64>,
@@ -104,10 +131,28 @@ impl LoaderBuilder {
         self
     }
 
-    /// This process's rank and the world size. Without it, the loader reads `RANK` and
-    /// `WORLD_SIZE` (torchrun), else `SLURM_PROCID` and `SLURM_NTASKS`, else rank 0 of 1.
+    /// Evaluation mode (default false): every sample exactly once across ranks, and every rank
+    /// still gets the same number of batches. A rank's share is padded with slots marked as
+    /// padding ([`Batch::padding`], [`Batch::mask`]) instead of counting samples twice as
+    /// PyTorch's `DistributedSampler` does. Cannot be combined with `drop_last`.
+    pub fn evaluation(mut self, yes: bool) -> Self {
+        self.evaluation = yes;
+        self
+    }
+
+    /// Reads this rank's share only: samples `rank`, `rank + world`, ... of each epoch's order
+    /// (PyTorch's `DistributedSampler`). Without it (or [`shard_from_env`](Self::shard_from_env))
+    /// the loader reads the whole data set, also under torchrun: sharding is never implicit, so
+    /// an evaluation loader does not silently see 1/world of the data.
     pub fn shard(mut self, rank: u64, world: u64) -> Self {
-        self.shard = Some((rank, world));
+        self.shard = ShardChoice::Explicit(rank, world);
+        self
+    }
+
+    /// Reads the rank and world size at `build()` from torchrun's `RANK` and `WORLD_SIZE`, else
+    /// Slurm's `SLURM_PROCID` and `SLURM_NTASKS`, else rank 0 of 1 (see [`rank_from_env`]).
+    pub fn shard_from_env(mut self) -> Self {
+        self.shard = ShardChoice::FromEnv;
         self
     }
 
@@ -118,7 +163,9 @@ impl LoaderBuilder {
     }
 
     /// Resumes from a [`LoaderState`]: the loader yields exactly the batches of that epoch not
-    /// yet delivered. The settings that decide the order must match those of the state.
+    /// yet delivered, then goes on as usual. The settings that decide the order must match
+    /// those of the state (`build()` checks). A first [`Loader::set_epoch`] of the state's
+    /// epoch keeps this position (see the [module docs](self)).
     pub fn resume(mut self, state: LoaderState) -> Self {
         self.resume = Some(state);
         self
@@ -149,6 +196,9 @@ impl LoaderBuilder {
     /// The byte budget of the batch-buffer pool (default: `prefetch + 2` batches: those in
     /// flight, and two held by the caller). Batches in flight plus batches the caller holds
     /// never exceed what the budget holds; the loader limits what it puts in flight instead.
+    /// A caller that holds every batch the budget allows and asks for another gets an
+    /// [`Error::InvalidConfig`] naming `pool_budget` (no batch is lost: drop one and ask
+    /// again). `build()` refuses a budget larger than the machine's memory.
     pub fn pool_budget(mut self, bytes: u64) -> Self {
         self.budget = Some(bytes);
         self
@@ -162,16 +212,28 @@ impl LoaderBuilder {
         self
     }
 
-    /// Checks every setting and starts the worker threads.
+    /// Checks every setting, against the machine too (memory, threads), and starts the worker
+    /// threads. Every fault is an [`Error::InvalidConfig`] naming the setting.
     pub fn build(self) -> Result<Loader> {
         let (rank, world) = match self.shard {
-            Some(s) => s,
-            None => rank_from_env()?,
+            ShardChoice::Whole => (0, 1),
+            ShardChoice::Explicit(r, w) => (r, w),
+            ShardChoice::FromEnv => rank_from_env()?,
         };
         if self.workers == 0 {
             return Err(Error::config(
                 "workers",
                 "at least one worker thread is needed",
+            ));
+        }
+        if self.workers > MAX_WORKERS {
+            return Err(Error::config(
+                "workers",
+                format!(
+                    "{} worker threads is more than the {MAX_WORKERS} a loader starts (this machine has {} CPUs)",
+                    self.workers,
+                    std::thread::available_parallelism().map_or(1, |n| n.get())
+                ),
             ));
         }
         let prefetch = self.prefetch.unwrap_or(2 * self.workers);
@@ -181,21 +243,51 @@ impl LoaderBuilder {
                 "at least one batch must be in flight",
             ));
         }
+        if self.evaluation && self.drop_last {
+            return Err(Error::config(
+                "evaluation",
+                "evaluation reads every sample once and cannot drop any: turn drop_last off",
+            ));
+        }
+        let remainder = if self.evaluation {
+            Remainder::Mask
+        } else if self.drop_last {
+            Remainder::Drop
+        } else {
+            Remainder::Wrap
+        };
         let spec = OrderSpec {
             len: self.dataset.len(),
             batch_size: self.batch_size as u64,
             shuffle: self.shuffle,
             rank,
             world,
-            drop_last: self.drop_last,
+            remainder,
         };
         spec.validate()?;
         let outputs = self.transform.output(self.dataset.schema())?;
         let layout = Arc::new(BatchLayout::new(outputs, self.batch_size)?);
         let batch_bytes = HostPool::block_size(layout.total_bytes()) as u64;
+        let memory = physical_memory();
+        if let Some(memory) = memory
+            && batch_bytes > memory / 2
+        {
+            return Err(Error::config(
+                "batch_size",
+                format!(
+                    "one batch of {} samples takes {}, more than half this machine's memory ({})",
+                    self.batch_size,
+                    crate::memory::human_bytes(batch_bytes),
+                    crate::memory::human_bytes(memory)
+                ),
+            ));
+        }
         let budget = match self.budget {
             Some(b) => b,
-            None => (prefetch + 2) as u64 * batch_bytes,
+            None => (prefetch as u64)
+                .checked_add(2)
+                .and_then(|n| n.checked_mul(batch_bytes))
+                .unwrap_or(u64::MAX),
         };
         if budget < batch_bytes {
             return Err(Error::config(
@@ -203,12 +295,38 @@ impl LoaderBuilder {
                 format!("{budget} bytes cannot hold one batch of {batch_bytes} bytes"),
             ));
         }
-        let (epoch, next) = match &self.resume {
+        if let Some(memory) = memory
+            && budget > memory
+        {
+            // Name what the user set: the budget, or the prefetch it was computed from.
+            let (setting, why) = match self.budget {
+                Some(_) => (
+                    "pool_budget",
+                    format!("a budget of {}", crate::memory::human_bytes(budget)),
+                ),
+                None => (
+                    "prefetch",
+                    format!(
+                        "{prefetch} batches in flight (+2 held) of {} each",
+                        crate::memory::human_bytes(batch_bytes)
+                    ),
+                ),
+            };
+            return Err(Error::config(
+                setting,
+                format!(
+                    "{why} is more than this machine's memory ({})",
+                    crate::memory::human_bytes(memory)
+                ),
+            ));
+        }
+        let budget_batches = usize::try_from(budget / batch_bytes).unwrap_or(usize::MAX);
+        let (epoch, next, resumed) = match &self.resume {
             Some(state) => {
                 state.check(&spec)?;
-                (state.epoch, state.next_batch)
+                (state.epoch, state.next_batch, true)
             }
-            None => (self.epoch, 0),
+            None => (self.epoch, 0, false),
         };
         let pool = match self.backing {
             Some(make) => make(budget),
@@ -222,10 +340,12 @@ impl LoaderBuilder {
             pool: pool.clone(),
             generation: AtomicU64::new(0),
             times: StageTimes::default(),
-            held: Arc::new(AtomicUsize::new(0)),
         });
         let (task_tx, task_rx) = crossbeam_channel::unbounded::<Task>();
-        let (done_tx, done_rx) = crossbeam_channel::bounded::<Done>(2 * prefetch + self.workers);
+        // Results in flight never exceed the permits; stale ones (skipped tasks) only make a
+        // worker wait until the consumer drains them.
+        let results = prefetch.min(budget_batches).saturating_add(self.workers);
+        let (done_tx, done_rx) = crossbeam_channel::bounded::<Done>(results);
         let mut threads = Vec::with_capacity(self.workers);
         for w in 0..self.workers {
             let (shared, tasks, done) = (Arc::clone(&shared), task_rx.clone(), done_tx.clone());
@@ -234,8 +354,18 @@ impl LoaderBuilder {
                 .spawn(move || worker::run(&shared, &tasks, &done))
                 .map_err(|e| {
                     Error::config("workers", format!("cannot start worker thread {w}: {e}"))
-                })?;
-            threads.push(handle);
+                });
+            match handle {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    // Stop the threads already started before reporting.
+                    drop(task_tx);
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(e);
+                }
+            }
         }
         let order = spec.epoch(epoch);
         Ok(Loader {
@@ -246,9 +376,10 @@ impl LoaderBuilder {
             done: done_rx,
             threads,
             prefetch,
-            budget_batches: (budget / batch_bytes) as usize,
+            budget: BatchBudget::new(budget_batches),
             next_batch: next,
             next_dispatch: next,
+            resumed,
             ready: BTreeMap::new(),
             ahead: None,
             ahead_dispatch: 0,
@@ -264,7 +395,20 @@ impl LoaderBuilder {
     }
 }
 
-/// Reads the rank and world size from torchrun's or Slurm's variables; rank 0 of 1 if unset.
+/// The most worker threads a loader starts: more is a mistake, not a configuration.
+pub const MAX_WORKERS: usize = 1024;
+
+/// This machine's physical memory in bytes, where the platform says (Linux: `/proc/meminfo`).
+fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Reads the rank and world size from torchrun's `RANK`/`WORLD_SIZE`, else Slurm's
+/// `SLURM_PROCID`/`SLURM_NTASKS`; rank 0 of 1 if neither pair is set. Only one variable of a
+/// pair, or one that is not a whole number, is an error naming the variable.
 pub fn rank_from_env() -> Result<(u64, u64)> {
     let read = |name: &'static str| -> Result<Option<u64>> {
         match std::env::var(name) {
@@ -285,7 +429,7 @@ pub fn rank_from_env() -> Result<(u64, u64)> {
                 return Err(Error::config(
                     "shard",
                     format!(
-                        "only one of {rank} and {world} is set; set both or call shard(rank, world)"
+                        "only one of {rank} and {world} is set; set both, or give the rank and world size explicitly"
                     ),
                 ));
             }
@@ -296,6 +440,10 @@ pub fn rank_from_env() -> Result<(u64, u64)> {
 
 /// Where a loader stands: enough to resume after a crash with exactly the batches not yet
 /// delivered. Small and serializable (serde).
+///
+/// `next_batch` counts the batches delivered in `epoch`, including those the caller still
+/// holds: take the state after the step that used the last batch (as with torchdata's
+/// `StatefulDataLoader`). At the end of an epoch, `next_batch` is the epoch's batch count.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
     /// The epoch.
@@ -334,9 +482,12 @@ pub struct Loader {
     done: Receiver<Done>,
     threads: Vec<JoinHandle<()>>,
     prefetch: usize,
-    budget_batches: usize,
+    budget: Arc<BatchBudget>,
     next_batch: u64,
     next_dispatch: u64,
+    /// Set by a resume or `load_state`, until the next batch or `set_epoch`: a `set_epoch` of
+    /// the current epoch then keeps the position.
+    resumed: bool,
     /// Finished batches, by (epoch, number), waiting for their turn.
     ready: BTreeMap<(u64, u64), Result<Batch>>,
     /// The next epoch's order, once its batches are being made ahead of time.
@@ -403,13 +554,33 @@ impl Loader {
         }
     }
 
+    /// Puts the loader where `state` says (torchdata's `load_state_dict`): the next batches are
+    /// the rest of `state.epoch`. Batches in flight are discarded. Fails, changing nothing, if
+    /// the state was saved with other order settings or is past its epoch's end.
+    pub fn load_state(&mut self, state: LoaderState) -> Result<()> {
+        state.check(&self.spec)?;
+        self.abandon();
+        self.order = self.spec.epoch(state.epoch);
+        self.next_batch = state.next_batch;
+        self.next_dispatch = state.next_batch;
+        self.resumed = true;
+        Ok(())
+    }
+
     /// Starts epoch `epoch` from its first batch (PyTorch's `set_epoch`), abandoning what is
     /// left of the current one. Batches in flight are discarded.
+    ///
+    /// Right after a resume ([`LoaderBuilder::resume`], [`Loader::load_state`]), asking for the
+    /// state's own epoch keeps the position instead: the rest of that epoch comes next. So the
+    /// README's loop, `set_epoch` at the top of every epoch, serves fresh and resumed runs.
     ///
     /// Once an epoch has been delivered to its end, the loader already makes the first batches
     /// of the next one (epoch + 1), so that the pipeline does not drain between epochs; asking
     /// for that epoch keeps them, asking for another discards them.
     pub fn set_epoch(&mut self, epoch: u64) {
+        if std::mem::take(&mut self.resumed) && epoch == self.order.epoch() {
+            return;
+        }
         let finished = self.next_batch >= self.order.batches();
         match self.ahead.take() {
             Some(ahead) if finished && ahead.epoch() == epoch => {
@@ -470,34 +641,25 @@ impl Loader {
         tx.send(task).map_err(|_| Error::Shutdown)
     }
 
+    /// Puts batches in flight, up to `prefetch` and while the budget has permits; never waits.
     fn dispatch(&mut self) -> Result<()> {
-        // Batches the user still holds keep their buffers: never put more in flight than the
-        // budget has room for, or workers would wait for buffers that never come back.
-        let held = self.shared.held.load(Ordering::Acquire);
-        let room = self.budget_batches.saturating_sub(held);
-        if room == 0 && self.in_flight() == 0 {
-            return Err(Error::config(
-                "pool_budget",
-                format!(
-                    "the caller holds {held} batches, all the pool's budget allows ({} batches); drop some or raise the budget",
-                    self.budget_batches
-                ),
-            ));
-        }
-        let limit = self.prefetch.min(room);
         let generation = self.shared.generation.load(Ordering::Acquire);
-        while self.next_dispatch < self.order.batches() && self.in_flight() < limit as u64 {
+        while self.next_dispatch < self.order.batches() && self.in_flight() < self.prefetch as u64 {
+            let Some(permit) = self.budget.try_acquire() else {
+                return Ok(());
+            };
             self.send(Task {
                 generation,
                 order: self.order.clone(),
                 number: self.next_dispatch,
+                permit,
             })?;
             self.next_dispatch += 1;
         }
         // This epoch is all in flight: start on the next one while there is room.
         if self.speculate
             && self.next_dispatch >= self.order.batches()
-            && self.in_flight() < limit as u64
+            && self.in_flight() < self.prefetch as u64
         {
             let Some(next_epoch) = self.order.epoch().checked_add(1) else {
                 return Ok(());
@@ -506,11 +668,15 @@ impl Loader {
                 .ahead
                 .get_or_insert_with(|| self.spec.epoch(next_epoch))
                 .clone();
-            while self.ahead_dispatch < ahead.batches() && self.in_flight() < limit as u64 {
+            while self.ahead_dispatch < ahead.batches() && self.in_flight() < self.prefetch as u64 {
+                let Some(permit) = self.budget.try_acquire() else {
+                    return Ok(());
+                };
                 self.send(Task {
                     generation,
                     order: ahead.clone(),
                     number: self.ahead_dispatch,
+                    permit,
                 })?;
                 self.ahead_dispatch += 1;
             }
@@ -518,29 +684,43 @@ impl Loader {
         Ok(())
     }
 
-    fn receive(&mut self) -> Result<Batch> {
-        let generation = self.shared.generation.load(Ordering::Acquire);
+    /// The next batch's result. The outer error is the loader's (the budget is all in the
+    /// caller's hands, or the threads are gone): the position does not move. The inner result
+    /// is the batch's own, delivered in its turn.
+    fn receive(&mut self) -> Result<Result<Batch>> {
         let key = (self.order.epoch(), self.next_batch);
         loop {
+            self.dispatch()?;
             if let Some(result) = self.ready.remove(&key) {
-                return result;
+                return Ok(result);
+            }
+            if self.next_dispatch <= self.next_batch {
+                // Not in flight: no permit was free. If the caller holds them all, waiting
+                // would never end; otherwise they are in batches in flight (abandoned ones,
+                // or the next epoch's) and come back when those arrive.
+                let held = self.budget.held();
+                if held >= self.budget.total() {
+                    return Err(Error::config(
+                        "pool_budget",
+                        format!(
+                            "the caller holds {held} batches, all that the pool's budget allows ({} batches); drop one and ask again, or raise the budget",
+                            self.budget.total()
+                        ),
+                    ));
+                }
             }
             let t0 = Instant::now();
             let done = self.done.recv().map_err(|_| Error::Shutdown)?;
             self.waited += t0.elapsed();
-            if done.generation != generation {
-                continue;
+            if done.generation != self.shared.generation.load(Ordering::Acquire) {
+                continue; // abandoned: dropping it gives its permit back
             }
             match done.result {
                 Some(result) => {
                     self.ready.insert((done.epoch, done.number), result);
                 }
-                None => {
-                    return Err(Error::user(format!(
-                        "a worker dropped batch {} of the current epoch",
-                        done.number
-                    )));
-                }
+                // A worker gives up on a current task only when the pool has closed.
+                None => return Err(Error::Shutdown),
             }
         }
     }
@@ -560,7 +740,8 @@ impl LoaderBuilder {
             workers,
             prefetch: None,
             drop_last: false,
-            shard: None,
+            evaluation: false,
+            shard: ShardChoice::Whole,
             epoch: 0,
             resume: None,
             budget: None,
@@ -587,19 +768,22 @@ impl Iterator for Loader {
             return None;
         }
         self.started.get_or_insert_with(Instant::now);
-        if let Err(e) = self.dispatch() {
-            return Some(Err(e));
-        }
-        let mut result = self.receive();
+        let result = match self.receive() {
+            Ok(result) => result,
+            Err(e) => return Some(Err(e)),
+        };
+        self.resumed = false;
         self.next_batch += 1;
-        if let Ok(batch) = &mut result {
-            // Count it as held before dispatching more: in flight + held never exceeds what
-            // the budget holds, so every batch in flight can get a buffer.
-            batch.held = Some(batch::HeldToken::new(&self.shared.held));
-        }
-        if let Err(e) = self.dispatch() {
-            return Some(Err(e));
-        }
+        let result = result.map(|mut batch| {
+            if let Some(permit) = &mut batch.permit {
+                permit.mark_held();
+            }
+            batch
+        });
+        // Refill the pipeline now, so that workers make the next batches while the caller
+        // uses this one. A failure here (the threads are gone) is reported by the next call:
+        // this batch is delivered either way.
+        let _ = self.dispatch();
         if let Ok(batch) = &result {
             self.first_batch.get_or_insert_with(|| self.built.elapsed());
             self.delivered += 1;
