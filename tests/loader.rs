@@ -758,3 +758,33 @@ fn sizes_beyond_the_machine_are_refused_at_build_naming_the_setting() {
     // A batch larger than the machine (sample bytes times a huge batch size).
     assert_eq!(setting(b().batch_size(1usize << 60).build()), "batch_size");
 }
+
+#[test]
+fn workers_start_at_build_and_set_epoch_at_the_start_keeps_their_work() {
+    let build = || {
+        Loader::builder(Numbers::new(100))
+            .batch_size(10)
+            .shuffle(2)
+            .workers(2)
+            .prefetch(4)
+            .build()
+            .unwrap()
+    };
+    let mut l = build();
+    assert_eq!(
+        l.stats().in_flight,
+        4,
+        "batches are under way before the first next()"
+    );
+    l.set_epoch(0);
+    assert_eq!(
+        l.stats().in_flight,
+        4,
+        "set_epoch of the epoch at its start keeps them"
+    );
+    let first = epoch_of(&mut l);
+    let mut other = build();
+    other.set_epoch(1);
+    other.set_epoch(0);
+    assert_eq!(first, epoch_of(&mut other));
+}

@@ -368,7 +368,7 @@ impl LoaderBuilder {
             }
         }
         let order = spec.epoch(epoch);
-        Ok(Loader {
+        let mut loader = Loader {
             shared,
             spec,
             order,
@@ -391,7 +391,11 @@ impl LoaderBuilder {
             delivered: 0,
             delivered_samples: 0,
             delivered_bytes: 0,
-        })
+        };
+        // The workers start on the first batches now, while the caller sets up the rest of
+        // its job: the first `next` finds them made or under way.
+        loader.dispatch()?;
+        Ok(loader)
     }
 }
 
@@ -573,12 +577,17 @@ impl Loader {
     /// Right after a resume ([`LoaderBuilder::resume`], [`Loader::load_state`]), asking for the
     /// state's own epoch keeps the position instead: the rest of that epoch comes next. So the
     /// README's loop, `set_epoch` at the top of every epoch, serves fresh and resumed runs.
+    /// Asking for the epoch the loader stands at the start of changes nothing either (its
+    /// first batches, made since `build()`, are kept).
     ///
     /// Once an epoch has been delivered to its end, the loader already makes the first batches
     /// of the next one (epoch + 1), so that the pipeline does not drain between epochs; asking
     /// for that epoch keeps them, asking for another discards them.
     pub fn set_epoch(&mut self, epoch: u64) {
-        if std::mem::take(&mut self.resumed) && epoch == self.order.epoch() {
+        // Already there: right after a resume, or at the epoch's start (a loader just built,
+        // or a `set_epoch` of the epoch made ahead): keep what is in flight.
+        let resumed = std::mem::take(&mut self.resumed);
+        if epoch == self.order.epoch() && (resumed || self.next_batch == 0) {
             return;
         }
         let finished = self.next_batch >= self.order.batches();
