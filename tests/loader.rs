@@ -611,6 +611,7 @@ fn load_state_on_a_running_loader_continues_from_the_state() {
     let state = LoaderState {
         epoch: 1,
         next_batch: 6,
+        start: 0,
         order: l.order_spec().clone(),
     };
     l.load_state(state).unwrap();
@@ -787,4 +788,90 @@ fn workers_start_at_build_and_set_epoch_at_the_start_keeps_their_work() {
     other.set_epoch(1);
     other.set_epoch(0);
     assert_eq!(first, epoch_of(&mut other));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// An elastic restart: a run of `w1` ranks stops after the same number of batches on every
+    /// rank; a run of `w2` ranks resumes from rank 0's state. In evaluation mode every sample
+    /// of the epoch must then be seen exactly once over both runs.
+    #[test]
+    fn a_state_resumes_under_another_world_size(
+        len in 1u64..300, batch in 1usize..16, seed: u64, w1 in 1u64..5, w2 in 1u64..5,
+        stop_frac in 0.0f64..1.0,
+    ) {
+        let build = |rank, world, state: Option<LoaderState>| {
+            let mut b = Loader::builder(Numbers::new(len)).batch_size(batch).shuffle(seed)
+                .shard(rank, world).evaluation(true).workers(2);
+            if let Some(s) = state { b = b.resume(s) }
+            b.build()
+        };
+        let Ok(first) = build(0, w1, None) else { return Ok(()) };
+        let stop = (first.batches_per_epoch() as f64 * stop_frac) as usize;
+        drop(first);
+        let mut seen = Vec::new();
+        let mut state = None;
+        for rank in 0..w1 {
+            let mut l = build(rank, w1, None).unwrap();
+            for _ in 0..stop {
+                let b = l.next().unwrap().unwrap();
+                seen.extend(values(&b).into_iter().zip(b.mask()).filter(|x| x.1).map(|x| x.0));
+            }
+            state.get_or_insert(l.state());
+        }
+        let state = state.unwrap();
+        let mut batches = None;
+        for rank in 0..w2 {
+            let Ok(mut l) = build(rank, w2, Some(state.clone())) else { return Ok(()) };
+            let mut n = 0;
+            for b in l.by_ref() {
+                let b = b.unwrap();
+                seen.extend(values(&b).into_iter().zip(b.mask()).filter(|x| x.1).map(|x| x.0));
+                n += 1;
+            }
+            // Every new rank gets the same number of batches.
+            prop_assert_eq!(*batches.get_or_insert(n), n);
+        }
+        seen.sort_unstable();
+        prop_assert_eq!(seen, (0..len).map(|i| i * 3 + 1).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn a_two_level_shuffle_reads_shards_a_window_at_a_time() {
+    // Ten shards of 50 samples: a window of 2 shards, blocks of 10 samples.
+    let shards: Vec<Numbers> = (0..10).map(|_| Numbers::new(50)).collect();
+    let data = gpufeed::Concat::new(shards).unwrap();
+    let mut l = Loader::builder(data)
+        .batch_size(25)
+        .shuffle(3)
+        .shuffle_blocks(2, 10)
+        .workers(3)
+        .build()
+        .unwrap();
+    let mut shard_sets = Vec::new();
+    let mut count = 0;
+    for b in l.by_ref() {
+        let b = b.unwrap();
+        count += b.len();
+        // Each batch holds samples of the shards of one window only (the windows divide
+        // into whole batches here: 100 samples, batches of 25).
+        let mut shards: Vec<u64> = b.indices().iter().map(|i| i / 50).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        assert!(shards.len() <= 2, "batch {}: shards {shards:?}", b.number());
+        shard_sets.push(shards);
+    }
+    assert_eq!(count, 500);
+    let refused = Loader::builder(Numbers::new(10))
+        .shuffle(1)
+        .shuffle_blocks(2, 2)
+        .build();
+    assert!(matches!(
+        refused,
+        Err(Error::InvalidConfig {
+            setting: "shuffle_window",
+            ..
+        })
+    ));
 }

@@ -53,7 +53,7 @@ pub use stats::{LoaderStats, StageSnapshot, steady_rate};
 
 use crate::error::{Error, Result};
 use crate::memory::{Backing, HeapBacking, HostPool};
-use crate::sampler::{Order, OrderSpec, Remainder};
+use crate::sampler::{BlockShuffle, Order, OrderSpec, Remainder};
 use crate::source::Dataset;
 use crate::transform::{CopyFields, SampleTransform};
 use budget::BatchBudget;
@@ -84,6 +84,7 @@ pub struct LoaderBuilder {
     prefetch: Option<usize>,
     drop_last: bool,
     evaluation: bool,
+    blocks: Option<(u64, u64)>,
     shard: ShardChoice,
     epoch: u64,
     resume: Option<LoaderState>,
@@ -102,6 +103,16 @@ impl LoaderBuilder {
     /// Shuffles with this seed: a new order every epoch, the same for the same (seed, epoch).
     pub fn shuffle(mut self, seed: u64) -> Self {
         self.shuffle = Some(seed);
+        self
+    }
+
+    /// Shuffles a sharded data set in two levels instead of globally: the order of shards,
+    /// then blocks of `block` consecutive samples within windows of `window` consecutive
+    /// shards (see [`BlockShuffle`]). For data streamed by shard: only a window's shards are
+    /// needed at a time, read in runs. Needs [`shuffle`](Self::shuffle) and a data set that
+    /// has shards ([`Dataset::shard_sizes`]).
+    pub fn shuffle_blocks(mut self, window: u64, block: u64) -> Self {
+        self.blocks = Some((window, block));
         self
     }
 
@@ -256,6 +267,24 @@ impl LoaderBuilder {
         } else {
             Remainder::Wrap
         };
+        let blocks = match self.blocks {
+            None => None,
+            Some(_) if self.shuffle.is_none() => {
+                return Err(Error::config(
+                    "shuffle_window",
+                    "a two-level shuffle needs a seed: set shuffle too",
+                ));
+            }
+            Some((window, block)) => {
+                let Some(sizes) = self.dataset.shard_sizes() else {
+                    return Err(Error::config(
+                        "shuffle_window",
+                        "this data set has no shards to shuffle in windows",
+                    ));
+                };
+                Some(BlockShuffle::new(sizes, window, block)?)
+            }
+        };
         let spec = OrderSpec {
             len: self.dataset.len(),
             batch_size: self.batch_size as u64,
@@ -263,6 +292,7 @@ impl LoaderBuilder {
             rank,
             world,
             remainder,
+            blocks,
         };
         spec.validate()?;
         let outputs = self.transform.output(self.dataset.schema())?;
@@ -321,12 +351,12 @@ impl LoaderBuilder {
             ));
         }
         let budget_batches = usize::try_from(budget / batch_bytes).unwrap_or(usize::MAX);
-        let (epoch, next, resumed) = match &self.resume {
+        let (order, next, resumed) = match &self.resume {
             Some(state) => {
-                state.check(&spec)?;
-                (state.epoch, state.next_batch, true)
+                let (order, next) = state.position(&spec)?;
+                (order, next, true)
             }
-            None => (self.epoch, 0, false),
+            None => (spec.epoch(self.epoch), 0, false),
         };
         let pool = match self.backing {
             Some(make) => make(budget),
@@ -367,7 +397,6 @@ impl LoaderBuilder {
                 }
             }
         }
-        let order = spec.epoch(epoch);
         let mut loader = Loader {
             shared,
             spec,
@@ -448,32 +477,54 @@ pub fn rank_from_env() -> Result<(u64, u64)> {
 /// `next_batch` counts the batches delivered in `epoch`, including those the caller still
 /// holds: take the state after the step that used the last batch (as with torchdata's
 /// `StatefulDataLoader`). At the end of an epoch, `next_batch` is the epoch's batch count.
+///
+/// A state resumes under another world size too (an elastic restart): the ranks of the new
+/// run share the positions of the epoch that the old run had not reached, provided every
+/// old rank had delivered the same number of batches (as data-parallel training does), and
+/// batch numbers start again from 0 for the rest of that epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
     /// The epoch.
     pub epoch: u64,
     /// The next batch to deliver in that epoch.
     pub next_batch: u64,
-    /// The settings that decide the order; a resumed loader must have the same.
+    /// Positions of the epoch consumed before this run's first batch of it (after an elastic
+    /// restart; 0 otherwise).
+    #[serde(default)]
+    pub start: u64,
+    /// The settings that decide the order; a resumed loader must have the same data, batch
+    /// size, shuffle and remainder policy.
     pub order: OrderSpec,
 }
 
 impl LoaderState {
-    fn check(&self, spec: &OrderSpec) -> Result<()> {
-        if &self.order != spec {
+    /// The order and next batch that resume this state under `spec`.
+    fn position(&self, spec: &OrderSpec) -> Result<(Order, u64)> {
+        if !self.order.same_sequence(spec) {
             return Err(Error::mismatch(format!(
                 "cannot resume: the state was saved with order settings {:?}, this loader has {:?}",
                 self.order, spec
             )));
         }
-        if self.next_batch > spec.batches() {
+        let saved = self.order.epoch_from(self.epoch, self.start);
+        if self.next_batch > saved.batches() {
             return Err(Error::mismatch(format!(
                 "cannot resume: the state's next batch {} is past the epoch's {} batches",
                 self.next_batch,
-                spec.batches()
+                saved.batches()
             )));
         }
-        Ok(())
+        if self.order.world == spec.world {
+            return Ok((spec.epoch_from(self.epoch, self.start), self.next_batch));
+        }
+        // Another world size: every old rank took `next_batch` batches, that is the epoch's
+        // positions `start .. start + next_batch * batch_size * world`.
+        let consumed = self
+            .next_batch
+            .saturating_mul(self.order.batch_size)
+            .saturating_mul(self.order.world);
+        let start = self.start.saturating_add(consumed).min(spec.len);
+        Ok((spec.epoch_from(self.epoch, start), 0))
     }
 }
 
@@ -531,7 +582,7 @@ impl Loader {
 
     /// Batches in an epoch (for this rank).
     pub fn batches_per_epoch(&self) -> u64 {
-        self.order.batches()
+        self.spec.batches()
     }
 
     /// The settings that decide the order.
@@ -554,6 +605,7 @@ impl Loader {
         LoaderState {
             epoch: self.order.epoch(),
             next_batch: self.next_batch,
+            start: self.order.start(),
             order: self.spec.clone(),
         }
     }
@@ -562,11 +614,11 @@ impl Loader {
     /// the rest of `state.epoch`. Batches in flight are discarded. Fails, changing nothing, if
     /// the state was saved with other order settings or is past its epoch's end.
     pub fn load_state(&mut self, state: LoaderState) -> Result<()> {
-        state.check(&self.spec)?;
+        let (order, next) = state.position(&self.spec)?;
         self.abandon();
-        self.order = self.spec.epoch(state.epoch);
-        self.next_batch = state.next_batch;
-        self.next_dispatch = state.next_batch;
+        self.order = order;
+        self.next_batch = next;
+        self.next_dispatch = next;
         self.resumed = true;
         Ok(())
     }
@@ -750,6 +802,7 @@ impl LoaderBuilder {
             prefetch: None,
             drop_last: false,
             evaluation: false,
+            blocks: None,
             shard: ShardChoice::Whole,
             epoch: 0,
             resume: None,

@@ -14,131 +14,19 @@
 //! pad by wrapping around (PyTorch's default), drop them (`drop_last`), or, for evaluation,
 //! pad with slots that are marked as padding so that every sample counts exactly once.
 
+mod blocks;
+mod permutation;
+
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
+use blocks::BlockSequence;
+pub use blocks::BlockShuffle;
+pub use permutation::Permutation;
+use permutation::{mix, splitmix};
+
 use crate::error::{Error, Result};
-
-/// A keyed pseudo-random permutation of `[0, n)`, computed on demand.
-///
-/// Small ranges (up to [`Permutation::TABLE_MAX`]) are shuffled exactly, by Fisher-Yates into a
-/// shared table: a Feistel network over a few bits is far from uniform (for `n = 5`, one
-/// position kept its sample 9% more often than chance). Larger ranges use the Feistel network,
-/// which needs no table.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Permutation {
-    n: u64,
-    kind: PermutationKind,
-}
-
-#[derive(Clone, PartialEq, Eq)]
-enum PermutationKind {
-    /// `table[i]` is the image of `i`.
-    Table(std::sync::Arc<[u32]>),
-    /// A balanced Feistel network over `2 * half_bits` bits, with cycle walking.
-    Feistel {
-        half_bits: u32,
-        keys: [u64; Permutation::ROUNDS],
-    },
-}
-
-impl std::fmt::Debug for Permutation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match self.kind {
-            PermutationKind::Table(_) => "table",
-            PermutationKind::Feistel { .. } => "feistel",
-        };
-        f.debug_struct("Permutation")
-            .field("n", &self.n)
-            .field("kind", &kind)
-            .finish()
-    }
-}
-
-impl Permutation {
-    const ROUNDS: usize = 6;
-
-    /// The largest range shuffled exactly with a table (4 bytes per sample).
-    pub const TABLE_MAX: u64 = 1 << 16;
-
-    /// The permutation of `[0, n)` for `key`.
-    pub fn new(n: u64, key: u64) -> Permutation {
-        let mut state = key;
-        if n <= Permutation::TABLE_MAX {
-            // Fisher-Yates, each position drawn uniformly from those left (the bias of the
-            // multiply-shift draw is below n / 2^64).
-            let mut table: Vec<u32> = (0..n as u32).collect();
-            for i in (1..table.len()).rev() {
-                let j = ((u128::from(splitmix(&mut state)) * (i as u128 + 1)) >> 64) as usize;
-                table.swap(i, j);
-            }
-            return Permutation {
-                n,
-                kind: PermutationKind::Table(table.into()),
-            };
-        }
-        let bits = 64 - n.saturating_sub(1).leading_zeros();
-        let half_bits = bits.div_ceil(2).max(1);
-        let mut keys = [0u64; Permutation::ROUNDS];
-        for k in &mut keys {
-            *k = splitmix(&mut state);
-        }
-        Permutation {
-            n,
-            kind: PermutationKind::Feistel { half_bits, keys },
-        }
-    }
-
-    /// The length of the permuted range.
-    pub fn len(&self) -> u64 {
-        self.n
-    }
-
-    /// True for the permutation of an empty range.
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-
-    /// The image of `i` (`i < len()`).
-    pub fn apply(&self, i: u64) -> u64 {
-        debug_assert!(i < self.n);
-        match &self.kind {
-            PermutationKind::Table(table) => u64::from(table[i as usize]),
-            PermutationKind::Feistel { half_bits, keys } => {
-                // Cycle walking: the network permutes [0, 4^half_bits), which holds [0, n) and
-                // is less than 4n; apply it until the value lands back in range (expected < 4
-                // times).
-                let mut x = i;
-                loop {
-                    x = feistel(x, *half_bits, keys);
-                    if x < self.n {
-                        return x;
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn feistel(x: u64, half_bits: u32, keys: &[u64; Permutation::ROUNDS]) -> u64 {
-    let mask = (1u64 << half_bits) - 1;
-    let (mut l, mut r) = (x >> half_bits, x & mask);
-    for &k in keys {
-        let f = mix(r ^ k) & mask;
-        (l, r) = (r, l ^ f);
-    }
-    (l << half_bits) | r
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    mix(*state)
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// What decides an order, besides the epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,6 +43,10 @@ pub struct OrderSpec {
     pub world: u64,
     /// What happens to the samples that do not fill every rank's share or a whole batch.
     pub remainder: Remainder,
+    /// With a seed: shuffle shards, then blocks within windows of shards, instead of samples
+    /// globally ([`BlockShuffle`], for streamed, sharded data).
+    #[serde(default)]
+    pub blocks: Option<BlockShuffle>,
 }
 
 /// What a rank does with the samples that do not divide evenly among ranks and batches.
@@ -197,6 +89,18 @@ impl OrderSpec {
         if self.len == 0 {
             return Err(Error::config("dataset", "the dataset is empty"));
         }
+        if let Some(b) = &self.blocks
+            && (!b.has_sizes() || b.len() != self.len)
+        {
+            return Err(Error::config(
+                "shuffle_window",
+                format!(
+                    "the shard sizes hold {} samples, the data set {}",
+                    b.len(),
+                    self.len
+                ),
+            ));
+        }
         let drop_last = self.remainder == Remainder::Drop;
         let per_rank = self.samples_per_rank();
         if per_rank == 0 {
@@ -222,16 +126,26 @@ impl OrderSpec {
 
     /// Samples each rank gets per epoch.
     pub fn samples_per_rank(&self) -> u64 {
+        self.samples_per_rank_from(0)
+    }
+
+    /// Samples each rank gets of the epoch's positions from `start` on.
+    fn samples_per_rank_from(&self, start: u64) -> u64 {
+        let left = self.len.saturating_sub(start);
         if self.remainder == Remainder::Drop {
-            self.len / self.world
+            left / self.world
         } else {
-            self.len.div_ceil(self.world)
+            left.div_ceil(self.world)
         }
     }
 
     /// Batches each rank gets per epoch.
     pub fn batches(&self) -> u64 {
-        let n = self.samples_per_rank();
+        self.batches_from(0)
+    }
+
+    fn batches_from(&self, start: u64) -> u64 {
+        let n = self.samples_per_rank_from(start);
         if self.remainder == Remainder::Drop {
             n / self.batch_size
         } else {
@@ -241,25 +155,68 @@ impl OrderSpec {
 
     /// The order of `epoch`.
     pub fn epoch(&self, epoch: u64) -> Order {
-        let perm = self.shuffle.map(|seed| {
-            let mut s = seed ^ 0x5851_f42d_4c95_7f2d;
-            let a = splitmix(&mut s);
-            Permutation::new(self.len, a ^ mix(epoch.wrapping_add(0x1234_5678)))
-        });
+        self.epoch_from(epoch, 0)
+    }
+
+    /// The order of the rest of `epoch`, once its first `start` positions (over all ranks)
+    /// have been consumed: an elastic resume, under another world size than the run that
+    /// consumed them. Positions `start..len` are shared among this spec's ranks as usual.
+    pub fn epoch_from(&self, epoch: u64, start: u64) -> Order {
+        let sequence = match (self.shuffle, &self.blocks) {
+            (None, _) => Sequence::Identity,
+            (Some(seed), Some(blocks)) => Sequence::Blocks(Arc::new(blocks.epoch(seed, epoch))),
+            (Some(seed), None) => {
+                let mut s = seed ^ 0x5851_f42d_4c95_7f2d;
+                let a = splitmix(&mut s);
+                Sequence::Permuted(Permutation::new(
+                    self.len,
+                    a ^ mix(epoch.wrapping_add(0x1234_5678)),
+                ))
+            }
+        };
         Order {
             spec: self.clone(),
             epoch,
-            perm,
+            start: start.min(self.len),
+            sequence,
         }
+    }
+
+    /// True when a state saved under `self` can resume under `other`: the same data, batch
+    /// size, shuffle and remainder policy (ranks and world size may differ).
+    pub fn same_sequence(&self, other: &OrderSpec) -> bool {
+        (
+            self.len,
+            self.batch_size,
+            self.shuffle,
+            self.remainder,
+            &self.blocks,
+        ) == (
+            other.len,
+            other.batch_size,
+            other.shuffle,
+            other.remainder,
+            &other.blocks,
+        )
     }
 }
 
+/// An epoch's sequence of positions -> sample indices, before it is shared among ranks.
+#[derive(Clone, Debug)]
+enum Sequence {
+    Identity,
+    Permuted(Permutation),
+    Blocks(Arc<BlockSequence>),
+}
+
 /// The order of one epoch for one rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Order {
     spec: OrderSpec,
     epoch: u64,
-    perm: Option<Permutation>,
+    /// Positions consumed before this order (an elastic resume), 0 otherwise.
+    start: u64,
+    sequence: Sequence,
 }
 
 impl Order {
@@ -273,26 +230,45 @@ impl Order {
         self.epoch
     }
 
+    /// Positions of the epoch consumed before this order started (see
+    /// [`OrderSpec::epoch_from`]); 0 for a whole epoch.
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
     /// Batches in this epoch (for this rank).
     pub fn batches(&self) -> u64 {
-        self.spec.batches()
+        self.spec.batches_from(self.start)
+    }
+
+    /// Samples this rank gets in this epoch.
+    pub fn samples(&self) -> u64 {
+        self.spec.samples_per_rank_from(self.start)
+    }
+
+    /// The epoch position of this rank's `k`-th sample (past `len` for padding).
+    fn position(&self, k: u64) -> u64 {
+        self.start + self.spec.rank + k * self.spec.world
     }
 
     /// The dataset index of this rank's `k`-th sample.
     pub fn sample(&self, k: u64) -> u64 {
-        let j = self.spec.rank + k * self.spec.world;
-        let j = j % self.spec.len;
-        match &self.perm {
-            Some(p) => p.apply(j),
-            None => j,
+        let mut j = self.position(k);
+        if j >= self.spec.len {
+            // Padding: wrap around to the first positions of this order.
+            j = self.start + (j - self.start) % (self.spec.len - self.start).max(1);
+        }
+        match &self.sequence {
+            Sequence::Identity => j,
+            Sequence::Permuted(p) => p.apply(j),
+            Sequence::Blocks(b) => b.sample(j),
         }
     }
 
     /// True when this rank's `k`-th sample is a padding slot ([`Remainder::Mask`]: a position
     /// past the end of the epoch's sequence, holding a repeated sample that metrics skip).
     pub fn is_padding(&self, k: u64) -> bool {
-        self.spec.remainder == Remainder::Mask
-            && self.spec.rank + k * self.spec.world >= self.spec.len
+        self.spec.remainder == Remainder::Mask && self.position(k) >= self.spec.len
     }
 
     /// Writes the dataset indices of batch `b` into `out` (cleared first); empty past the end.
@@ -317,7 +293,7 @@ impl Order {
         if b >= self.batches() {
             return None;
         }
-        let per_rank = self.spec.samples_per_rank();
+        let per_rank = self.samples();
         let start = b * self.spec.batch_size;
         Some(start..(start + self.spec.batch_size).min(per_rank))
     }
@@ -347,6 +323,7 @@ mod tests {
             } else {
                 Remainder::Wrap
             },
+            blocks: None,
         }
     }
 
