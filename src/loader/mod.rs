@@ -216,7 +216,7 @@ impl LoaderBuilder {
     }
 
     /// Backs the batch buffers with `backing` (pinned memory, with the `cuda` feature).
-    pub fn backing(mut self, backing: impl Backing) -> Self {
+    pub fn backing(mut self, backing: impl Backing<Addr = std::ptr::NonNull<u8>>) -> Self {
         self.backing = Some(Box::new(move |budget| {
             HostPool::with_backing(backing, budget)
         }));

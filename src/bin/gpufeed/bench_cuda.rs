@@ -66,7 +66,7 @@ pub fn run(
         for batch in feed.by_ref().take(limit) {
             let mut batch = batch?;
             batch.wait_on(&consumer)?;
-            bytes += batch.fields().iter().map(|f| f.bytes as u64).sum::<u64>();
+            bytes += batch.fields().map(|f| f.bytes() as u64).sum::<u64>();
             bar.inc(1);
         }
         consumer.synchronize().map_err(|e| Error::Cuda {
