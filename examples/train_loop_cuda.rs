@@ -182,7 +182,7 @@ mod real {
         let mut after_first: Option<(Duration, Duration)> = None;
         for epoch in 0..args.epochs {
             if epoch > 0 {
-                dl.set_epoch(epoch)?;
+                dl.set_epoch(epoch);
             }
             #[allow(clippy::while_let_on_iterator)] // stats() is read inside the loop
             while let Some(batch) = dl.next() {

@@ -41,6 +41,7 @@ pub struct DeviceBatch {
     buffer: DeviceBuffer,
     fields: Arc<[FieldSpec]>,
     indices: Vec<u64>,
+    padding: usize,
     epoch: u64,
     number: u64,
     /// Completes when the copy and conversions have; also a use of `buffer`.
@@ -66,7 +67,7 @@ impl DeviceBatch {
     pub(crate) fn new(
         buffer: DeviceBuffer,
         fields: Arc<[FieldSpec]>,
-        indices: Vec<u64>,
+        (indices, padding): (Vec<u64>, usize),
         (epoch, number): (u64, u64),
         ready: EventFence,
         copy_stream: Arc<CudaStream>,
@@ -75,6 +76,7 @@ impl DeviceBatch {
             buffer,
             fields,
             indices,
+            padding,
             epoch,
             number,
             ready,
@@ -96,6 +98,19 @@ impl DeviceBatch {
     /// The dataset indices of its samples, in batch order.
     pub fn indices(&self) -> &[u64] {
         &self.indices
+    }
+
+    /// Slots that are padding (evaluation mode), always the last ones; see
+    /// [`Batch::padding`](crate::Batch::padding).
+    pub fn padding(&self) -> usize {
+        self.padding
+    }
+
+    /// Per slot, true for a real sample and false for padding; see
+    /// [`Batch::mask`](crate::Batch::mask).
+    pub fn mask(&self) -> Vec<bool> {
+        let real = self.len() - self.padding.min(self.len());
+        (0..self.len()).map(|k| k < real).collect()
     }
 
     /// The epoch it belongs to.

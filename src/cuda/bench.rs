@@ -204,7 +204,8 @@ pub fn bench_images_device(
 
     impl EpochSource for Feed {
         fn start_epoch(&mut self, epoch: u64) -> Result<()> {
-            self.loader.set_epoch(epoch)
+            self.loader.set_epoch(epoch);
+            Ok(())
         }
 
         fn next_batch(&mut self) -> Option<Result<u64>> {

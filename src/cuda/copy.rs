@@ -29,8 +29,9 @@ use super::fence::EventFence;
 use super::{Convert, Converter, Device, DeviceBatch, DeviceBuffer, DevicePool};
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::loader::{Batch, Loader, LoaderBuilder, LoaderStats};
+use crate::loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};
 use crate::memory::{PoolStats, human_bytes};
+use crate::sampler::OrderSpec;
 
 /// Settings of a [`DeviceLoader`].
 #[derive(Clone, Debug)]
@@ -246,12 +247,19 @@ impl std::fmt::Display for DeviceStats {
 }
 
 enum Message {
-    Batch(u64, Result<DeviceBatch>),
+    /// A batch (or its error) of a generation; `advanced` when it moved the host loader's
+    /// position (a batch's own error does; a loader's error does not).
+    Batch {
+        generation: u64,
+        result: Result<DeviceBatch>,
+        advanced: bool,
+    },
     End(u64),
 }
 
 enum Control {
     SetEpoch { epoch: u64, generation: u64 },
+    Load { state: LoaderState, generation: u64 },
 }
 
 #[derive(Default)]
@@ -277,8 +285,13 @@ impl Shared {
 /// Yields the loader's batches on the device, copied asynchronously ahead of the consumer (one
 /// `cuMemcpyHtoDAsync` of each whole batch buffer on the device's copy stream, then the
 /// conversions, then an event; see [the rule for device
-/// memory](crate::cuda#the-rule-for-device-memory)). An iterator of `Result<DeviceBatch>` over one epoch; dropping it
-/// stops the copy thread and the loader's workers.
+/// memory](crate::cuda#the-rule-for-device-memory)). An iterator of `Result<DeviceBatch>` over
+/// one epoch; dropping it stops the copy thread and the loader's workers.
+///
+/// Epochs and resume work as on [`Loader`]: [`state`](Self::state) counts the device batches
+/// delivered to the consumer (not those copied ahead), a loader built with
+/// [`LoaderBuilder::resume`] or given [`load_state`](Self::load_state) yields the rest of that
+/// epoch, and the first [`set_epoch`](Self::set_epoch) of that epoch keeps the position.
 pub struct DeviceLoader {
     device: Device,
     pool: DevicePool,
@@ -287,7 +300,15 @@ pub struct DeviceLoader {
     thread: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
     generation: u64,
+    /// The order's settings, for states.
+    spec: OrderSpec,
     epoch: u64,
+    /// Device batches of `epoch` delivered to the consumer (with their `start`: a state's
+    /// position).
+    next_batch: u64,
+    start: u64,
+    /// Set by a resume until the next batch or `set_epoch`, as in `Loader`.
+    resumed: bool,
     batches_per_epoch: u64,
     ended: bool,
     started: Option<Instant>,
@@ -327,7 +348,9 @@ impl DeviceLoader {
             stop: AtomicBool::new(false),
             counters: Mutex::new(Counters::default()),
         });
-        let epoch = loader.epoch();
+        let state = loader.state();
+        let resumed = loader.is_resumed();
+        let spec = loader.order_spec().clone();
         let batches_per_epoch = loader.batches_per_epoch();
         let sample_bytes = loader.layout().sample_bytes();
         let worker = CopyThread {
@@ -354,7 +377,11 @@ impl DeviceLoader {
             thread: Some(thread),
             shared,
             generation: 0,
-            epoch,
+            spec,
+            epoch: state.epoch,
+            next_batch: state.next_batch,
+            start: state.start,
+            resumed,
             batches_per_epoch,
             ended: false,
             started: None,
@@ -396,23 +423,67 @@ impl DeviceLoader {
         self.batches_per_epoch
     }
 
-    /// Starts epoch `epoch` from its first batch, abandoning what is left of the current one.
-    pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+    /// Where the consumer stands: resuming from it (on a [`Loader`] or a `DeviceLoader`)
+    /// yields the batches not yet delivered. Batches copied ahead are not counted.
+    pub fn state(&self) -> LoaderState {
+        LoaderState {
+            epoch: self.epoch,
+            next_batch: self.next_batch,
+            start: self.start,
+            order: self.spec.clone(),
+        }
+    }
+
+    /// Puts the loader where `state` says ([`Loader::load_state`]): the next device batches are
+    /// the rest of `state.epoch`. Fails, changing nothing, if the state does not fit this
+    /// loader's order settings.
+    pub fn load_state(&mut self, state: LoaderState) -> Result<()> {
+        let (order, next) = state.position(&self.spec)?;
+        self.generation += 1;
+        self.epoch = order.epoch();
+        self.start = order.start();
+        self.next_batch = next;
+        self.resumed = true;
+        self.ended = false;
+        self.send(Control::Load {
+            state,
+            generation: self.generation,
+        });
+        Ok(())
+    }
+
+    /// Starts epoch `epoch` from its first batch, abandoning what is left of the current one
+    /// (copies in flight are discarded); [`Loader::set_epoch`] says when it keeps the position
+    /// instead (right after a resume, or at the epoch's start). If the copy thread has stopped,
+    /// the next call to `next` says so.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        let resumed = std::mem::take(&mut self.resumed);
+        let at_start = self.next_batch == 0 && self.start == 0;
+        if epoch == self.epoch && (resumed || at_start) && !self.ended {
+            return;
+        }
         self.generation += 1;
         self.epoch = epoch;
+        self.start = 0;
+        self.next_batch = 0;
         self.ended = false;
-        let control = self.control.as_ref().ok_or(Error::Shutdown)?;
-        control
-            .send(Control::SetEpoch {
-                epoch,
-                generation: self.generation,
-            })
-            .map_err(|_| Error::Shutdown)
+        self.send(Control::SetEpoch {
+            epoch,
+            generation: self.generation,
+        });
     }
 
     /// Starts the epoch after the current one.
-    pub fn next_epoch(&mut self) -> Result<()> {
+    pub fn next_epoch(&mut self) {
         self.set_epoch(self.epoch + 1)
+    }
+
+    fn send(&mut self, control: Control) {
+        let sent = self.control.as_ref().is_some_and(|c| c.send(control).is_ok());
+        if !sent {
+            // The copy thread is gone: `next` reports it.
+            self.control = None;
+        }
     }
 
     /// Figures so far.
@@ -442,6 +513,10 @@ impl Iterator for DeviceLoader {
             return None;
         }
         self.started.get_or_insert_with(Instant::now);
+        if self.control.is_none() {
+            self.ended = true;
+            return Some(Err(Error::Shutdown));
+        }
         let rx = self.rx.as_ref()?;
         loop {
             let t0 = Instant::now();
@@ -452,7 +527,15 @@ impl Iterator for DeviceLoader {
                     self.ended = true;
                     return Some(Err(Error::Shutdown));
                 }
-                Ok(Message::Batch(g, result)) if g == self.generation => {
+                Ok(Message::Batch {
+                    generation,
+                    result,
+                    advanced,
+                }) if generation == self.generation => {
+                    if advanced {
+                        self.next_batch += 1;
+                        self.resumed = false;
+                    }
                     if let Ok(b) = &result {
                         self.batches += 1;
                         self.samples += b.len() as u64;
@@ -502,7 +585,11 @@ struct CopyThread {
 impl CopyThread {
     fn run(mut self) {
         if let Err(e) = self.device.bind() {
-            let _ = self.tx.send(Message::Batch(0, Err(e)));
+            let _ = self.tx.send(Message::Batch {
+                generation: 0,
+                result: Err(e),
+                advanced: false,
+            });
             return;
         }
         let mut generation = 0u64;
@@ -523,24 +610,57 @@ impl CopyThread {
                     Err(crossbeam_channel::TryRecvError::Disconnected) => return,
                 }
             };
-            if let Some(Control::SetEpoch {
-                epoch,
-                generation: g,
-            }) = control
-            {
-                self.loader.set_epoch(epoch);
-                generation = g;
-                ended = false;
+            match control {
+                Some(Control::SetEpoch {
+                    epoch,
+                    generation: g,
+                }) => {
+                    // The consumer restarts `epoch` from its first batch: the host loader must
+                    // too, also when it stands at that epoch's start or was resumed.
+                    self.loader.restart_epoch(epoch);
+                    generation = g;
+                    ended = false;
+                }
+                Some(Control::Load {
+                    state,
+                    generation: g,
+                }) => {
+                    generation = g;
+                    ended = false;
+                    // Checked by the consumer against the same order settings.
+                    if let Err(e) = self.loader.load_state(state) {
+                        let message = Message::Batch {
+                            generation,
+                            result: Err(e),
+                            advanced: false,
+                        };
+                        if self.tx.send(message).is_err() {
+                            return;
+                        }
+                        ended = true;
+                        continue;
+                    }
+                }
+                None => {}
             }
             self.read_timings(false);
+            let before = self.loader.next_batch();
             let message = match self.loader.next() {
                 None => {
                     ended = true;
                     self.read_timings(true);
                     Message::End(generation)
                 }
-                Some(Err(e)) => Message::Batch(generation, Err(e)),
-                Some(Ok(batch)) => Message::Batch(generation, self.copy(batch)),
+                Some(Err(e)) => Message::Batch {
+                    generation,
+                    result: Err(e),
+                    advanced: self.loader.next_batch() != before,
+                },
+                Some(Ok(batch)) => Message::Batch {
+                    generation,
+                    result: self.copy(batch),
+                    advanced: true,
+                },
             };
             self.shared.counters().loader = Some(self.loader.stats());
             if self.tx.send(message).is_err() {
@@ -557,7 +677,7 @@ impl CopyThread {
             Ok(ready) => Ok(DeviceBatch::new(
                 buffer,
                 Arc::clone(&self.plan.fields),
-                batch.indices().to_vec(),
+                (batch.indices().to_vec(), batch.padding()),
                 (batch.epoch(), batch.number()),
                 ready,
                 stream,

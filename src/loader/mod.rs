@@ -499,7 +499,7 @@ pub struct LoaderState {
 
 impl LoaderState {
     /// The order and next batch that resume this state under `spec`.
-    fn position(&self, spec: &OrderSpec) -> Result<(Order, u64)> {
+    pub(crate) fn position(&self, spec: &OrderSpec) -> Result<(Order, u64)> {
         if !self.order.same_sequence(spec) {
             return Err(Error::mismatch(format!(
                 "cannot resume: the state was saved with order settings {:?}, this loader has {:?}",
@@ -639,7 +639,8 @@ impl Loader {
         // Already there: right after a resume, or at the epoch's start (a loader just built,
         // or a `set_epoch` of the epoch made ahead): keep what is in flight.
         let resumed = std::mem::take(&mut self.resumed);
-        if epoch == self.order.epoch() && (resumed || self.next_batch == 0) {
+        let at_start = self.next_batch == 0 && self.order.start() == 0;
+        if epoch == self.order.epoch() && (resumed || at_start) {
             return;
         }
         let finished = self.next_batch >= self.order.batches();
@@ -656,6 +657,23 @@ impl Loader {
                 self.next_dispatch = 0;
             }
         }
+    }
+
+    /// Starts `epoch` from its first batch in every case (the copy thread's `set_epoch`: the
+    /// consumer has already decided that the position is not kept).
+    pub(crate) fn restart_epoch(&mut self, epoch: u64) {
+        self.resumed = false;
+        self.set_epoch(epoch);
+    }
+
+    /// Batches of the current epoch delivered.
+    pub(crate) fn next_batch(&self) -> u64 {
+        self.next_batch
+    }
+
+    /// True right after a resume, until the next batch or `set_epoch`.
+    pub(crate) fn is_resumed(&self) -> bool {
+        self.resumed
     }
 
     /// Starts the epoch after the current one.

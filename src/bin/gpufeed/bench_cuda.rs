@@ -57,7 +57,7 @@ pub fn run(
     let mut after_first = None;
     for epoch in 0..args.epochs {
         if epoch > 0 {
-            feed.set_epoch(epoch)?;
+            feed.set_epoch(epoch);
         }
         let (t0, mut bytes) = (std::time::Instant::now(), 0u64);
         // Run a whole epoch to its end (`None`) unless told to stop early: the copy stage reads
