@@ -59,9 +59,9 @@ pub fn run(args: Args) -> Result<()> {
         if let Some(e) = &fault {
             json["error"] = Value::String(e.to_string());
         }
-        println!("{json}");
+        crate::out(json)?;
     } else {
-        print!("{text}");
+        crate::out(text.trim_end_matches('\n'))?;
     }
     match fault {
         Some(e) => Err(e),
