@@ -128,7 +128,8 @@ fn an_interrupted_bench_removes_its_generated_data_set() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         let dir = tempfile::tempdir().unwrap();
         // Big enough to be interrupted while it is written.
-        let mut child = cmd(&["bench", "--records", "200000", "--record-bytes", "150528"])
+        let mut c = cmd(&["bench", "--records", "200000", "--record-bytes", "150528"]);
+        let mut child = default_signals(&mut c)
             .env("TMPDIR", dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

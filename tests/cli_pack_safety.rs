@@ -244,7 +244,7 @@ fn a_signalled_pack_removes_its_temporary_file() {
         let dir = tempfile::tempdir().unwrap();
         let input = sparse_input(dir.path(), 16);
         let out = dir.path().join("out.gfd");
-        let mut child = cmd(&[
+        let mut c = cmd(&[
             "pack",
             "--from",
             "raw",
@@ -253,10 +253,11 @@ fn a_signalled_pack_removes_its_temporary_file() {
             "1048576",
             "-o",
             s(&out),
-        ])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        ]);
+        let mut child = default_signals(&mut c)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
         wait_for_file(dir.path(), "tmp-", &mut child);
         signal(&child, sig);
         let status = wait_with_limit(&mut child, Duration::from_secs(60));
@@ -466,4 +467,32 @@ fn pack_names_the_data_field_as_asked() {
         f.get(2).unwrap().field_named("label").unwrap(),
         6u32.to_le_bytes()
     );
+}
+
+#[test]
+fn a_signal_ignored_when_pack_starts_stays_ignored() {
+    // `nohup gpufeed pack ...` must survive its terminal's hangup.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.bin");
+    std::fs::File::create(&input)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let out = dir.path().join("out.gfd");
+    let script = format!(
+        "trap '' HUP; exec '{}' pack --from raw '{}' --record-bytes 1048576 -o '{}'",
+        s(&bin()),
+        s(&input),
+        s(&out)
+    );
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_file(dir.path(), TMP, &mut child);
+    signal(&child, libc::SIGHUP);
+    let status = wait_with_limit(&mut child, Duration::from_secs(120));
+    assert!(status.success(), "{status}");
+    assert_eq!(RecordFile::open(&out).unwrap().len(), 256);
 }

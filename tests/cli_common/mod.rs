@@ -125,3 +125,19 @@ pub fn signal(child: &std::process::Child, signal: i32) {
     // SAFETY: kill with the pid of a child this test spawned and has not reaped.
     assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
 }
+
+/// Gives the command the default action for SIGINT, SIGTERM and SIGHUP, as a shell does for a
+/// foreground job, whatever this test process inherited (a runner may ignore them).
+pub fn default_signals(c: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the child between fork and exec; signal() is async-signal-safe and
+    // touches no memory of the parent.
+    unsafe {
+        c.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
+}

@@ -37,8 +37,13 @@ pub fn install() -> Result<()> {
     // A caught SIGXFSZ makes the write that exceeds the limit fail with EFBIG.
     signal_hook::flag::register(SIGXFSZ, std::sync::Arc::new(AtomicBool::new(false)))
         .map_err(fail)?;
-    let mut signals =
-        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(fail)?;
+    // A signal ignored when the command started stays ignored (`nohup` ignores SIGHUP, a
+    // shell ignores SIGINT for the background jobs of a script), as POSIX tools do.
+    let caught: Vec<i32> = [SIGINT, SIGTERM, SIGHUP]
+        .into_iter()
+        .filter(|&s| !ignored(s))
+        .collect();
+    let mut signals = signal_hook::iterator::Signals::new(caught).map_err(fail)?;
     std::thread::Builder::new()
         .name("gpufeed-signals".into())
         .spawn(move || {
@@ -51,6 +56,17 @@ pub fn install() -> Result<()> {
         })
         .map_err(fail)?;
     Ok(())
+}
+
+/// True if `signal`'s disposition is "ignore" (inherited from the parent).
+fn ignored(signal: i32) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one into `old`, a
+    // zeroed sigaction that lives across the call.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
 }
 
 /// A directory of the command's own under the system's temporary directory, created
