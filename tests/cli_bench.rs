@@ -441,6 +441,7 @@ fn json_has_the_same_keys_for_records_and_images() {
     assert!(v["baseline_ratio"].as_f64().unwrap() > 0.0, "{v}");
     assert!(!v["dataset"].as_str().unwrap().contains(s(dir.path())));
     let v: Value = serde_json::from_slice(&img.stdout).unwrap();
+    assert_eq!(v["records"], 12);
     assert_eq!(v["samples"], 24);
     assert_eq!(v["epoch_samples_per_sec"].as_array().unwrap().len(), 2);
 }

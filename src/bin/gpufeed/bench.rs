@@ -580,11 +580,17 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
     #[cfg(not(feature = "cuda"))]
     let r = crate::images::bench_images(path, &cfg)?;
     let sample_bytes = 3 * u64::from(size) * u64::from(size) * dtype.size() as u64;
+    // Images in the data set: O(1) for a packed file, a listing for a folder (as the run's own).
+    let records = if path.is_dir() {
+        gpufeed::source::ImageFolder::open(path)?.len()
+    } else {
+        source::open(path)?.len()
+    };
     let report = Report {
         mode: "images",
         dataset: r.source.clone(),
         generated: false,
-        records: 0,
+        records,
         sample_bytes,
         batch_size: args.batch_size,
         workers: r.workers,
@@ -740,7 +746,7 @@ fn print_report_with(
         report.dataset.as_str()
     };
     let sizes = if images {
-        String::new()
+        format!(" ({} images)", report.records)
     } else {
         format!(
             " ({} records of {})",
@@ -767,9 +773,10 @@ fn print_report_with(
         text.push_str(&format!("device: {device}\n"));
     }
     let mut line = format!(
-        "throughput: {} over the run ({} samples in {:.2} s)",
+        "throughput: {} over the run ({} {} in {:.2} s)",
         rate(&report, report.bytes_per_sec, report.samples_per_sec),
         report.samples,
+        if images { "images" } else { "samples" },
         report.seconds
     );
     if let (Some(b), Some(s)) = (report.steady_bytes_per_sec, report.steady_samples_per_sec) {
