@@ -486,3 +486,21 @@ fn raw_records_still_bench_with_a_dtype_of_their_own() {
     assert_eq!(v["sample_bytes"], 12);
     assert_eq!(v["generated"], false);
 }
+
+#[test]
+fn fifos_and_devices_are_refused_not_read_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    for args in [
+        vec!["inspect", s(&fifo)],
+        vec!["bench", s(&fifo)],
+        vec!["bench", "--images", s(&fifo)],
+        vec!["inspect", "/dev/zero"],
+    ] {
+        let o = output_with_limit(cmd(&args), Duration::from_secs(60));
+        refused(&o, &["not a file"]);
+    }
+}

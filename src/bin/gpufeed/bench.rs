@@ -420,6 +420,7 @@ pub fn run(args: Args) -> Result<()> {
                     path.display()
                 )));
             }
+            crate::pack::check_inputs(&[path], "DATASET is a packed file or a .npy array")?;
             let dataset = source::open(path)?;
             sample_bytes(path, dataset.schema(), &copy_fields(&args))?
         }
@@ -541,6 +542,12 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
     let size = args.image_size.unwrap_or(224);
     if size == 0 {
         return Err(refuse("--image-size", "must be at least 1"));
+    }
+    if !path.is_dir() {
+        crate::pack::check_inputs(
+            &[path],
+            "--images takes an ImageFolder directory or a packed file of images",
+        )?;
     }
     let workers = workers(args);
     // The host's batches hold u8 images with --device (converted on the GPU), else `dtype`.

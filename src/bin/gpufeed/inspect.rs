@@ -45,6 +45,8 @@ struct Sizes {
 /// Runs `gpufeed inspect`.
 pub fn run(args: Args) -> Result<()> {
     let path = args.file.as_path();
+    // A FIFO or a device would block or never end: only regular files are inspected.
+    crate::pack::check_inputs(&[path], "inspect reads packed files and .npy arrays")?;
     let report = if is_npy(path)? {
         inspect_npy(path, args.verify)?
     } else {

@@ -161,7 +161,7 @@ fn kind_of(ft: std::fs::FileType) -> &'static str {
 }
 
 /// Refuses inputs that are not regular files (before `.npy` mapping says "No such device").
-fn check_inputs(inputs: &[&Path], takes: &str) -> Result<()> {
+pub fn check_inputs(inputs: &[&Path], takes: &str) -> Result<()> {
     for path in inputs {
         let meta = std::fs::metadata(path).map_err(|e| Error::Io {
             path: path.to_path_buf(),
