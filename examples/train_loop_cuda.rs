@@ -2,11 +2,13 @@
 //! consumer's stream, and the loop reports the fraction of time it waited for data.
 //!
 //! ```text
-//! cargo run --release --features cuda --example train_loop_cuda -- [data.npy] \
+//! cargo run --release --features cuda --example train_loop_cuda -- [data.npy|train.gfd] \
 //!     [--step-ms 5] [--batch 256] [--workers N] [--epochs 1] [--depth 2] [--convert bf16]
 //! ```
 //!
 //! Without a path it writes a u8 `.npy` of 4096 images of 224x224x3 in a temporary directory.
+//! A packed file works too, such as `gpufeed pack --from npy images.npy -o train.gfd` writes:
+//! its field `image`, else `data`, holds the images (u8, HWC for `--convert`).
 //! The host keeps one step queued ahead of the GPU (it waits for step k-1 after enqueueing step
 //! k, as a loop reading its loss would), so time spent in `next()` is time the GPU could starve.
 
@@ -29,7 +31,7 @@ mod real {
     use std::time::{Duration, Instant};
 
     use gpufeed::cuda::{Convert, Device, DeviceLoader, DeviceLoaderOptions, ImageLayout};
-    use gpufeed::{DType, Loader, NpyArray};
+    use gpufeed::{DType, Dataset, Loader, NpyArray};
 
     struct Args {
         path: Option<String>,
@@ -138,8 +140,12 @@ mod real {
                 make_dataset(&tmp)?
             }
         };
-        let dataset = NpyArray::open(&path)?;
-        let field = NpyArray::FIELD;
+        let dataset = gpufeed::source::open(&path)?;
+        let field = if dataset.schema().index_of("image").is_some() {
+            "image"
+        } else {
+            NpyArray::FIELD
+        };
         let mut opts = DeviceLoaderOptions::default().depth(args.depth);
         if let Some(dtype) = args.convert {
             opts = opts.convert(Convert::imagenet(field, ImageLayout::Hwc, dtype));

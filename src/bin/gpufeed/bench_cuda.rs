@@ -92,15 +92,17 @@ pub fn run(
         prefetch: args.prefetch.unwrap_or(2 * workers),
         epochs: args.epochs,
         shuffle: !args.no_shuffle,
+        samples: stats.samples,
+        seconds: stats.elapsed.as_secs_f64(),
         samples_per_sec: stats.samples as f64 / stats.elapsed.as_secs_f64().max(1e-9),
         bytes_per_sec: stats.bytes_per_sec(),
         first_batch_ms: host
             .as_ref()
             .and_then(|h| h.first_batch)
-            .map_or(0.0, |d| d.as_secs_f64() * 1e3),
+            .map(|d| d.as_secs_f64() * 1e3),
         wait_fraction: stats.wait_fraction(),
-        pool_reserved_bytes: host.as_ref().map_or(0, |h| h.pool.reserved_bytes),
-        pool_peak_bytes: host.as_ref().map_or(0, |h| h.pool.peak_reserved_bytes),
+        pool_reserved_bytes: host.as_ref().map(|h| h.pool.reserved_bytes),
+        pool_peak_bytes: host.as_ref().map(|h| h.pool.peak_reserved_bytes),
         h2d_bytes_per_sec: Some(stats.h2d_bytes_per_sec()),
         h2d_steady_bytes_per_sec: after_first.filter(|_| args.epochs > 1).and_then(|(b, t)| {
             let busy = stats.h2d_busy.saturating_sub(t).as_secs_f64();
