@@ -504,3 +504,25 @@ fn fifos_and_devices_are_refused_not_read_forever() {
         refused(&o, &["not a file"]);
     }
 }
+
+#[test]
+fn shard_reads_one_ranks_share_and_speaks_in_flags() {
+    let json = |extra: &[&str]| -> Value {
+        let mut args = SMALL.to_vec();
+        args.extend_from_slice(&["--epochs", "1", "--batch-size", "10", "--json"]);
+        args.extend_from_slice(extra);
+        let o = bench(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    assert_eq!(json(&[])["samples"], 300);
+    assert_eq!(json(&["--shard", "1/3"])["samples"], 100);
+    // Evaluation over 7 ranks: 300 samples, 43 slots each (one padding slot per rank but 6).
+    assert_eq!(json(&["--shard", "2/7", "--evaluation"])["samples"], 43);
+    let mut args = SMALL.to_vec();
+    args.extend_from_slice(&["--shard", "3/3"]);
+    refused(&bench(&args), &["--shard", "rank 3"]);
+    let mut args = SMALL.to_vec();
+    args.extend_from_slice(&["--shard", "half"]);
+    refused(&bench(&args), &["--shard", "RANK/WORLD"]);
+}

@@ -479,7 +479,10 @@ impl DeviceLoader {
     }
 
     fn send(&mut self, control: Control) {
-        let sent = self.control.as_ref().is_some_and(|c| c.send(control).is_ok());
+        let sent = self
+            .control
+            .as_ref()
+            .is_some_and(|c| c.send(control).is_ok());
         if !sent {
             // The copy thread is gone: `next` reports it.
             self.control = None;

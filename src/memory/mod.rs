@@ -159,6 +159,9 @@ pub struct PoolStats {
     pub budget_bytes: Option<u64>,
     /// Blocks obtained from the backing.
     pub allocations: u64,
+    /// Time spent obtaining them (in the backing's allocate, zeroing included; summed over
+    /// the threads that allocated).
+    pub allocation_time: std::time::Duration,
     /// Requests served from the free list.
     pub reuses: u64,
     /// Cached blocks given back to the backing to make room (for another size, or after the

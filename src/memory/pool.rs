@@ -149,11 +149,14 @@ impl<B: Backing, F: Fence> Pool<B, F> {
                 // allocations take milliseconds).
                 state.stats.reserved_bytes += size as u64;
                 drop(state);
+                let t0 = std::time::Instant::now();
                 let allocated = self.shared.backing.allocate(size);
+                let took = t0.elapsed();
                 state = self.lock();
                 match allocated {
                     Ok(addr) => {
                         state.stats.allocations += 1;
+                        state.stats.allocation_time += took;
                         state.stats.peak_reserved_bytes = state
                             .stats
                             .peak_reserved_bytes

@@ -72,6 +72,13 @@ pub struct Args {
     /// Drop the last short batch.
     #[arg(long)]
     pub drop_last: bool,
+    /// Read one rank's share: `RANK/WORLD` (e.g. `1/4`), or `env` for torchrun's RANK and
+    /// WORLD_SIZE (else Slurm's). Without it, the whole data set.
+    #[arg(long, value_name = "RANK/WORLD|env")]
+    pub shard: Option<String>,
+    /// Evaluation order: every sample once across ranks, padding slots masked.
+    #[arg(long)]
+    pub evaluation: bool,
     /// Measure a plain memcpy gather of the same records, in the same order, with as many
     /// threads as workers, and report the loader's share of it (the default for host runs over
     /// records; kept for scripts).
@@ -183,6 +190,51 @@ pub struct Report {
     pub skipped: Option<u64>,
     /// Seconds spent writing the generated data set (not part of the figures).
     pub generate_secs: f64,
+    /// Milliseconds to open the GPU: load the driver, create the context and the copy stream
+    /// (with `--device`; not part of the other figures).
+    pub device_open_ms: Option<f64>,
+    /// Milliseconds from the loader's creation to the first device batch ready on the
+    /// consumer's stream (with `--device`).
+    pub first_device_batch_ms: Option<f64>,
+    /// Where each epoch's time went (with `--device`): worker time per stage, pool
+    /// allocations, the copy stage, the consumer's wait.
+    pub epoch_details: Vec<EpochDetail>,
+}
+
+/// One epoch of a device run, as differences of the loader's counters over the epoch.
+#[derive(Serialize, Debug, Default, Clone)]
+pub struct EpochDetail {
+    /// Wall seconds of the epoch (the first from the loader's creation).
+    pub seconds: f64,
+    /// Batch bytes delivered per second.
+    pub bytes_per_sec: f64,
+    /// Worker seconds in `Dataset::get` (summed over workers).
+    pub fetch_s: f64,
+    /// Worker seconds writing samples into batch buffers.
+    pub transform_s: f64,
+    /// Worker seconds getting batch buffers (pool waits and allocations included).
+    pub collate_s: f64,
+    /// Batch buffers allocated from the backing (pinned) in the epoch.
+    pub pool_allocations: u64,
+    /// Seconds the pool spent allocating them (summed over threads).
+    pub pool_allocation_s: f64,
+    /// Seconds the copy engine was busy with the epoch's copies (those timed).
+    pub h2d_busy_s: f64,
+    /// The copy stage's bytes per second over the epoch.
+    pub h2d_bytes_per_sec: f64,
+    /// Seconds the consumer waited for device batches.
+    pub consumer_wait_s: f64,
+}
+
+/// `RANK/WORLD` as two whole numbers.
+fn parse_shard(v: &str) -> Result<(u64, u64)> {
+    let parsed = v
+        .split_once('/')
+        .and_then(|(r, w)| Some((r.trim().parse().ok()?, w.trim().parse().ok()?)));
+    parsed.ok_or_else(|| Error::InvalidConfig {
+        setting: "--shard",
+        what: format!("{v:?} is not RANK/WORLD (like 0/2) or env"),
+    })
 }
 
 /// Writes the default data set into `dir`: `records` records of `record_bytes` pseudo-random
@@ -458,7 +510,15 @@ pub fn run(args: Args) -> Result<()> {
         .workers(workers)
         .prefetch(prefetch)
         .drop_last(args.drop_last)
-        .shard(0, 1);
+        .evaluation(args.evaluation);
+    builder = match args.shard.as_deref() {
+        None => builder,
+        Some("env") => builder.shard_from_env(),
+        Some(v) => {
+            let (rank, world) = parse_shard(v)?;
+            builder.shard(rank, world)
+        }
+    };
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
     }

@@ -12,6 +12,10 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
         "workers" | "threads" => "--workers",
         "pool_budget" => "--batch-size/--prefetch (the batch pool holds --prefetch + 2 batches)",
         "drop_last" => "--drop-last",
+        "evaluation" => "--evaluation",
+        "shard" | "rank" | "world" | "RANK" | "WORLD_SIZE" | "SLURM_PROCID" | "SLURM_NTASKS" => {
+            "--shard"
+        }
         "epochs" => "--epochs",
         "size" => "--image-size",
         "image_dtype" | "dtype" => "--image-dtype",
