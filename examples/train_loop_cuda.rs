@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --features cuda --example train_loop_cuda -- [data.npy|train.gfd] \
-//!     [--step-ms 5] [--batch 256] [--workers N] [--epochs 1] [--depth 2] [--convert bf16]
+//!     [--step-ms 5] [--batch 256] [--workers N] [--epochs 1] [--depth N] [--convert bf16]
 //! ```
 //!
 //! Without a path it writes a u8 `.npy` of 4096 images of 224x224x3 in a temporary directory.
@@ -39,7 +39,7 @@ mod real {
         batch: usize,
         workers: usize,
         epochs: u64,
-        depth: usize,
+        depth: Option<usize>,
         convert: Option<DType>,
         bench: bool,
     }
@@ -53,7 +53,7 @@ mod real {
                 .map_or(2, |n| n.get())
                 .min(16),
             epochs: 1,
-            depth: 2,
+            depth: None,
             convert: None,
             bench: false,
         };
@@ -82,9 +82,11 @@ mod real {
                         .map_err(|e| format!("--epochs: {e}"))?
                 }
                 "--depth" => {
-                    a.depth = value("--depth")?
-                        .parse()
-                        .map_err(|e| format!("--depth: {e}"))?
+                    a.depth = Some(
+                        value("--depth")?
+                            .parse()
+                            .map_err(|e| format!("--depth: {e}"))?,
+                    )
                 }
                 "--convert" => {
                     a.convert = Some(
@@ -146,7 +148,10 @@ mod real {
         } else {
             NpyArray::FIELD
         };
-        let mut opts = DeviceLoaderOptions::default().depth(args.depth);
+        let mut opts = DeviceLoaderOptions::default();
+        if let Some(depth) = args.depth {
+            opts = opts.depth(depth);
+        }
         if let Some(dtype) = args.convert {
             opts = opts.convert(Convert::imagenet(field, ImageLayout::Hwc, dtype));
         }
@@ -173,7 +178,7 @@ mod real {
         let stream = device.new_stream()?;
         let step = Duration::from_secs_f64(args.step_ms / 1e3);
         println!(
-            "device {} ({}), {} batches/epoch of {}, step {:.2} ms, {} workers, depth {}",
+            "device {} ({}), {} batches/epoch of {}, step {:.2} ms, {} workers, depth {:?}",
             device.ordinal(),
             device.name(),
             dl.batches_per_epoch(),

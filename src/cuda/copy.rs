@@ -33,12 +33,23 @@ use crate::loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};
 use crate::memory::{PoolStats, human_bytes};
 use crate::sampler::OrderSpec;
 
+/// Bytes of device batches the default depth aims to keep copied ahead.
+const DEPTH_BYTES: usize = 32 << 20;
+
+/// The copy thread refreshes the loader figures it shares every this many batches (and at
+/// each epoch's end): reading them walks the pool's pending fences.
+const STATS_EVERY: u64 = 64;
+
+/// Timing events kept for reuse (creating an event is a driver call per batch otherwise).
+const SPARE_EVENTS: usize = 64;
+
 /// Settings of a [`DeviceLoader`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct DeviceLoaderOptions {
-    /// Device batches copied ahead of the consumer (the channel's capacity; default 2). One
-    /// more can be in the copy thread's hands.
-    pub depth: usize,
+    /// Device batches copied ahead of the consumer (the channel's capacity). One more can be
+    /// in the copy thread's hands. Default (`None`): about 32 MiB of batches, 2 to 16, so that
+    /// small batches keep the copy engine busy while the consumer takes each one.
+    pub depth: Option<usize>,
     /// Fields to convert on the device (opt-in; see [`Convert`]).
     pub convert: Vec<Convert>,
     /// Debugging: fill each device buffer with this byte before the copy, so that bytes the
@@ -46,20 +57,10 @@ pub struct DeviceLoaderOptions {
     pub poison: Option<u8>,
 }
 
-impl Default for DeviceLoaderOptions {
-    fn default() -> Self {
-        DeviceLoaderOptions {
-            depth: 2,
-            convert: Vec::new(),
-            poison: None,
-        }
-    }
-}
-
 impl DeviceLoaderOptions {
     /// Sets [`depth`](Self::depth).
     pub fn depth(mut self, n: usize) -> Self {
-        self.depth = n;
+        self.depth = Some(n);
         self
     }
 
@@ -333,7 +334,7 @@ impl DeviceLoader {
     /// `.backing(PinnedBacking::new(&device))` (or use [`DeviceLoader::from_builder`]): from
     /// pageable buffers the copies are correct but staged by the driver, and slow.
     pub fn new(loader: Loader, device: &Device, opts: DeviceLoaderOptions) -> Result<DeviceLoader> {
-        if opts.depth == 0 {
+        if opts.depth == Some(0) {
             return Err(Error::config(
                 "depth",
                 "at least one device batch must be in flight",
@@ -341,8 +342,11 @@ impl DeviceLoader {
         }
         device.bind()?;
         let plan = Plan::new(&loader, device, &opts.convert)?;
+        let depth = opts
+            .depth
+            .unwrap_or_else(|| (DEPTH_BYTES / plan.device_bytes.max(1)).clamp(2, 16));
         let pool = DevicePool::new(device);
-        let (tx, rx) = crossbeam_channel::bounded(opts.depth);
+        let (tx, rx) = crossbeam_channel::bounded(depth);
         let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
@@ -363,6 +367,7 @@ impl DeviceLoader {
             control: ctl_rx,
             shared: Arc::clone(&shared),
             timing: VecDeque::new(),
+            spare: Vec::new(),
             last_end: None,
         };
         let thread = std::thread::Builder::new()
@@ -581,6 +586,8 @@ struct CopyThread {
     shared: Arc<Shared>,
     /// Copies whose timing events have not been read: (start, end, bytes).
     timing: VecDeque<(CudaEvent, EventFence, usize)>,
+    /// Start events already read, to record again.
+    spare: Vec<CudaEvent>,
     /// The end event of the last copy timed, to count time shared with the next one once.
     last_end: Option<EventFence>,
 }
@@ -597,6 +604,7 @@ impl CopyThread {
         }
         let mut generation = 0u64;
         let mut ended = false;
+        let mut sent = 0u64;
         loop {
             if self.shared.stop.load(Ordering::Acquire) {
                 return;
@@ -665,7 +673,10 @@ impl CopyThread {
                     advanced: true,
                 },
             };
-            self.shared.counters().loader = Some(self.loader.stats());
+            sent += 1;
+            if ended || sent % STATS_EVERY == 1 {
+                self.shared.counters().loader = Some(self.loader.stats());
+            }
             if self.tx.send(message).is_err() {
                 return;
             }
@@ -710,11 +721,14 @@ impl CopyThread {
         }
         let host = batch.buffer().as_slice();
         let n = host.len().min(plan.host_bytes);
-        let start = self
-            .device
-            .context()
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(cuda_err("create an event"))?;
+        let start = match self.spare.pop() {
+            Some(e) => e,
+            None => self
+                .device
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("create an event"))?,
+        };
         start
             .record(stream)
             .map_err(cuda_err("record an event (cuEventRecord)"))?;
@@ -793,7 +807,12 @@ impl CopyThread {
                 timed_bytes += *bytes as u64;
             }
             self.last_end = Some(end.clone());
-            self.timing.pop_front();
+            if let Some((start, _, _)) = self.timing.pop_front()
+                && self.spare.len() < SPARE_EVENTS
+            {
+                // Read and complete: nothing refers to it, it can be recorded again.
+                self.spare.push(start);
+            }
         }
         if timed_bytes > 0 {
             let mut c = self.shared.counters();

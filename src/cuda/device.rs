@@ -76,6 +76,16 @@ impl Device {
         // user's `CudaSlice` on this context is sound only with it. Its one cost, a context
         // synchronisation when the context's first stream is created, falls here, at open.
         let ctx = CudaContext::new(ordinal).map_err(cuda_err("open the device's context"))?;
+        Device::from_context(ctx)
+    }
+
+    /// Uses a context the caller already has (candle's, a `CudaContext` of its own): gpufeed
+    /// creates its copy stream on it and changes none of its settings. Creating a context
+    /// costs hundreds of milliseconds on a warm machine (`benches/RESULTS.md`); sharing one
+    /// pays it once.
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<Device> {
+        ctx.bind_to_thread()
+            .map_err(cuda_err("make the context current"))?;
         let copy_stream = ctx
             .new_stream()
             .map_err(cuda_err("create the copy stream"))?;

@@ -128,7 +128,8 @@ impl LoaderBuilder {
         self
     }
 
-    /// Batches in flight, all workers together (default: twice the workers).
+    /// Batches in flight, all workers together (default: one per worker plus two, more for
+    /// small batches: about 64 MiB, at most four per worker).
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);
         self
@@ -247,8 +248,7 @@ impl LoaderBuilder {
                 ),
             ));
         }
-        let prefetch = self.prefetch.unwrap_or(2 * self.workers);
-        if prefetch == 0 {
+        if self.prefetch == Some(0) {
             return Err(Error::config(
                 "prefetch",
                 "at least one batch must be in flight",
@@ -298,6 +298,9 @@ impl LoaderBuilder {
         let outputs = self.transform.output(self.dataset.schema())?;
         let layout = Arc::new(BatchLayout::new(outputs, self.batch_size)?);
         let batch_bytes = HostPool::block_size(layout.total_bytes()) as u64;
+        let prefetch = self
+            .prefetch
+            .unwrap_or_else(|| default_prefetch(self.workers, batch_bytes));
         let memory = physical_memory();
         if let Some(memory) = memory
             && batch_bytes > memory / 2
@@ -426,6 +429,19 @@ impl LoaderBuilder {
         loader.dispatch()?;
         Ok(loader)
     }
+}
+
+/// Bytes of batches the default prefetch aims to keep in flight when batches are small.
+const PREFETCH_BYTES: u64 = 64 << 20;
+
+/// The default number of batches in flight: one per worker plus two ready, so that every
+/// worker is busy; more for small batches (up to 4 per worker, about [`PREFETCH_BYTES`]), so
+/// that per-batch costs downstream (a channel, a device copy) overlap. Large batches get no
+/// more than they need: every buffer of the budget is pinned memory that a first epoch must
+/// allocate (`benches/RESULTS.md`, issue 12).
+pub fn default_prefetch(workers: usize, batch_bytes: u64) -> usize {
+    let by_bytes = usize::try_from(PREFETCH_BYTES.div_ceil(batch_bytes.max(1))).unwrap_or(1);
+    by_bytes.min(4 * workers).max(workers + 2)
 }
 
 /// The most worker threads a loader starts: more is a mistake, not a configuration.
@@ -585,6 +601,11 @@ impl Loader {
         self.spec.batches()
     }
 
+    /// Batches in flight at most (the `prefetch` setting, or its default).
+    pub fn prefetch(&self) -> usize {
+        self.prefetch
+    }
+
     /// The settings that decide the order.
     pub fn order_spec(&self) -> &OrderSpec {
         &self.spec
@@ -661,17 +682,20 @@ impl Loader {
 
     /// Starts `epoch` from its first batch in every case (the copy thread's `set_epoch`: the
     /// consumer has already decided that the position is not kept).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn restart_epoch(&mut self, epoch: u64) {
         self.resumed = false;
         self.set_epoch(epoch);
     }
 
     /// Batches of the current epoch delivered.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn next_batch(&self) -> u64 {
         self.next_batch
     }
 
     /// True right after a resume, until the next batch or `set_epoch`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn is_resumed(&self) -> bool {
         self.resumed
     }

@@ -29,10 +29,16 @@ unsafe impl Backing for Zeroed {
 
     fn allocate(&self, bytes: usize) -> Result<NonNull<u8>> {
         let ptr = self.0.allocate(bytes)?;
-        // SAFETY: by the inner backing's contract, `ptr` addresses `bytes` bytes of host memory
-        // that this process may write and that nobody else uses yet.
-        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
+        if !self.0.zeroed() {
+            // SAFETY: by the inner backing's contract, `ptr` addresses `bytes` bytes of host
+            // memory that this process may write and that nobody else uses yet.
+            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
+        }
         Ok(ptr)
+    }
+
+    fn zeroed(&self) -> bool {
+        true
     }
 
     unsafe fn free(&self, addr: NonNull<u8>, bytes: usize) {

@@ -59,6 +59,12 @@ pub unsafe trait Backing: Send + Sync + 'static {
     /// Allocates a block of `bytes` bytes (`bytes > 0`).
     fn allocate(&self, bytes: usize) -> Result<Self::Addr>;
 
+    /// True when every block `allocate` returns reads as zeros (fresh anonymous pages, or
+    /// `alloc_zeroed`), so that the host pool need not zero it again. Default false.
+    fn zeroed(&self) -> bool {
+        false
+    }
+
     /// Returns a block to the system.
     ///
     /// # Safety
@@ -84,6 +90,10 @@ unsafe impl Backing for HeapBacking {
         "heap"
     }
 
+    fn zeroed(&self) -> bool {
+        true
+    }
+
     fn allocate(&self, bytes: usize) -> Result<NonNull<u8>> {
         let layout = std::alloc::Layout::from_size_align(bytes, HEAP_ALIGN).map_err(|e| {
             Error::config("pool_budget", format!("cannot allocate {bytes} bytes: {e}"))
@@ -91,8 +101,10 @@ unsafe impl Backing for HeapBacking {
         if layout.size() == 0 {
             return Err(Error::config("pool_budget", "cannot allocate 0 bytes"));
         }
-        // SAFETY: the layout has a non-zero size (checked above).
-        let ptr = unsafe { std::alloc::alloc(layout) };
+        // SAFETY: the layout has a non-zero size (checked above). Zeroed memory: large blocks
+        // come as fresh zero pages from the system, faulted in by their first writer instead of
+        // being written twice.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         NonNull::new(ptr).ok_or_else(|| {
             Error::config(
                 "pool_budget",

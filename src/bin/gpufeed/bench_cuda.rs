@@ -46,6 +46,7 @@ pub fn run(
     let built = Instant::now();
     let loader = builder.backing(PinnedBacking::new(&device)).build()?;
     let workers = loader.stats().workers;
+    let prefetch = loader.prefetch();
     let copy_bytes = loader.layout().total_bytes();
     let per_epoch = args.max_batches.map_or(loader.batches_per_epoch(), |m| {
         m.min(loader.batches_per_epoch())
@@ -110,7 +111,7 @@ pub fn run(
         sample_bytes: stats.bytes.checked_div(stats.samples).unwrap_or(0),
         batch_size: args.batch_size,
         workers,
-        prefetch: args.prefetch.unwrap_or(2 * workers),
+        prefetch,
         epochs: args.epochs,
         shuffle: !args.no_shuffle,
         samples: stats.samples,

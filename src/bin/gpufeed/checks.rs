@@ -79,7 +79,13 @@ impl LoaderSizes {
         }
         let (prefetch, prefetch_flag) = match self.prefetch {
             Some(p) => (p, "--prefetch"),
-            None => (2 * self.workers, "--prefetch (by default twice --workers)"),
+            None => (
+                gpufeed::loader::default_prefetch(
+                    self.workers,
+                    self.sample_bytes.saturating_mul(self.batch_size as u64),
+                ),
+                "--prefetch (by default about 64 MiB of batches, --workers + 2 at least)",
+            ),
         };
         if prefetch == 0 {
             return Err(flag(
