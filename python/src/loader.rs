@@ -295,21 +295,18 @@ impl LoaderCore {
         Ok(())
     }
 
-    /// Runs `f` on the loader with the GIL released, catching panics.
+    /// Runs `f` on the loader (and the `fresh` flag) with the GIL released, catching panics.
     fn with_loader<T: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut Core, &mut Loader) -> gpufeed::Result<T> + Send,
+        f: impl FnOnce(&mut bool, &mut Loader) -> gpufeed::Result<T> + Send,
     ) -> PyResult<T> {
         self.check_process()?;
         let caught: Caught<Option<gpufeed::Result<T>>> = py.detach(|| {
             catch(|| {
                 let mut guard = lock(&self.core);
-                let core = &mut *guard;
-                let mut loader = core.loader.take()?;
-                let result = f(core, &mut loader);
-                core.loader = Some(loader);
-                Some(result)
+                let Core { loader, fresh } = &mut *guard;
+                Some(f(fresh, loader.as_mut()?))
             })
         });
         match caught {
@@ -451,12 +448,11 @@ impl LoaderCore {
     /// Applies the epoch rule of `for` loops and returns the iterator (this object).
     fn iter_epoch(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         let py = slf.py();
-        slf.get().with_loader(py, |core, loader| {
-            let state = loader.state();
-            if !core.fresh && state.next_batch >= loader.batches_per_epoch() {
+        slf.get().with_loader(py, |fresh, loader| {
+            if !*fresh && loader.state().next_batch >= loader.batches_per_epoch() {
                 loader.next_epoch();
             }
-            core.fresh = false;
+            *fresh = false;
             Ok(())
         })?;
         Ok(slf)
@@ -468,8 +464,8 @@ impl LoaderCore {
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         loop {
-            let next = self.with_loader(py, |core, loader| {
-                core.fresh = false;
+            let next = self.with_loader(py, |fresh, loader| {
+                *fresh = false;
                 Ok(loader.next_timeout(POLL))
             })?;
             match next {
@@ -498,9 +494,9 @@ impl LoaderCore {
     }
 
     fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
-        self.with_loader(py, |core, l| {
+        self.with_loader(py, |fresh, l| {
             l.set_epoch(epoch);
-            core.fresh = true;
+            *fresh = true;
             Ok(())
         })
     }
@@ -518,9 +514,9 @@ impl LoaderCore {
         let state: LoaderState = serde_json::from_value(json).map_err(|e| {
             errors::config(py, "state_dict", format!("not a gpufeed loader state: {e}"))
         })?;
-        let result = self.with_loader(py, |core, l| {
+        let result = self.with_loader(py, |fresh, l| {
             l.load_state(state)?;
-            core.fresh = true;
+            *fresh = true;
             Ok(())
         });
         // A state of other order settings is a bad argument, named as such.
