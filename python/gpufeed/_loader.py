@@ -276,7 +276,8 @@ class Loader:
     - ``fields``: the fields to load (default all).
     - ``epoch``: the first epoch (default 0).
     - ``output``: ``"torch"`` (torch.Tensor), ``"numpy"`` (numpy.ndarray) or ``"dlpack"``
-      (:class:`gpufeed.Array`); default torch if installed, else numpy.
+      (:class:`gpufeed.Array`); default torch if installed, else numpy. Every one views the
+      batch buffer; numpy before 2.1 makes its views read-only.
     - ``indices``: also give each batch's sample indices (int64) under ``"__index__"``.
     - ``pool_budget``: bytes of batch buffers, in flight and held by you together (default:
       ``prefetch + 2`` batches).

@@ -90,6 +90,26 @@ def read_offset_table(path: Path) -> int:
     return struct.unpack_from("<Q", b, footer + 40)[0]
 
 
+#: numpy >= 2.1 reads versioned DLPack capsules, which say the memory is writable; older numpy
+#: reads legacy ones and marks every such array read-only.
+NUMPY_WRITES = tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 1)
+
+
+class Producer:
+    """A DLPack producer that exports `array` with extra `__dlpack__` arguments (`copy=True`),
+    or without `max_version` (a producer of the protocol before 1.0): any numpy can read it."""
+
+    def __init__(self, array, **kwargs):
+        self.array = array
+        self.kwargs = kwargs
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__(stream=stream, **self.kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
 def require_gpu_tools() -> bool:
     """True when GPUFEED_REQUIRE_GPU=1: tests that need torch must fail, not skip, without it."""
     return os.environ.get("GPUFEED_REQUIRE_GPU") == "1"
