@@ -39,7 +39,7 @@ mod readme;
 
 pub use error::{Error, Result};
 pub use format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
-pub use loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};
+pub use loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats, NextBatch};
 pub use memory::{HostBuffer, HostPool, PoolStats};
 pub use source::{Concat, Dataset, NpyArray, Sample};
 pub use transform::{CopyFields, FnTransform, OutputField, SampleContext, SampleTransform, Slots};

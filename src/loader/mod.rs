@@ -4,6 +4,8 @@
 //! `workers`, `prefetch`, `drop_last`, `shard`); `build()` checks every setting, starts the
 //! worker threads once, and the loader then yields the batches of one epoch, in order, as an
 //! iterator of `Result<Batch>`. [`Loader::set_epoch`] starts another epoch on the same threads.
+//! [`Loader::next_timeout`] waits for the next batch at most so long, for callers that must
+//! look up now and then (a Python binding checking for Ctrl-C).
 //!
 //! How a batch is made (see `worker.rs`): the loader puts the batch's number on a task channel;
 //! a free worker computes its sample indices from the [`Order`], takes a
@@ -43,7 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::{Deserialize, Serialize};
 
 pub use baseline::gather_baseline;
@@ -787,15 +789,16 @@ impl Loader {
         Ok(())
     }
 
-    /// The next batch's result. The outer error is the loader's (the budget is all in the
-    /// caller's hands, or the threads are gone): the position does not move. The inner result
-    /// is the batch's own, delivered in its turn.
-    fn receive(&mut self) -> Result<Result<Batch>> {
+    /// The next batch's result, or `None` if `deadline` passed first. The outer error is the
+    /// loader's (the budget is all in the caller's hands, or the threads are gone): the
+    /// position does not move, nor does it on a timeout. The inner result is the batch's own,
+    /// delivered in its turn.
+    fn receive(&mut self, deadline: Option<Instant>) -> Result<Option<Result<Batch>>> {
         let key = (self.order.epoch(), self.next_batch);
         loop {
             self.dispatch()?;
             if let Some(result) = self.ready.remove(&key) {
-                return Ok(result);
+                return Ok(Some(result));
             }
             if self.next_dispatch <= self.next_batch {
                 // Not in flight: no permit was free. If the caller holds them all, waiting
@@ -813,8 +816,16 @@ impl Loader {
                 }
             }
             let t0 = Instant::now();
-            let done = self.done.recv().map_err(|_| Error::Shutdown)?;
+            let received = match deadline {
+                None => self.done.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(deadline) => self.done.recv_deadline(deadline),
+            };
             self.waited += t0.elapsed();
+            let done = match received {
+                Ok(done) => done,
+                Err(RecvTimeoutError::Timeout) => return Ok(None),
+                Err(RecvTimeoutError::Disconnected) => return Err(Error::Shutdown),
+            };
             if done.generation != self.shared.generation.load(Ordering::Acquire) {
                 continue; // abandoned: dropping it gives its permit back
             }
@@ -826,6 +837,58 @@ impl Loader {
                 None => return Err(Error::Shutdown),
             }
         }
+    }
+}
+
+/// What [`Loader::next_timeout`] found.
+#[derive(Debug)]
+pub enum NextBatch {
+    /// The next batch of the epoch, or its error, as [`Iterator::next`] gives it.
+    Ready(Result<Batch>),
+    /// No batch came within the timeout. The position did not move: ask again.
+    Pending,
+    /// The epoch has been delivered to its end (where [`Iterator::next`] gives `None`).
+    EndOfEpoch,
+}
+
+impl Loader {
+    /// Like [`Iterator::next`], but waits at most `timeout` for the next batch; a timeout
+    /// changes nothing (no batch is lost or skipped), so the caller can do something else,
+    /// such as look for an interrupt, and ask again. Batches already made wait in order.
+    pub fn next_timeout(&mut self, timeout: Duration) -> NextBatch {
+        // A timeout too large for an `Instant` is a wait without a deadline.
+        self.next_until(Instant::now().checked_add(timeout))
+    }
+
+    fn next_until(&mut self, deadline: Option<Instant>) -> NextBatch {
+        if self.next_batch >= self.order.batches() {
+            return NextBatch::EndOfEpoch;
+        }
+        self.started.get_or_insert_with(Instant::now);
+        let result = match self.receive(deadline) {
+            Ok(Some(result)) => result,
+            Ok(None) => return NextBatch::Pending,
+            Err(e) => return NextBatch::Ready(Err(e)),
+        };
+        self.resumed = false;
+        self.next_batch += 1;
+        let result = result.map(|mut batch| {
+            if let Some(permit) = &mut batch.permit {
+                permit.mark_held();
+            }
+            batch
+        });
+        // Refill the pipeline now, so that workers make the next batches while the caller
+        // uses this one. A failure here (the threads are gone) is reported by the next call:
+        // this batch is delivered either way.
+        let _ = self.dispatch();
+        if let Ok(batch) = &result {
+            self.first_batch.get_or_insert_with(|| self.built.elapsed());
+            self.delivered += 1;
+            self.delivered_samples += batch.len() as u64;
+            self.delivered_bytes += (batch.len() * self.shared.layout.sample_bytes()) as u64;
+        }
+        NextBatch::Ready(result)
     }
 }
 
@@ -868,33 +931,14 @@ impl Iterator for Loader {
     /// The next batch of the epoch, or `None` at its end (call [`Loader::set_epoch`] or
     /// [`Loader::next_epoch`] to go on).
     fn next(&mut self) -> Option<Result<Batch>> {
-        if self.next_batch >= self.order.batches() {
-            return None;
-        }
-        self.started.get_or_insert_with(Instant::now);
-        let result = match self.receive() {
-            Ok(result) => result,
-            Err(e) => return Some(Err(e)),
-        };
-        self.resumed = false;
-        self.next_batch += 1;
-        let result = result.map(|mut batch| {
-            if let Some(permit) = &mut batch.permit {
-                permit.mark_held();
+        loop {
+            match self.next_until(None) {
+                NextBatch::Ready(result) => return Some(result),
+                NextBatch::EndOfEpoch => return None,
+                // Only a deadline times out.
+                NextBatch::Pending => {}
             }
-            batch
-        });
-        // Refill the pipeline now, so that workers make the next batches while the caller
-        // uses this one. A failure here (the threads are gone) is reported by the next call:
-        // this batch is delivered either way.
-        let _ = self.dispatch();
-        if let Ok(batch) = &result {
-            self.first_batch.get_or_insert_with(|| self.built.elapsed());
-            self.delivered += 1;
-            self.delivered_samples += batch.len() as u64;
-            self.delivered_bytes += (batch.len() * self.shared.layout.sample_bytes()) as u64;
         }
-        Some(result)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

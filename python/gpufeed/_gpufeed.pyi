@@ -1,0 +1,72 @@
+"""Types of the extension module (gpufeed._gpufeed); use the public names of ``gpufeed``."""
+
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+POLL_SECONDS: float
+MASK_KEY: str
+INDEX_KEY: str
+
+class Array:
+    """A dense, C-ordered array viewing gpufeed memory, exported through DLPack."""
+
+    shape: Tuple[int, ...]
+    dtype: str
+    ndim: int
+    nbytes: int
+    device: str
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __len__(self) -> int: ...
+    def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> Any: ...
+
+class LoaderCore:
+    def __init__(
+        self,
+        paths: Sequence[str],
+        *,
+        batch_size: int,
+        shuffle: Optional[int],
+        workers: Optional[int],
+        prefetch: Optional[int],
+        drop_last: bool,
+        shard: Optional[Tuple[int, int]],
+        shard_env: bool,
+        evaluation: bool,
+        images: Optional[Dict[str, Any]],
+        fields: Optional[List[str]],
+        epoch: int,
+        pool_budget: Optional[int],
+        indices: bool,
+        convert: Optional[Callable[[Array], Any]],
+    ) -> None: ...
+    def iter_epoch(self) -> "LoaderCore": ...
+    def __iter__(self) -> "LoaderCore": ...
+    def __next__(self) -> Dict[str, Any]: ...
+    def __len__(self) -> int: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def state_dict(self) -> Dict[str, Any]: ...
+    def load_state_dict(self, state: Any) -> None: ...
+    def stats(self) -> Dict[str, Any]: ...
+    epoch: int
+    position: int
+    order: Tuple[int, int, int, int]
+    fields: List[Tuple[str, str, List[int]]]
+    def close(self) -> None: ...
+
+def pack(
+    inputs: Sequence[str],
+    output: str,
+    *,
+    kind: str,
+    labels: Optional[str] = None,
+    record_bytes: Optional[int] = None,
+) -> Dict[str, Any]: ...
+def inspect(path: str, *, verify: bool = False) -> Dict[str, Any]: ...
+def _live() -> Tuple[int, int]: ...

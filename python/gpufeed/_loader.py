@@ -1,0 +1,483 @@
+"""``gpufeed.Loader`` and ``gpufeed.ImageOptions``: the arguments, checked and spelled out for
+the extension module, which does the work."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _gpufeed
+from ._errors import config_error
+
+__all__ = ["Loader", "ImageOptions", "MASK_KEY", "INDEX_KEY"]
+
+#: The key of the padding mask in an evaluation loader's batches.
+MASK_KEY: str = _gpufeed.MASK_KEY
+#: The key of the sample indices in the batches of a loader made with ``indices=True``.
+INDEX_KEY: str = _gpufeed.INDEX_KEY
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+_IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+_DTYPES = {
+    "uint8": "u8",
+    "u8": "u8",
+    "float16": "f16",
+    "half": "f16",
+    "f16": "f16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float32": "f32",
+    "float": "f32",
+    "f32": "f32",
+}
+
+
+def _dtype_name(dtype: Any) -> Optional[str]:
+    """gpufeed's name of an image dtype given as a string, a numpy or a torch dtype."""
+    name = getattr(dtype, "__name__", None) if isinstance(dtype, type) else None
+    text = name if name is not None else str(dtype)
+    text = text.replace("torch.", "").replace("numpy.", "").lower()
+    return _DTYPES.get(text)
+
+
+def _is_int(x: Any) -> bool:
+    """An int, or an integer scalar (numpy, torch), but not a bool."""
+    return not isinstance(x, (bool, float)) and hasattr(x, "__index__")
+
+
+def _int(argument: str, x: Any, low: int = 0) -> int:
+    if not _is_int(x):
+        raise TypeError(f"{argument} must be an integer, not {type(x).__name__}")
+    value = int(x.__index__())
+    if value < low:
+        raise config_error(argument, f"{value} must be at least {low}")
+    if value >= 1 << 64:
+        raise config_error(argument, f"{value} does not fit in 64 bits")
+    return value
+
+
+def _pair(argument: str, x: Any) -> Tuple[float, float]:
+    try:
+        lo, hi = x
+        return float(lo), float(hi)
+    except (TypeError, ValueError):
+        raise config_error(argument, f"{x!r} is not a (low, high) pair of numbers") from None
+
+
+@dataclasses.dataclass
+class ImageOptions:
+    """The image pipeline: decode JPEG/PNG, crop and resize as torchvision does, flip,
+    convert and normalise, written straight into the batch. Pass it, or a dict of the same
+    keys, as ``Loader(..., images=...)``.
+
+    Batches then have two fields: ``image`` (``[N, 3, H, W]`` with ``layout="chw"``, or
+    ``[N, H, W, 3]``) and, unless ``label_field`` is None, ``label`` (int64).
+
+    - ``size``: output side, or (height, width) (default 224).
+    - ``train``: True for ``RandomResizedCrop(size, scale, ratio)`` + ``RandomHorizontalFlip(flip)``;
+      False for ``Resize(resize)`` + ``CenterCrop(size)``. None (default): ``not evaluation``.
+    - ``scale``, ``ratio``, ``flip``: RandomResizedCrop's and the flip's (train only; defaults
+      ``(0.08, 1.0)``, ``(3/4, 4/3)``, 0.5).
+    - ``resize``: the shorter side before the centre crop (eval only; default ``size * 256 / 224``).
+    - ``dtype``: ``"uint8"`` (pixels, the default), ``"float16"``, ``"bfloat16"`` or ``"float32"``
+      (``v / 255``, then normalised); numpy and torch dtypes work too.
+    - ``normalize`` (or ``normalise``): None, ``"imagenet"`` (or True), or ``(mean, std)`` of 3
+      values each, on the ``[0, 1]`` scale (torchvision's ``Normalize``). Float dtypes only.
+    - ``layout``: ``"chw"`` (PyTorch's, the default) or ``"hwc"``.
+    - ``image_field``, ``label_field``: the data set's fields of encoded images (default
+      ``"image"``) and integer labels (default ``"label"``; None for unlabelled data).
+    - ``skip_bad_images``: instead of failing the batch, an image that cannot be decoded is
+      zeroed, its label set to -1, and counted in ``stats()["images"]`` (default False).
+
+    Every random choice is a function of (seed, epoch, sample index) only.
+    """
+
+    size: Union[int, Tuple[int, int]] = 224
+    train: Optional[bool] = None
+    scale: Tuple[float, float] = (0.08, 1.0)
+    ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    flip: float = 0.5
+    resize: Optional[int] = None
+    dtype: Any = "uint8"
+    normalize: Any = None
+    layout: str = "chw"
+    image_field: str = "image"
+    label_field: Optional[str] = "label"
+    skip_bad_images: bool = False
+    normalise: dataclasses.InitVar[Any] = None
+
+    def __post_init__(self, normalise: Any) -> None:
+        if normalise is not None:
+            if self.normalize is not None:
+                raise config_error("images['normalise']", "give normalize or normalise, not both")
+            self.normalize = normalise
+
+    @classmethod
+    def of(cls, images: Union["ImageOptions", Mapping[str, Any]]) -> "ImageOptions":
+        """``images`` as ImageOptions: a copy of one, or one made from a dict of its keys."""
+        if isinstance(images, ImageOptions):
+            return dataclasses.replace(images)
+        if not isinstance(images, Mapping):
+            raise TypeError(
+                f"images must be a dict or gpufeed.ImageOptions, not {type(images).__name__}"
+            )
+        names = {f.name for f in dataclasses.fields(cls)} | {"normalise"}
+        given = dict(images)
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise config_error(
+                f"images[{unknown[0]!r}]",
+                f"not an image option (the options are {', '.join(sorted(names))})",
+            )
+        return cls(**given)
+
+    def _spelled(self, evaluation: bool) -> Dict[str, Any]:
+        """The options as the extension module reads them."""
+        if isinstance(self.size, (tuple, list)):
+            if len(self.size) != 2:
+                raise config_error("images['size']", f"{self.size!r} is not a side or (height, width)")
+            size = (_int("images['size']", self.size[0], 1), _int("images['size']", self.size[1], 1))
+        else:
+            side = _int("images['size']", self.size, 1)
+            size = (side, side)
+        if size[0] >= 1 << 32 or size[1] >= 1 << 32:
+            raise config_error("images['size']", f"{size} is too large")
+        dtype = _dtype_name(self.dtype)
+        if dtype is None:
+            raise config_error(
+                "images['dtype']",
+                f"{self.dtype!r} is not one of uint8, float16, bfloat16, float32",
+            )
+        normalize = self.normalize
+        if normalize is True or (isinstance(normalize, str) and normalize.lower() == "imagenet"):
+            normalize = _IMAGENET
+        elif normalize is False:
+            normalize = None
+        if isinstance(normalize, Mapping):
+            normalize = (normalize.get("mean"), normalize.get("std"))
+        if normalize is not None:
+            try:
+                mean, std = normalize
+                mean = tuple(float(v) for v in mean)
+                std = tuple(float(v) for v in std)
+                if len(mean) != 3 or len(std) != 3:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise config_error(
+                    "images['normalize']",
+                    f"{self.normalize!r} is not 'imagenet' or (mean, std) of 3 values each",
+                ) from None
+            normalize = (mean, std)
+        layout = str(self.layout).lower()
+        if layout not in ("chw", "hwc"):
+            raise config_error("images['layout']", f"{self.layout!r} is not 'chw' or 'hwc'")
+        if not isinstance(self.image_field, str):
+            raise TypeError("images['image_field'] must be a string")
+        if self.label_field is not None and not isinstance(self.label_field, str):
+            raise TypeError("images['label_field'] must be a string or None")
+        return {
+            "size": size,
+            "train": (not evaluation) if self.train is None else bool(self.train),
+            "scale": _pair("images['scale']", self.scale),
+            "ratio": _pair("images['ratio']", self.ratio),
+            "flip": float(self.flip),
+            "resize": None if self.resize is None else _int("images['resize']", self.resize, 1),
+            "dtype": dtype,
+            "normalize": normalize,
+            "layout": layout,
+            "image_field": self.image_field,
+            "label_field": self.label_field,
+            "skip_bad_images": bool(self.skip_bad_images),
+        }
+
+
+def _converter(output: Optional[str]) -> Tuple[str, Optional[Callable[[Any], Any]]]:
+    """The output kind and the callable that turns a gpufeed.Array into it."""
+    if output is None:
+        if importlib.util.find_spec("torch") is not None:
+            output = "torch"
+        elif importlib.util.find_spec("numpy") is not None:
+            output = "numpy"
+        else:
+            raise config_error(
+                "output",
+                "neither torch nor numpy is installed: install one, or pass output='dlpack' "
+                "for gpufeed.Array objects (any DLPack consumer takes them)",
+            )
+    if output == "torch":
+        try:
+            import torch
+        except ImportError as e:
+            raise config_error("output", f"output='torch' needs torch: {e}") from None
+        return output, torch.from_dlpack
+    if output == "numpy":
+        try:
+            import numpy
+        except ImportError as e:
+            raise config_error("output", f"output='numpy' needs numpy: {e}") from None
+        return output, numpy.from_dlpack
+    if output == "dlpack":
+        return output, None
+    raise config_error("output", f"{output!r} is not one of 'torch', 'numpy', 'dlpack'")
+
+
+def _paths(path_or_paths: Any) -> List[str]:
+    if isinstance(path_or_paths, (str, bytes, os.PathLike)):
+        return [os.fsdecode(path_or_paths)]
+    try:
+        paths = [os.fsdecode(p) for p in path_or_paths]
+    except TypeError:
+        raise TypeError(
+            "path_or_paths must be a path or a list of paths, "
+            f"not {type(path_or_paths).__name__}"
+        ) from None
+    if not paths:
+        raise config_error("path_or_paths", "the list of files is empty")
+    return paths
+
+
+class Loader:
+    """Batches of a data set, made by worker threads that share one memory-mapped copy of it,
+    in PyTorch's vocabulary. Replaces ``torch.utils.data.DataLoader`` for the files gpufeed
+    reads: packed record files (``gpufeed.pack``), ``.npy`` arrays, several files of one schema
+    (shards), ImageFolder directories (with ``images=``).
+
+    Iterating yields the batches of one epoch, each a dict of field name -> tensor (a view of
+    gpufeed's batch buffer, no copy). A new ``for`` loop goes on where the last one stopped;
+    once an epoch has been delivered to its end, the next loop is the next epoch, unless
+    ``set_epoch`` or ``load_state_dict`` said which. So both usual loops work::
+
+        for epoch in range(start, epochs):
+            loader.set_epoch(epoch)        # optional; keeps the position right after a resume
+            for batch in loader:
+                step(batch["image"], batch["label"])
+
+    Arguments:
+
+    - ``path_or_paths``: a file, a directory of images, or a list of files with one schema.
+    - ``batch_size``: samples per batch (default 1).
+    - ``shuffle``: None or False for the files' order; a seed (an int) for a new order every
+      epoch, the same for the same (seed, epoch); True means seed 0.
+    - ``workers``: worker threads (default: the CPUs, at most 16). ``prefetch``: batches in
+      flight (default twice the workers).
+    - ``drop_last``: drop the samples that do not fill a rank's share or a whole batch (default
+      False: the last batch is short and ranks' shares are padded by wrapping around).
+    - ``shard``: None (the whole data set, also under torchrun), ``(rank, world_size)``, or
+      ``"env"`` (torchrun's ``RANK``/``WORLD_SIZE``, else Slurm's).
+    - ``evaluation``: every sample exactly once across ranks, every rank the same number of
+      batches; padding slots are marked in each batch's ``"__mask__"`` (bool, True for real
+      samples, always the last slots). Not with ``drop_last``.
+    - ``device``: None or ``"cpu"``: batches in host memory, as CPU tensors.
+    - ``images``: decode images with the image pipeline (:class:`ImageOptions` or a dict).
+    - ``fields``: the fields to load (default all).
+    - ``epoch``: the first epoch (default 0).
+    - ``output``: ``"torch"`` (torch.Tensor), ``"numpy"`` (numpy.ndarray) or ``"dlpack"``
+      (:class:`gpufeed.Array`); default torch if installed, else numpy. Every one views the
+      batch buffer; numpy before 2.1 makes its views read-only.
+    - ``indices``: also give each batch's sample indices (int64) under ``"__index__"``.
+    - ``pool_budget``: bytes of batch buffers, in flight and held by you together (default:
+      ``prefetch + 2`` batches).
+
+    Memory: a batch's buffer is reused only when every tensor of the batch is gone. Holding
+    more batches than the pool's budget allows makes the next iteration raise a ConfigError
+    naming ``pool_budget`` (no batch is lost: drop some and iterate again); keep copies
+    (``tensor.clone()``) of what you keep across steps.
+
+    Errors are :class:`gpufeed.Error` subclasses with gpufeed's message. A batch with a bad
+    sample raises when its turn comes, and the next iteration yields the next batch. Ctrl-C
+    while waiting for a batch raises KeyboardInterrupt within a few tens of milliseconds; the
+    loader can still be used.
+
+    Threads: the loader may be used from several Python threads (the GIL is released while it
+    waits), but it cannot cross a ``fork``: make it in the process that iterates it.
+    """
+
+    def __init__(
+        self,
+        path_or_paths: Union[PathLike, Sequence[PathLike]],
+        batch_size: int = 1,
+        shuffle: Union[None, bool, int] = None,
+        workers: Optional[int] = None,
+        prefetch: Optional[int] = None,
+        drop_last: bool = False,
+        shard: Union[None, str, Tuple[int, int]] = None,
+        evaluation: bool = False,
+        device: Any = None,
+        images: Union[None, ImageOptions, Mapping[str, Any]] = None,
+        fields: Optional[Sequence[str]] = None,
+        epoch: int = 0,
+        output: Optional[str] = None,
+        indices: bool = False,
+        pool_budget: Optional[int] = None,
+    ) -> None:
+        paths = _paths(path_or_paths)
+        batch_size = _int("batch_size", batch_size, 1)
+        if shuffle is None or shuffle is False:
+            seed = None
+        elif shuffle is True:
+            seed = 0
+        else:
+            seed = _int("shuffle", shuffle)
+        workers = None if workers is None else _int("workers", workers, 1)
+        prefetch = None if prefetch is None else _int("prefetch", prefetch, 1)
+        shard_pair: Optional[Tuple[int, int]] = None
+        shard_env = False
+        if isinstance(shard, str):
+            if shard != "env":
+                raise config_error("shard", f"{shard!r} is not 'env' or (rank, world_size)")
+            shard_env = True
+        elif shard is not None:
+            try:
+                rank, world = shard
+            except (TypeError, ValueError):
+                raise config_error("shard", f"{shard!r} is not 'env' or (rank, world_size)") from None
+            shard_pair = (_int("shard", rank), _int("shard", world, 1))
+        if device is not None and str(device) != "cpu":
+            raise config_error(
+                "device",
+                f"{device!r}: this gpufeed delivers batches in host memory only (device=None); "
+                "move them with tensor.to(device, non_blocking=True). The device path "
+                "(batches copied to the GPU by gpufeed, DLPack on your stream) is issue 13's next step",
+            )
+        spelled_images = None
+        if images is not None:
+            if fields is not None:
+                raise config_error(
+                    "fields", "the image pipeline decides the fields (image, label): drop fields="
+                )
+            spelled_images = ImageOptions.of(images)._spelled(bool(evaluation))
+        if fields is not None:
+            if isinstance(fields, str):
+                fields = [fields]
+            fields = [str(f) for f in fields]
+            if not fields:
+                raise config_error("fields", "the list of fields is empty")
+        epoch = _int("epoch", epoch)
+        pool_budget = None if pool_budget is None else _int("pool_budget", pool_budget, 1)
+        self.output, convert = _converter(output)
+        self._core = _gpufeed.LoaderCore(
+            paths,
+            batch_size=batch_size,
+            shuffle=seed,
+            workers=workers,
+            prefetch=prefetch,
+            drop_last=bool(drop_last),
+            shard=shard_pair,
+            shard_env=shard_env,
+            evaluation=bool(evaluation),
+            images=spelled_images,
+            fields=fields,
+            epoch=epoch,
+            pool_budget=pool_budget,
+            indices=bool(indices),
+            convert=convert,
+        )
+        if self.output == "numpy":
+            bf16 = [name for name, dtype, _ in self._core.fields if dtype == "bfloat16"]
+            if bf16:
+                self._core.close()
+                raise config_error(
+                    "output",
+                    f"numpy has no bfloat16 (field {bf16[0]!r}): use output='torch', or a "
+                    "float16/float32 image dtype",
+                )
+        self.batch_size = batch_size
+        self.evaluation = bool(evaluation)
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        """The batches of the epoch (see the class docs for which epoch)."""
+        return self._core.iter_epoch()
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        return len(self._core)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts ``epoch`` from its first batch (PyTorch's ``DistributedSampler.set_epoch``).
+
+        Right after ``load_state_dict`` (or a fresh loader made with that epoch), asking for
+        the loader's own epoch keeps the position: the rest of that epoch comes next. Once an
+        epoch has been delivered to its end, gpufeed is already making the next epoch's first
+        batches; asking for that epoch keeps them.
+        """
+        self._core.set_epoch(_int("epoch", epoch))
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loader stands: the epoch, the batches delivered in it, and the settings
+        that decide the order; plain Python values (torchdata's ``StatefulDataLoader`` and
+        ``torch.distributed.checkpoint`` protocol). Take it after the step that used the last
+        batch: batches you still hold count as delivered."""
+        return self._core.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Puts the loader where ``state_dict`` says: the next batches are the rest of that
+        epoch, then the following epochs. Raises a ConfigError naming ``state_dict`` if it was
+        saved with other order settings (data set length, batch size, seed, shard, drop_last,
+        evaluation)."""
+        self._core.load_state_dict(state_dict)
+
+    def stats(self) -> Dict[str, Any]:
+        """Figures so far: batches, samples and bytes delivered, time waited for data
+        (``wait_fraction``), worker time per stage, the pool's bytes (``pool``), images decoded
+        and skipped (``images``, with the image pipeline), and ``text``, a printable table."""
+        return self._core.stats()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being delivered."""
+        return self._core.epoch
+
+    @property
+    def position(self) -> int:
+        """Batches delivered in this epoch."""
+        return self._core.position
+
+    @property
+    def rank(self) -> int:
+        """This loader's rank."""
+        return self._core.order[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return self._core.order[1]
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the data set (all ranks)."""
+        return self._core.order[2]
+
+    @property
+    def fields(self) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+        """Each field's dtype name and per-sample shape."""
+        return {name: (dtype, tuple(shape)) for name, dtype, shape in self._core.fields}
+
+    def close(self) -> None:
+        """Stops the worker threads now. Batches you hold stay valid; later calls raise."""
+        self._core.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a gpufeed.Loader cannot be pickled (it owns worker threads and a memory mapping): "
+            "make it in the process that uses it; with torch's DataLoader, use num_workers=0"
+        )
+
+    def __repr__(self) -> str:
+        try:
+            rank, world, n, batch = self._core.order
+            return (
+                f"gpufeed.Loader({n} samples, batch_size={batch}, rank {rank} of {world}, "
+                f"epoch {self.epoch}, {self.position}/{len(self)} batches, output={self.output!r})"
+            )
+        except Exception:
+            return "gpufeed.Loader(closed)"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The Python package's tests, as the README says: a virtual environment under target/ (the
+# caller's Python is left alone), the pinned tools of requirements-ci.txt, the package
+# installed as users install it (`pip install ./python`: maturin builds the abi3 wheel, in
+# release mode, into the workspace's target directory), then pytest on python/tests.
+# Arguments go to pytest. PYTHON picks the interpreter (default python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${GPUFEED_PYTHON_VENV:-target/python-venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  "${PYTHON:-python3}" -m venv "$venv"
+fi
+# Constraints reach pip's isolated build environment too: the wheel is built by the pinned maturin.
+export PIP_CONSTRAINT="$PWD/python/requirements-ci.txt"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-ci.txt
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./python
+# From the root, where no `gpufeed` folder hides the installed package (python/gpufeed has no
+# compiled module).
+exec "$venv/bin/python" -m pytest python/tests "$@"

@@ -1,0 +1,603 @@
+//! DLPack export: gpufeed's [`Array`], one field of a batch viewed in place, as a DLPack capsule.
+//!
+//! The structs are those of `dlpack.h` (v1.0, with the legacy `DLManagedTensor` of v0.x),
+//! written out by hand: they are small, stable, and `#[repr(C)]` is all they need. An exported
+//! capsule owns a boxed [`Export`]: the managed tensor, its shape and strides, and an [`Owner`]
+//! (a reference count on the memory viewed). The consumer (numpy, torch) calls the deleter when
+//! its tensor dies, or the capsule's destructor does if nobody consumed it; either drops the box,
+//! and when the last owner of a batch goes, the batch's buffer returns to the loader's pool.
+//!
+//! Deleters run on any thread, with or without the GIL: they touch no Python object, only Rust
+//! reference counts, and never unwind.
+
+use std::ffi::{CStr, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gpufeed::{Batch, DType};
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyTuple};
+
+/// `DLDeviceType::kDLCPU`: host memory, pinned or not (DLPack's `kDLCUDAHost` is refused by
+/// PyTorch, and pinned memory is CPU memory to every consumer).
+pub const KDL_CPU: i32 = 1;
+
+const DLPACK_MAJOR: u32 = 1;
+const DLPACK_MINOR: u32 = 0;
+/// `DLPACK_FLAG_BITMASK_IS_COPIED`.
+const FLAG_IS_COPIED: u64 = 1 << 1;
+
+const LEGACY_NAME: &CStr = c"dltensor";
+const VERSIONED_NAME: &CStr = c"dltensor_versioned";
+
+/// `DLDevice`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DLDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+/// `DLDataType`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DLDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+/// `DLTensor`.
+#[repr(C)]
+struct DLTensor {
+    data: *mut c_void,
+    device: DLDevice,
+    ndim: i32,
+    dtype: DLDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+/// `DLManagedTensor` (the legacy, unversioned capsule `dltensor`).
+#[repr(C)]
+struct DLManagedTensor {
+    dl_tensor: DLTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+/// `DLPackVersion`.
+#[repr(C)]
+struct DLPackVersion {
+    major: u32,
+    minor: u32,
+}
+
+/// `DLManagedTensorVersioned` (the capsule `dltensor_versioned`, DLPack >= 1.0).
+#[repr(C)]
+struct DLManagedTensorVersioned {
+    version: DLPackVersion,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
+    flags: u64,
+    dl_tensor: DLTensor,
+}
+
+/// The DLPack type of a gpufeed dtype, if DLPack has one.
+fn dl_dtype(dtype: DType) -> Option<DLDataType> {
+    // kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6.
+    let (code, bits) = match dtype {
+        DType::U8 => (1, 8),
+        DType::I8 => (0, 8),
+        DType::U16 => (1, 16),
+        DType::I16 => (0, 16),
+        DType::U32 => (1, 32),
+        DType::I32 => (0, 32),
+        DType::U64 => (1, 64),
+        DType::I64 => (0, 64),
+        DType::F16 => (2, 16),
+        DType::BF16 => (4, 16),
+        DType::F32 => (2, 32),
+        DType::F64 => (2, 64),
+        DType::Bool => (6, 8),
+        _ => return None,
+    };
+    Some(DLDataType {
+        code,
+        bits,
+        lanes: 1,
+    })
+}
+
+/// The name numpy and torch give a dtype (`uint8`, `bfloat16`, ...).
+pub fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::U8 => "uint8",
+        DType::I8 => "int8",
+        DType::U16 => "uint16",
+        DType::I16 => "int16",
+        DType::U32 => "uint32",
+        DType::I32 => "int32",
+        DType::U64 => "uint64",
+        DType::I64 => "int64",
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        DType::F32 => "float32",
+        DType::F64 => "float64",
+        DType::Bool => "bool",
+        other => other.name(),
+    }
+}
+
+/// Batches delivered to Python and not yet released by every array viewing them.
+static LIVE_BATCHES: AtomicU64 = AtomicU64::new(0);
+/// Memory blocks owned by arrays (masks, indices, copies) and not yet released.
+static LIVE_BLOCKS: AtomicU64 = AtomicU64::new(0);
+
+/// (batches, blocks) alive now: for leak checks.
+pub fn live_counts() -> (u64, u64) {
+    (
+        LIVE_BATCHES.load(Ordering::Acquire),
+        LIVE_BLOCKS.load(Ordering::Acquire),
+    )
+}
+
+/// A batch in Python's hands: shared by the arrays of its fields; its buffer returns to the
+/// loader's pool (and its budget permit to the loader) when the last of them goes.
+pub struct HeldBatch {
+    batch: Batch,
+}
+
+impl HeldBatch {
+    /// Holds `batch` for its arrays.
+    pub fn new(batch: Batch) -> Arc<HeldBatch> {
+        LIVE_BATCHES.fetch_add(1, Ordering::AcqRel);
+        Arc::new(HeldBatch { batch })
+    }
+
+    /// The batch.
+    pub fn batch(&self) -> &Batch {
+        &self.batch
+    }
+}
+
+impl Drop for HeldBatch {
+    fn drop(&mut self) {
+        LIVE_BATCHES.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Memory owned by arrays themselves: a batch's mask or indices, or a copy (`copy=True`).
+/// Kept as u64 words so that every dtype is aligned.
+pub struct OwnedBlock {
+    words: Box<[u64]>,
+}
+
+impl OwnedBlock {
+    /// A block holding `bytes`.
+    pub fn new(bytes: &[u8]) -> Arc<OwnedBlock> {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)].into_boxed_slice();
+        // SAFETY: `words` has at least `bytes.len()` bytes, u64 has no invalid bit patterns,
+        // and the two do not overlap (a fresh allocation).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                words.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            )
+        };
+        LIVE_BLOCKS.fetch_add(1, Ordering::AcqRel);
+        Arc::new(OwnedBlock { words })
+    }
+
+    fn ptr(&self) -> *const u8 {
+        self.words.as_ptr().cast()
+    }
+}
+
+impl Drop for OwnedBlock {
+    fn drop(&mut self) {
+        LIVE_BLOCKS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What keeps an array's memory alive.
+#[derive(Clone)]
+pub enum Owner {
+    /// A field of a batch in a pooled buffer.
+    Batch(Arc<HeldBatch>),
+    /// Memory of the array's own.
+    Block(Arc<OwnedBlock>),
+}
+
+/// A dense, C-ordered array exported through DLPack: one field of a batch (viewing the batch's
+/// buffer in place), or a small block of its own (a mask, indices, a copy).
+///
+/// It implements `__dlpack__` and `__dlpack_device__`, so `torch.from_dlpack(a)` and
+/// `numpy.from_dlpack(a)` view its memory without a copy; the memory stays valid as long as
+/// any such view, or this object, is alive.
+#[pyclass(frozen, module = "gpufeed", name = "Array")]
+pub struct Array {
+    owner: Owner,
+    /// Byte offset of the data from the owner's start.
+    offset: usize,
+    nbytes: usize,
+    dtype: DType,
+    dl_dtype: DLDataType,
+    shape: Vec<i64>,
+    device: DLDevice,
+}
+
+/// The DLPack type of `dtype`, or an error naming it.
+fn exportable(dtype: DType) -> PyResult<DLDataType> {
+    dl_dtype(dtype).ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "gpufeed cannot export {dtype} arrays through DLPack"
+        ))
+    })
+}
+
+impl Array {
+    /// Field `k` of a held batch, viewed in place.
+    pub fn batch_field(held: &Arc<HeldBatch>, k: usize) -> PyResult<Array> {
+        let batch = held.batch();
+        let layout = batch.layout();
+        let (Some(field), Some(offset)) = (layout.fields().get(k), layout.field_offset(k)) else {
+            return Err(PyValueError::new_err(format!("the batch has no field {k}")));
+        };
+        let mut shape = Vec::with_capacity(field.shape.len() + 1);
+        shape.push(batch.len() as i64);
+        shape.extend(field.shape.iter().map(|&d| d as i64));
+        let nbytes = field.sample_bytes() * batch.len();
+        if offset + nbytes > batch.buffer().len() {
+            return Err(PyValueError::new_err(format!(
+                "field `{}` lies outside its batch buffer",
+                field.name
+            )));
+        }
+        Ok(Array {
+            owner: Owner::Batch(Arc::clone(held)),
+            offset,
+            nbytes,
+            dtype: field.dtype,
+            dl_dtype: exportable(field.dtype)?,
+            shape,
+            device: DLDevice {
+                device_type: KDL_CPU,
+                device_id: 0,
+            },
+        })
+    }
+
+    /// An array of its own holding `bytes`, of `dtype` and `shape`.
+    pub fn owned(bytes: &[u8], dtype: DType, shape: Vec<i64>) -> PyResult<Array> {
+        Ok(Array {
+            owner: Owner::Block(OwnedBlock::new(bytes)),
+            offset: 0,
+            nbytes: bytes.len(),
+            dtype,
+            dl_dtype: exportable(dtype)?,
+            shape,
+            device: DLDevice {
+                device_type: KDL_CPU,
+                device_id: 0,
+            },
+        })
+    }
+
+    /// The address of the first element.
+    fn data_ptr(&self) -> *mut c_void {
+        let base = match &self.owner {
+            Owner::Batch(held) => held.batch().buffer().as_ptr(),
+            Owner::Block(block) => block.ptr(),
+        };
+        // The consumers may write through this pointer (a training loop that normalises in
+        // place): the batch belongs to Python until its last view goes, and gpufeed never
+        // reads or writes it again before then.
+        base.wrapping_add(self.offset).cast_mut().cast()
+    }
+
+    /// The array's bytes.
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `data_ptr` points to `nbytes` initialised bytes (checked against the buffer's
+        // length when the array was made) that live as long as `self.owner`, which `self`
+        // keeps; the borrow lasts only while the copy below is made.
+        unsafe { std::slice::from_raw_parts(self.data_ptr().cast::<u8>(), self.nbytes) }
+    }
+
+    /// C-order strides, in elements.
+    fn strides(&self) -> Vec<i64> {
+        let mut strides = vec![1i64; self.shape.len()];
+        for d in (0..self.shape.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * self.shape[d + 1].max(1);
+        }
+        strides
+    }
+
+    fn dl_tensor(&self, shape: &mut [i64], strides: &mut [i64]) -> DLTensor {
+        DLTensor {
+            data: self.data_ptr(),
+            device: self.device,
+            ndim: self.shape.len() as i32,
+            dtype: self.dl_dtype,
+            shape: shape.as_mut_ptr(),
+            strides: strides.as_mut_ptr(),
+            byte_offset: 0,
+        }
+    }
+
+    /// A copy of this array with memory of its own.
+    fn copied(&self) -> PyResult<Array> {
+        Array::owned(self.bytes(), self.dtype, self.shape.clone())
+    }
+
+    /// The memory's device as a Python tuple `(device_type, device_id)`.
+    fn device_tuple(&self) -> (i32, i32) {
+        (self.device.device_type, self.device.device_id)
+    }
+}
+
+/// What an exported capsule owns: the managed tensor `M` (legacy or versioned), the shape and
+/// strides it points to, and the owner of the memory.
+struct Export<M> {
+    managed: M,
+    _shape: Box<[i64]>,
+    _strides: Box<[i64]>,
+    _owner: Owner,
+}
+
+/// The deleter of a legacy managed tensor: frees its [`Export`].
+unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
+    if managed.is_null() {
+        return;
+    }
+    // SAFETY: `managed` is the `managed` field of a boxed Export made by `export_legacy`,
+    // whose `manager_ctx` points to that box; DLPack calls the deleter once.
+    let ctx = unsafe { (*managed).manager_ctx }.cast::<Export<DLManagedTensor>>();
+    // A panic must not unwind into C: the batch is then leaked, not freed.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: see above; the box is dropped exactly once, here.
+        drop(unsafe { Box::from_raw(ctx) })
+    }));
+}
+
+/// The deleter of a versioned managed tensor: frees its [`Export`].
+unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
+    if managed.is_null() {
+        return;
+    }
+    // SAFETY: as in `delete_legacy`, for `export_versioned`'s boxes.
+    let ctx = unsafe { (*managed).manager_ctx }.cast::<Export<DLManagedTensorVersioned>>();
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: see above.
+        drop(unsafe { Box::from_raw(ctx) })
+    }));
+}
+
+/// The destructor of a `dltensor` capsule: frees the tensor if no consumer took it (a consumer
+/// renames the capsule `used_dltensor` and calls the deleter itself).
+unsafe extern "C" fn destroy_legacy_capsule(capsule: *mut ffi::PyObject) {
+    // SAFETY: called by Python with the GIL held on a capsule object; `PyCapsule_IsValid` and
+    // `PyCapsule_GetPointer` with the name it checked do not fail or set an exception.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, LEGACY_NAME.as_ptr()) == 1 {
+            let managed =
+                ffi::PyCapsule_GetPointer(capsule, LEGACY_NAME.as_ptr()).cast::<DLManagedTensor>();
+            if let Some(deleter) = (*managed).deleter {
+                deleter(managed);
+            }
+        }
+    }
+}
+
+/// The destructor of a `dltensor_versioned` capsule; see [`destroy_legacy_capsule`].
+unsafe extern "C" fn destroy_versioned_capsule(capsule: *mut ffi::PyObject) {
+    // SAFETY: as in `destroy_legacy_capsule`.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, VERSIONED_NAME.as_ptr()) == 1 {
+            let managed = ffi::PyCapsule_GetPointer(capsule, VERSIONED_NAME.as_ptr())
+                .cast::<DLManagedTensorVersioned>();
+            if let Some(deleter) = (*managed).deleter {
+                deleter(managed);
+            }
+        }
+    }
+}
+
+/// Wraps `managed` (a pointer into a leaked box that the destructor frees) in a capsule.
+fn capsule<'py>(
+    py: Python<'py>,
+    managed: *mut c_void,
+    name: &'static CStr,
+    destructor: unsafe extern "C" fn(*mut ffi::PyObject),
+    free: impl FnOnce(),
+) -> PyResult<Bound<'py, PyCapsule>> {
+    // SAFETY: `managed` is non-null and valid until the destructor frees it; `name` is static,
+    // as a capsule's name must outlive it.
+    let raw = unsafe { ffi::PyCapsule_New(managed, name.as_ptr(), Some(destructor)) };
+    if raw.is_null() {
+        free();
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: `raw` is a new, owned reference to a capsule.
+    let any = unsafe { Bound::from_owned_ptr(py, raw) };
+    Ok(any.cast_into::<PyCapsule>()?)
+}
+
+fn export_legacy<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyCapsule>> {
+    let mut shape = array.shape.clone().into_boxed_slice();
+    let mut strides = array.strides().into_boxed_slice();
+    let tensor = array.dl_tensor(&mut shape, &mut strides);
+    let ctx = Box::into_raw(Box::new(Export {
+        managed: DLManagedTensor {
+            dl_tensor: tensor,
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_legacy),
+        },
+        _shape: shape,
+        _strides: strides,
+        _owner: array.owner.clone(),
+    }));
+    // SAFETY: `ctx` is a valid, uniquely owned box until the capsule's deleter frees it.
+    let managed = unsafe {
+        (*ctx).managed.manager_ctx = ctx.cast();
+        std::ptr::addr_of_mut!((*ctx).managed)
+    };
+    capsule(
+        py,
+        managed.cast(),
+        LEGACY_NAME,
+        destroy_legacy_capsule,
+        // SAFETY: the capsule was not made, so nothing else owns `ctx`.
+        || drop(unsafe { Box::from_raw(ctx) }),
+    )
+}
+
+fn export_versioned<'py>(
+    py: Python<'py>,
+    array: &Array,
+    flags: u64,
+) -> PyResult<Bound<'py, PyCapsule>> {
+    let mut shape = array.shape.clone().into_boxed_slice();
+    let mut strides = array.strides().into_boxed_slice();
+    let tensor = array.dl_tensor(&mut shape, &mut strides);
+    let ctx = Box::into_raw(Box::new(Export {
+        managed: DLManagedTensorVersioned {
+            version: DLPackVersion {
+                major: DLPACK_MAJOR,
+                minor: DLPACK_MINOR,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_versioned),
+            flags,
+            dl_tensor: tensor,
+        },
+        _shape: shape,
+        _strides: strides,
+        _owner: array.owner.clone(),
+    }));
+    // SAFETY: as in `export_legacy`.
+    let managed = unsafe {
+        (*ctx).managed.manager_ctx = ctx.cast();
+        std::ptr::addr_of_mut!((*ctx).managed)
+    };
+    capsule(
+        py,
+        managed.cast(),
+        VERSIONED_NAME,
+        destroy_versioned_capsule,
+        // SAFETY: as in `export_legacy`.
+        || drop(unsafe { Box::from_raw(ctx) }),
+    )
+}
+
+#[pymethods]
+impl Array {
+    /// Exports the array as a DLPack capsule (the Python array API's `__dlpack__`).
+    ///
+    /// `max_version` of `(1, x)` or more gives a versioned capsule (`dltensor_versioned`),
+    /// otherwise a legacy one (`dltensor`). `stream` is ignored for host memory: there is
+    /// nothing to order. `dl_device` must be this array's device or None; `copy=True` exports
+    /// a copy, `copy=False` or None a view (never a copy).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = stream;
+        if let Some(device) = dl_device
+            && device != self.device_tuple()
+        {
+            return Err(PyBufferError::new_err(format!(
+                "gpufeed cannot export this array to device {device:?}: it lives on {:?} (DLPack device type, id)",
+                self.device_tuple()
+            )));
+        }
+        let copied;
+        let (array, flags) = if copy == Some(true) {
+            copied = self.copied()?;
+            (&copied, FLAG_IS_COPIED)
+        } else {
+            (self, 0)
+        };
+        match max_version {
+            Some((major, _)) if major >= DLPACK_MAJOR => export_versioned(py, array, flags),
+            _ => export_legacy(py, array),
+        }
+    }
+
+    /// `(device_type, device_id)`: `(1, 0)`, DLPack's kDLCPU, for host batches.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        self.device_tuple()
+    }
+
+    /// The shape: `(batch, *per-sample shape)` for a batch field.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+
+    /// The element type, as numpy and torch name it (`uint8`, `float16`, `bfloat16`, ...).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtype_name(self.dtype)
+    }
+
+    /// The number of dimensions.
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Bytes of data.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// `"cpu"` for host memory.
+    #[getter]
+    fn device(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn __len__(&self) -> usize {
+        self.shape.first().map_or(0, |&n| n as usize)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "gpufeed.Array(shape={:?}, dtype={}, device=cpu)",
+            self.shape,
+            dtype_name(self.dtype)
+        )
+    }
+
+    /// numpy's `__array__`: `numpy.asarray(a)` views the array through DLPack (no copy unless
+    /// `dtype` asks for a conversion or `copy=True`).
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let numpy = py.import("numpy").map_err(|e| {
+            PyTypeError::new_err(format!("numpy is needed to convert a gpufeed.Array: {e}"))
+        })?;
+        let mut array = numpy.call_method1("from_dlpack", (slf,))?;
+        if let Some(dtype) = dtype {
+            array = array.call_method1("astype", (dtype,))?;
+        } else if copy == Some(true) {
+            array = array.call_method0("copy")?;
+        }
+        Ok(array)
+    }
+}

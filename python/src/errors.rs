@@ -1,0 +1,240 @@
+//! gpufeed's errors as Python exceptions, and panics caught before they reach Python.
+//!
+//! Each [`gpufeed::Error`] becomes an instance of one of the classes of `gpufeed/_errors.py`
+//! (made there by `_from_rust`, from a kind, the message and the details: path, record,
+//! sample, batch, argument, errno), so that the class hierarchy, with its Python bases
+//! (`ValueError`, `OSError`), lives in one Python file. Settings are named as the Python user
+//! typed them (`images['size']`, not `size`).
+
+use std::any::Any;
+
+use gpufeed::Error;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
+
+static FROM_RUST: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// The Python argument a library setting comes from.
+pub fn python_argument(setting: &str) -> String {
+    match setting {
+        "rank" | "world" | "shard" | "RANK" | "WORLD_SIZE" | "SLURM_PROCID" | "SLURM_NTASKS" => {
+            "shard".into()
+        }
+        "dataset" => "path_or_paths".into(),
+        "transform" => "fields".into(),
+        "size" | "scale" | "ratio" | "flip" | "resize" | "dtype" | "normalize" | "layout" => {
+            format!("images['{setting}']")
+        }
+        other => other.into(),
+    }
+}
+
+/// Details of an error: its kind, and what it names.
+#[derive(Default)]
+struct Details {
+    kind: &'static str,
+    path: Option<String>,
+    record: Option<u64>,
+    sample: Option<u64>,
+    batch: Option<u64>,
+    argument: Option<String>,
+    errno: Option<i32>,
+    op: Option<&'static str>,
+}
+
+fn details(e: &Error) -> Details {
+    let path = |p: &std::path::Path| Some(p.display().to_string());
+    match e {
+        Error::Io {
+            path: p,
+            op,
+            source,
+        } => Details {
+            kind: "io",
+            path: path(p),
+            errno: source.raw_os_error(),
+            op: Some(op),
+            ..Details::default()
+        },
+        Error::Malformed { path: p, .. } => Details {
+            kind: "malformed",
+            path: path(p),
+            ..Details::default()
+        },
+        Error::UnsupportedVersion { path: p, .. } => Details {
+            kind: "unsupported_version",
+            path: path(p),
+            ..Details::default()
+        },
+        Error::BadRecord {
+            path: p, record, ..
+        } => Details {
+            kind: "bad_record",
+            path: path(p),
+            record: Some(*record),
+            ..Details::default()
+        },
+        Error::ChecksumMismatch {
+            path: p, record, ..
+        } => Details {
+            kind: "checksum",
+            path: path(p),
+            record: Some(*record),
+            ..Details::default()
+        },
+        Error::UnsupportedNpy { path: p, .. } => Details {
+            kind: "unsupported_npy",
+            path: path(p),
+            ..Details::default()
+        },
+        Error::Mismatch { .. } => Details {
+            kind: "mismatch",
+            ..Details::default()
+        },
+        Error::OutOfRange { .. } => Details {
+            kind: "out_of_range",
+            ..Details::default()
+        },
+        Error::InvalidConfig { setting, .. } => Details {
+            kind: "invalid_config",
+            argument: Some(python_argument(setting)),
+            ..Details::default()
+        },
+        // A sample's failure is of its cause's kind, and names the sample and batch.
+        Error::Sample {
+            index,
+            batch,
+            source,
+        } => Details {
+            sample: Some(*index),
+            batch: Some(*batch),
+            ..details(source)
+        },
+        Error::User { .. } => Details {
+            kind: "user",
+            ..Details::default()
+        },
+        Error::Image { source_name, .. } => Details {
+            kind: "image",
+            path: Some(source_name.clone()),
+            ..Details::default()
+        },
+        Error::Shutdown => Details {
+            kind: "shutdown",
+            ..Details::default()
+        },
+        Error::NoGpu { .. } => Details {
+            kind: "no_gpu",
+            ..Details::default()
+        },
+        Error::Cuda { .. } => Details {
+            kind: "cuda",
+            ..Details::default()
+        },
+        _ => Details {
+            kind: "other",
+            ..Details::default()
+        },
+    }
+}
+
+/// The message: gpufeed's, with settings named as in Python.
+fn message(e: &Error) -> String {
+    match e {
+        Error::InvalidConfig { setting, what } => {
+            format!("invalid argument {}: {what}", python_argument(setting))
+        }
+        Error::Sample {
+            index,
+            batch,
+            source,
+        } => format!("sample {index} (batch {batch}): {}", message(source)),
+        other => other.to_string(),
+    }
+}
+
+/// Builds the exception for `kind` with `message` and `details` through `gpufeed._errors`.
+fn make(
+    py: Python<'_>,
+    kind: &str,
+    message: String,
+    fill: impl FnOnce(&Bound<'_, PyDict>) -> PyResult<()>,
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let factory = FROM_RUST.get_or_try_init(py, || {
+            py.import("gpufeed._errors")?
+                .getattr("_from_rust")
+                .map(Bound::unbind)
+        })?;
+        let attrs = PyDict::new(py);
+        fill(&attrs)?;
+        let exc = factory.bind(py).call1((kind, &message, attrs))?;
+        Ok(PyErr::from_value(exc))
+    };
+    match build() {
+        Ok(err) => err,
+        // gpufeed._errors cannot be imported (a broken install): the message still gets out.
+        Err(e) => PyRuntimeError::new_err(format!(
+            "{message} (and gpufeed's exception classes failed: {e})"
+        )),
+    }
+}
+
+/// The Python exception for `e`.
+pub fn to_py(py: Python<'_>, e: &Error) -> PyErr {
+    let d = details(e);
+    make(py, d.kind, message(e), |attrs| {
+        attrs.set_item("path", d.path)?;
+        attrs.set_item("record", d.record)?;
+        attrs.set_item("sample", d.sample)?;
+        attrs.set_item("batch", d.batch)?;
+        attrs.set_item("argument", d.argument)?;
+        attrs.set_item("errno", d.errno)?;
+        attrs.set_item("op", d.op)?;
+        Ok(())
+    })
+}
+
+/// A `ConfigError` naming the Python argument `argument`.
+pub fn config(py: Python<'_>, argument: &str, what: impl std::fmt::Display) -> PyErr {
+    make(
+        py,
+        "invalid_config",
+        format!("invalid argument {argument}: {what}"),
+        |attrs| attrs.set_item("argument", argument),
+    )
+}
+
+/// The exception for a panic caught in gpufeed: a bug, reported as such, never a crash.
+pub fn panicked(py: Python<'_>, payload: &(dyn Any + Send)) -> PyErr {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into());
+    make(
+        py,
+        "internal",
+        format!("internal error in gpufeed (please report it): {what}"),
+        |_| Ok(()),
+    )
+}
+
+/// What a call into the library gave: its result, or the payload of a panic it raised.
+pub type Caught<T> = Result<T, Box<dyn Any + Send>>;
+
+/// Runs `f`, catching a panic so that it never unwinds into Python.
+pub fn catch<T>(f: impl FnOnce() -> T) -> Caught<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+}
+
+/// Turns a caught library result into a Python one.
+pub fn lift<T>(py: Python<'_>, caught: Caught<gpufeed::Result<T>>) -> PyResult<T> {
+    match caught {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(to_py(py, &e)),
+        Err(payload) => Err(panicked(py, payload.as_ref())),
+    }
+}

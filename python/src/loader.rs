@@ -1,0 +1,636 @@
+//! `LoaderCore`: a [`gpufeed::Loader`] behind a Python iterator; `gpufeed.Loader` (Python)
+//! checks and spells out the arguments, this does the work.
+//!
+//! Each batch becomes a dict of field name -> array, every array a view of the batch's buffer
+//! through DLPack (see `dlpack.rs`), converted by the `convert` callable (`torch.from_dlpack`,
+//! `numpy.from_dlpack`) or handed out as `gpufeed.Array`s. The buffer returns to the pool when
+//! the last view is gone.
+//!
+//! Waiting: `__next__` waits for the batch with the GIL released, [`POLL`] at a time, and looks
+//! for signals between waits (`PyErr_CheckSignals`), so Ctrl-C raises `KeyboardInterrupt`
+//! promptly; a timed-out wait moves nothing ([`Loader::next_timeout`]), so the loader can be
+//! used again or dropped.
+//!
+//! Locking: the loader sits in a mutex that is only taken with the GIL released and never held
+//! while attaching to Python, so a thread that waits on a batch does not block the others, and
+//! calls from other Python threads (`stats()`) wait at most one [`POLL`].
+//!
+//! Epochs, as in the library, plus one rule for `for` loops (see `iter_epoch`): iterating goes
+//! on where the loader stands, and once an epoch has been delivered to its end, a new iteration
+//! that no `set_epoch` or `load_state_dict` preceded starts the next epoch.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use gpufeed::format::FieldKind;
+use gpufeed::source::{self, Dataset, ImageFolder};
+use gpufeed::transform::image::{ImageStats, ImageTransform, Layout, Normalize, OnBadImage};
+use gpufeed::{CopyFields, DType, Error, Loader, LoaderState, NextBatch};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+
+use crate::dlpack::{Array, HeldBatch, dtype_name};
+use crate::errors::{self, Caught, catch, lift};
+use crate::value;
+
+/// How long `__next__` waits for a batch before it looks for signals.
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// The reserved key of the padding mask (evaluation loaders).
+pub const MASK_KEY: &str = "__mask__";
+/// The reserved key of the sample indices (`indices=True`).
+pub const INDEX_KEY: &str = "__index__";
+
+struct Core {
+    /// None once closed.
+    loader: Option<Loader>,
+    /// Set by construction, `set_epoch` and `load_state_dict`; cleared by iterating.
+    fresh: bool,
+}
+
+/// The Rust half of `gpufeed.Loader`; not for direct use.
+#[pyclass(frozen, module = "gpufeed._gpufeed", name = "LoaderCore")]
+pub struct LoaderCore {
+    core: Mutex<Core>,
+    names: Vec<Py<PyString>>,
+    fields: Vec<(String, DType, Vec<usize>)>,
+    convert: Option<Py<PyAny>>,
+    evaluation: bool,
+    indices: bool,
+    images: Option<Arc<ImageStats>>,
+    /// The process that built the loader: a forked child has none of its threads.
+    pid: u32,
+}
+
+/// The image pipeline's options, as `gpufeed.ImageOptions` spells them out.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct ImageArgs {
+    size: (u32, u32),
+    train: bool,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    flip: f64,
+    resize: Option<u32>,
+    dtype: String,
+    normalize: Option<([f32; 3], [f32; 3])>,
+    layout: String,
+    image_field: String,
+    label_field: Option<String>,
+    skip_bad_images: bool,
+}
+
+impl ImageArgs {
+    fn transform(&self) -> gpufeed::Result<ImageTransform> {
+        let (h, w) = self.size;
+        let mut b = if self.train {
+            ImageTransform::train(h.max(w))
+                .scale(self.scale.0, self.scale.1)
+                .ratio(self.ratio.0, self.ratio.1)
+                .flip(self.flip)
+        } else {
+            let mut b = ImageTransform::eval(h.max(w));
+            if let Some(r) = self.resize {
+                b = b.resize(r);
+            }
+            b
+        };
+        b = b.size(h, w);
+        let dtype = DType::from_name(&self.dtype).ok_or_else(|| Error::InvalidConfig {
+            setting: "dtype",
+            what: format!(
+                "{:?} is not one of uint8, float16, bfloat16, float32",
+                self.dtype
+            ),
+        })?;
+        b = b.dtype(dtype);
+        b = b.layout(match self.layout.as_str() {
+            "hwc" => Layout::Hwc,
+            _ => Layout::Chw,
+        });
+        if let Some((mean, std)) = self.normalize {
+            b = b.normalize(Normalize { mean, std });
+        }
+        b = b
+            .image_field(self.image_field.clone())
+            .label_field(self.label_field.as_deref());
+        if self.skip_bad_images {
+            b = b.on_bad_image(OnBadImage::Skip);
+        }
+        b.build()
+    }
+}
+
+/// What `build` needs, all of it `Send`, so the files are opened with the GIL released.
+struct Settings {
+    paths: Vec<PathBuf>,
+    batch_size: usize,
+    shuffle: Option<u64>,
+    workers: Option<usize>,
+    prefetch: Option<usize>,
+    drop_last: bool,
+    shard: Option<(u64, u64)>,
+    shard_env: bool,
+    evaluation: bool,
+    images: Option<ImageArgs>,
+    fields: Option<Vec<String>>,
+    epoch: u64,
+    pool_budget: Option<u64>,
+}
+
+/// A failure of `build` that is the Python user's argument, named as typed.
+enum BuildError {
+    Library(Error),
+    Argument(&'static str, String),
+}
+
+impl From<Error> for BuildError {
+    fn from(e: Error) -> Self {
+        BuildError::Library(e)
+    }
+}
+
+fn open_dataset(s: &Settings) -> Result<Arc<dyn Dataset>, BuildError> {
+    match s.paths.as_slice() {
+        [] => Err(BuildError::Argument(
+            "path_or_paths",
+            "no file given".into(),
+        )),
+        [dir] if dir.is_dir() => {
+            if s.images.is_none() {
+                return Err(BuildError::Argument(
+                    "images",
+                    format!(
+                        "{} is a directory (an ImageFolder): pass images={{...}} to decode its images, e.g. images={{'size': 224}}",
+                        dir.display()
+                    ),
+                ));
+            }
+            Ok(Arc::new(ImageFolder::open(dir)?))
+        }
+        [one] => Ok(Arc::from(source::open(one)?)),
+        many => Ok(Arc::new(source::open_shards(many)?)),
+    }
+}
+
+/// The fields named in the arguments must exist: say so naming the argument, with the
+/// data set's fields.
+fn check_names(s: &Settings, schema: &gpufeed::Schema) -> Result<(), BuildError> {
+    let missing = |name: &str| schema.index_of(name).is_none();
+    let fields = || {
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name.as_str()).collect();
+        format!("the data set's fields are {names:?}")
+    };
+    if let Some(names) = &s.fields
+        && let Some(name) = names.iter().find(|n| missing(n))
+    {
+        return Err(BuildError::Argument(
+            "fields",
+            format!("no field `{name}`: {}", fields()),
+        ));
+    }
+    if let Some(images) = &s.images {
+        if missing(&images.image_field) {
+            return Err(BuildError::Argument(
+                "images['image_field']",
+                format!("no field `{}`: {}", images.image_field, fields()),
+            ));
+        }
+        if let Some(label) = images.label_field.as_deref().filter(|l| missing(l)) {
+            return Err(BuildError::Argument(
+                "images['label_field']",
+                format!(
+                    "no field `{label}`: {}; use label_field=None for unlabelled data",
+                    fields()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn build(s: Settings) -> Result<(Loader, Option<Arc<ImageStats>>), BuildError> {
+    // The image options first: they are wrong whatever the data.
+    let transform = s.images.as_ref().map(ImageArgs::transform).transpose()?;
+    let dataset = open_dataset(&s)?;
+    check_names(&s, dataset.schema())?;
+    if s.images.is_none() {
+        // Variable-size fields cannot be batched as they are: say which argument fixes it.
+        let schema = dataset.schema();
+        let picked: Vec<&gpufeed::Field> = match &s.fields {
+            Some(names) => schema
+                .fields()
+                .iter()
+                .filter(|f| names.contains(&f.name))
+                .collect(),
+            None => schema.fields().iter().collect(),
+        };
+        if let Some(f) = picked
+            .iter()
+            .find(|f| matches!(f.kind, FieldKind::Bytes { .. }))
+        {
+            let tensors: Vec<&str> = schema
+                .fields()
+                .iter()
+                .filter(|f| matches!(f.kind, FieldKind::Tensor { .. }))
+                .map(|f| f.name.as_str())
+                .collect();
+            return Err(BuildError::Argument(
+                "images",
+                format!(
+                    "field `{}` holds variable-size bytes (encoded images?): pass images={{...}} to decode them, or fields=[...] to pick tensor fields only ({tensors:?})",
+                    f.name
+                ),
+            ));
+        }
+    }
+    let mut builder = Loader::builder_shared(dataset)
+        .batch_size(s.batch_size)
+        .drop_last(s.drop_last)
+        .evaluation(s.evaluation)
+        .epoch(s.epoch);
+    if let Some(seed) = s.shuffle {
+        builder = builder.shuffle(seed);
+    }
+    if let Some(w) = s.workers {
+        builder = builder.workers(w);
+    }
+    if let Some(p) = s.prefetch {
+        builder = builder.prefetch(p);
+    }
+    if let Some(b) = s.pool_budget {
+        builder = builder.pool_budget(b);
+    }
+    if s.shard_env {
+        builder = builder.shard_from_env();
+    } else if let Some((rank, world)) = s.shard {
+        builder = builder.shard(rank, world);
+    }
+    let mut stats = None;
+    if let Some(t) = transform {
+        stats = Some(t.stats());
+        builder = builder.transform(t);
+    } else if let Some(names) = &s.fields {
+        builder = builder.transform(CopyFields::named(names.iter().cloned()));
+    }
+    Ok((builder.build()?, stats))
+}
+
+fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
+    // A panic while the lock was held left the loader as the library left it: go on.
+    core.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl LoaderCore {
+    fn check_process(&self) -> PyResult<()> {
+        if std::process::id() != self.pid {
+            return Err(PyRuntimeError::new_err(format!(
+                "this gpufeed.Loader was made in process {} and cannot be used in process {} (a fork copies none of its threads): make the loader in the process that iterates it; with torch's DataLoader, use num_workers=0",
+                self.pid,
+                std::process::id()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the loader (and the `fresh` flag) with the GIL released, catching panics.
+    fn with_loader<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut bool, &mut Loader) -> gpufeed::Result<T> + Send,
+    ) -> PyResult<T> {
+        self.check_process()?;
+        let caught: Caught<Option<gpufeed::Result<T>>> = py.detach(|| {
+            catch(|| {
+                let mut guard = lock(&self.core);
+                let Core { loader, fresh } = &mut *guard;
+                Some(f(fresh, loader.as_mut()?))
+            })
+        });
+        match caught {
+            Ok(None) => Err(PyRuntimeError::new_err("this gpufeed.Loader is closed")),
+            Ok(Some(result)) => lift(py, Ok(result)),
+            Err(payload) => lift(py, Err(payload)),
+        }
+    }
+
+    fn batch_dict<'py>(
+        &self,
+        py: Python<'py>,
+        batch: gpufeed::Batch,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mask = self.evaluation.then(|| batch.mask());
+        let indices = self.indices.then(|| batch.indices().to_vec());
+        let len = batch.len() as i64;
+        let held = HeldBatch::new(batch);
+        let dict = PyDict::new(py);
+        for (k, name) in self.names.iter().enumerate() {
+            let array = Bound::new(py, Array::batch_field(&held, k)?)?;
+            dict.set_item(name.bind(py), self.converted(py, array)?)?;
+        }
+        // The batch is only in the arrays from here on.
+        drop(held);
+        if let Some(mask) = mask {
+            let bytes: Vec<u8> = mask.iter().map(|&m| u8::from(m)).collect();
+            let array = Bound::new(py, Array::owned(&bytes, DType::Bool, vec![len])?)?;
+            dict.set_item(MASK_KEY, self.converted(py, array)?)?;
+        }
+        if let Some(indices) = indices {
+            let bytes: Vec<u8> = indices
+                .iter()
+                .flat_map(|&i| (i as i64).to_le_bytes())
+                .collect();
+            let array = Bound::new(py, Array::owned(&bytes, DType::I64, vec![len])?)?;
+            dict.set_item(INDEX_KEY, self.converted(py, array)?)?;
+        }
+        Ok(dict)
+    }
+
+    fn converted<'py>(
+        &self,
+        py: Python<'py>,
+        array: Bound<'py, Array>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        match &self.convert {
+            Some(f) => f.bind(py).call1((array,)),
+            None => Ok(array.into_any()),
+        }
+    }
+}
+
+#[pymethods]
+impl LoaderCore {
+    #[new]
+    #[pyo3(signature = (
+        paths, *, batch_size, shuffle, workers, prefetch, drop_last, shard, shard_env,
+        evaluation, images, fields, epoch, pool_budget, indices, convert
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        batch_size: usize,
+        shuffle: Option<u64>,
+        workers: Option<usize>,
+        prefetch: Option<usize>,
+        drop_last: bool,
+        shard: Option<(u64, u64)>,
+        shard_env: bool,
+        evaluation: bool,
+        images: Option<&Bound<'_, PyDict>>,
+        fields: Option<Vec<String>>,
+        epoch: u64,
+        pool_budget: Option<u64>,
+        indices: bool,
+        convert: Option<Py<PyAny>>,
+    ) -> PyResult<LoaderCore> {
+        let images = images.map(|d| d.extract::<ImageArgs>()).transpose()?;
+        let settings = Settings {
+            paths,
+            batch_size,
+            shuffle,
+            workers,
+            prefetch,
+            drop_last,
+            shard,
+            shard_env,
+            evaluation,
+            images,
+            fields,
+            epoch,
+            pool_budget,
+        };
+        let caught = py.detach(|| catch(|| build(settings)));
+        let (loader, image_stats) = match caught {
+            Ok(Ok(built)) => built,
+            Ok(Err(BuildError::Library(e))) => return Err(errors::to_py(py, &e)),
+            Ok(Err(BuildError::Argument(arg, what))) => return Err(errors::config(py, arg, what)),
+            Err(payload) => return Err(errors::panicked(py, payload.as_ref())),
+        };
+        let layout = loader.layout();
+        let fields: Vec<(String, DType, Vec<usize>)> = layout
+            .fields()
+            .iter()
+            .map(|f| (f.name.clone(), f.dtype, f.shape.clone()))
+            .collect();
+        for (name, _, _) in &fields {
+            if name == MASK_KEY || name == INDEX_KEY {
+                return Err(errors::config(
+                    py,
+                    "fields",
+                    format!(
+                        "`{name}` is a key gpufeed reserves for its own arrays; rename the field"
+                    ),
+                ));
+            }
+        }
+        let names = fields
+            .iter()
+            .map(|(n, _, _)| PyString::intern(py, n).unbind())
+            .collect();
+        Ok(LoaderCore {
+            core: Mutex::new(Core {
+                loader: Some(loader),
+                fresh: true,
+            }),
+            names,
+            fields,
+            convert,
+            evaluation,
+            indices,
+            images: image_stats,
+            pid: std::process::id(),
+        })
+    }
+
+    /// Applies the epoch rule of `for` loops and returns the iterator (this object).
+    fn iter_epoch(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        let py = slf.py();
+        slf.get().with_loader(py, |fresh, loader| {
+            if !*fresh && loader.state().next_batch >= loader.batches_per_epoch() {
+                loader.next_epoch();
+            }
+            *fresh = false;
+            Ok(())
+        })?;
+        Ok(slf)
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        loop {
+            let next = self.with_loader(py, |fresh, loader| {
+                *fresh = false;
+                Ok(loader.next_timeout(POLL))
+            })?;
+            match next {
+                NextBatch::Ready(Ok(batch)) => return self.batch_dict(py, batch).map(Some),
+                NextBatch::Ready(Err(e)) => {
+                    let err = errors::to_py(py, &e);
+                    if let Error::InvalidConfig {
+                        setting: "pool_budget",
+                        ..
+                    } = e
+                    {
+                        let note = "gpufeed: each tensor of a batch keeps the whole batch buffer; keep copies (tensor.clone(), numpy.array(a)) of what you keep across steps";
+                        // Python < 3.11 has no notes; the message says enough without one.
+                        let _ = err.value(py).call_method1("add_note", (note,));
+                    }
+                    return Err(err);
+                }
+                NextBatch::EndOfEpoch => return Ok(None),
+                NextBatch::Pending => py.check_signals()?,
+            }
+        }
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_loader(py, |_, l| Ok(l.batches_per_epoch() as usize))
+    }
+
+    fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
+        self.with_loader(py, |fresh, l| {
+            l.set_epoch(epoch);
+            *fresh = true;
+            Ok(())
+        })
+    }
+
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let state = self.with_loader(py, |_, l| Ok(l.state()))?;
+        let json = serde_json::to_value(&state).map_err(|e| {
+            PyRuntimeError::new_err(format!("cannot encode the loader's state: {e}"))
+        })?;
+        value::to_python(py, &json)
+    }
+
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let json = value::from_python(state, "state_dict")?;
+        let state: LoaderState = serde_json::from_value(json).map_err(|e| {
+            errors::config(py, "state_dict", format!("not a gpufeed loader state: {e}"))
+        })?;
+        let result = self.with_loader(py, |fresh, l| {
+            l.load_state(state)?;
+            *fresh = true;
+            Ok(())
+        });
+        // A state of other order settings is a bad argument, named as such.
+        result.map_err(|e| {
+            let is_mismatch = e
+                .value(py)
+                .getattr("kind")
+                .and_then(|k| k.extract::<String>())
+                .is_ok_and(|k| k == "mismatch");
+            if is_mismatch {
+                errors::config(py, "state_dict", e.value(py).to_string())
+            } else {
+                e
+            }
+        })
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.with_loader(py, |_, l| Ok(l.stats()))?;
+        let d = PyDict::new(py);
+        d.set_item("batches", s.batches)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("elapsed_s", s.elapsed.as_secs_f64())?;
+        d.set_item("waited_s", s.waited.as_secs_f64())?;
+        d.set_item("wait_fraction", s.wait_fraction())?;
+        d.set_item("samples_per_s", s.samples_per_sec())?;
+        d.set_item("bytes_per_s", s.bytes_per_sec())?;
+        d.set_item("first_batch_s", s.first_batch.map(|f| f.as_secs_f64()))?;
+        d.set_item("workers", s.workers)?;
+        d.set_item("in_flight", s.in_flight)?;
+        d.set_item("ready", s.ready)?;
+        let stages = PyDict::new(py);
+        stages.set_item("fetch_s", s.stages.fetch.as_secs_f64())?;
+        stages.set_item("transform_s", s.stages.transform.as_secs_f64())?;
+        stages.set_item("collate_s", s.stages.collate.as_secs_f64())?;
+        stages.set_item("batches_made", s.stages.batches_made)?;
+        d.set_item("stages", stages)?;
+        let pool = PyDict::new(py);
+        pool.set_item("allocated_bytes", s.pool.allocated_bytes)?;
+        pool.set_item("reserved_bytes", s.pool.reserved_bytes)?;
+        pool.set_item("peak_allocated_bytes", s.pool.peak_allocated_bytes)?;
+        pool.set_item("peak_reserved_bytes", s.pool.peak_reserved_bytes)?;
+        pool.set_item("budget_bytes", s.pool.budget_bytes)?;
+        pool.set_item("allocations", s.pool.allocations)?;
+        pool.set_item("reuses", s.pool.reuses)?;
+        pool.set_item("evictions", s.pool.evictions)?;
+        pool.set_item("waits", s.pool.waits)?;
+        d.set_item("pool", pool)?;
+        if let Some(images) = &self.images {
+            let i = PyDict::new(py);
+            i.set_item("decoded", images.decoded())?;
+            i.set_item("skipped", images.skipped())?;
+            i.set_item("last_skipped", images.last_skipped())?;
+            d.set_item("images", i)?;
+        }
+        d.set_item("text", s.to_string())?;
+        Ok(d)
+    }
+
+    /// The epoch being delivered.
+    #[getter]
+    fn epoch(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with_loader(py, |_, l| Ok(l.epoch()))
+    }
+
+    /// Batches delivered in this epoch.
+    #[getter]
+    fn position(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with_loader(py, |_, l| Ok(l.state().next_batch))
+    }
+
+    /// (rank, world size, samples in the data set, batch size).
+    #[getter]
+    fn order(&self, py: Python<'_>) -> PyResult<(u64, u64, u64, u64)> {
+        self.with_loader(py, |_, l| {
+            let s = l.order_spec();
+            Ok((s.rank, s.world, s.len, s.batch_size))
+        })
+    }
+
+    /// Each field's (name, dtype, per-sample shape).
+    #[getter]
+    fn fields<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items: Vec<(String, &'static str, Vec<usize>)> = self
+            .fields
+            .iter()
+            .map(|(n, d, s)| (n.clone(), dtype_name(*d), s.clone()))
+            .collect();
+        PyList::new(py, items)
+    }
+
+    /// Stops the worker threads and frees the pool's cached buffers; batches still held stay
+    /// valid. Later calls raise.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.check_process()?;
+        let caught = py.detach(|| catch(|| drop(lock(&self.core).loader.take())));
+        caught.map_err(|payload| errors::panicked(py, payload.as_ref()))
+    }
+}
+
+impl Drop for LoaderCore {
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child: the worker threads are not in this process, so joining them
+            // would wait forever. The parent's loader is untouched; leak the copy.
+            let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
+            std::mem::forget(core.loader.take());
+        }
+    }
+}
+
+/// (batches, own blocks) alive: for leak checks.
+#[pyfunction]
+pub fn _live() -> (u64, u64) {
+    crate::dlpack::live_counts()
+}

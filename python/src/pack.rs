@@ -1,0 +1,441 @@
+//! `pack` and `inspect`: the command's `gpufeed pack` and `gpufeed inspect`, on the library's
+//! APIs (`RecordWriter`, `NpyArray`, `RecordFile`, `pack_image_folder`), with the GIL released.
+//!
+//! `pack` writes through one `RecordWriter`, which writes a temporary file and renames it over
+//! the output only once complete: an error or Ctrl-C (looked for every [`CHECK_EVERY`] bytes of
+//! `.npy` or raw input) drops the writer, which removes its temporary file. An ImageFolder is
+//! packed by the library in one call, which Ctrl-C interrupts only at its end.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use gpufeed::format::{DType, Field, FieldKind, PackSummary, RecordFile, RecordWriter, Schema};
+use gpufeed::source::{ImageFolder, pack_image_folder};
+use gpufeed::{Dataset, Error, NpyArray};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::errors::{self, catch};
+
+/// Bytes of input between two looks for Ctrl-C.
+const CHECK_EVERY: u64 = 64 << 20;
+
+/// Why a pack stopped.
+enum PackError {
+    Library(Error),
+    /// A Python argument, as typed, and what is wrong with it.
+    Argument(&'static str, String),
+    /// A signal handler raised (Ctrl-C).
+    Interrupted(PyErr),
+}
+
+impl From<Error> for PackError {
+    fn from(e: Error) -> Self {
+        PackError::Library(e)
+    }
+}
+
+/// Looks for signals (attaching to Python for a moment); `Err` if a handler raised.
+fn check_signals() -> Result<(), PackError> {
+    Python::attach(|py| py.check_signals()).map_err(PackError::Interrupted)
+}
+
+fn pack_npy(
+    inputs: &[PathBuf],
+    labels: Option<&Path>,
+    output: &Path,
+) -> Result<(PackSummary, u64), PackError> {
+    let arrays = inputs
+        .iter()
+        .map(NpyArray::open)
+        .collect::<gpufeed::Result<Vec<_>>>()?;
+    let Some(first) = arrays.first() else {
+        return Err(PackError::Argument(
+            "inputs",
+            "at least one input is needed".into(),
+        ));
+    };
+    let (dtype, row_shape) = (first.dtype(), first.shape()[1..].to_vec());
+    for a in &arrays[1..] {
+        if a.dtype() != dtype || a.shape()[1..] != row_shape[..] {
+            return Err(PackError::Argument(
+                "inputs",
+                format!(
+                    "{} has rows of {}{:?}, {} has rows of {dtype}{row_shape:?}: inputs must agree",
+                    a.path().display(),
+                    a.dtype(),
+                    &a.shape()[1..],
+                    first.path().display(),
+                ),
+            ));
+        }
+    }
+    let rows: u64 = arrays.iter().map(|a| a.len()).sum();
+    let labels = match labels {
+        Some(path) => {
+            let l = NpyArray::open_as(path, "label")?;
+            if l.len() != rows {
+                return Err(PackError::Argument(
+                    "labels",
+                    format!(
+                        "{} has {} rows, the inputs have {rows}",
+                        path.display(),
+                        l.len()
+                    ),
+                ));
+            }
+            Some(l)
+        }
+        None => None,
+    };
+    let mut fields = vec![Field::tensor(NpyArray::FIELD, dtype, &row_shape)];
+    if let Some(l) = &labels {
+        fields.extend(l.schema().fields().iter().cloned());
+    }
+    let schema = Schema::new(fields).map_err(|what| PackError::Argument("inputs", what))?;
+    let total: u64 = arrays.iter().map(|a| a.len() * a.row_bytes() as u64).sum();
+    let mut writer = RecordWriter::create(output, schema)?;
+    let (mut done, mut checked, mut label_row) = (0u64, 0u64, 0u64);
+    for a in &arrays {
+        for i in 0..a.len() {
+            let row = a.row(i)?;
+            match &labels {
+                Some(l) => writer.append(&[row, l.row(label_row)?])?,
+                None => writer.append(&[row])?,
+            }
+            label_row += 1;
+            done += row.len() as u64;
+            if done - checked >= CHECK_EVERY {
+                check_signals()?;
+                checked = done;
+            }
+        }
+    }
+    Ok((writer.finish()?, total))
+}
+
+fn pack_raw(
+    inputs: &[PathBuf],
+    record_bytes: u64,
+    output: &Path,
+) -> Result<(PackSummary, u64), PackError> {
+    let rb = usize::try_from(record_bytes)
+        .ok()
+        .filter(|&n| n > 0 && n <= u32::MAX as usize)
+        .ok_or_else(|| {
+            PackError::Argument(
+                "record_bytes",
+                format!("{record_bytes} is not from 1 to 4 GiB"),
+            )
+        })?;
+    if inputs.is_empty() {
+        return Err(PackError::Argument(
+            "inputs",
+            "at least one input is needed".into(),
+        ));
+    }
+    let mut sizes = Vec::with_capacity(inputs.len());
+    for path in inputs {
+        let size = std::fs::metadata(path)
+            .map_err(|e| Error::Io {
+                path: path.clone(),
+                op: "stat",
+                source: e,
+            })?
+            .len();
+        if size % record_bytes != 0 {
+            return Err(PackError::Library(Error::Malformed {
+                path: path.clone(),
+                format: "raw record",
+                what: format!(
+                    "its size, {size} bytes, is not a multiple of record_bytes={record_bytes} ({} whole records and {} bytes over)",
+                    size / record_bytes,
+                    size % record_bytes
+                ),
+            }));
+        }
+        sizes.push(size);
+    }
+    let schema = Schema::new(vec![Field::tensor("data", DType::U8, &[record_bytes])])
+        .map_err(|what| PackError::Argument("record_bytes", what))?;
+    let total: u64 = sizes.iter().sum();
+    let mut writer = RecordWriter::create(output, schema)?;
+    // Whole records per read: about 8 MiB, at least one record.
+    let per_chunk = ((8usize << 20) / rb).max(1);
+    let mut buf = vec![0u8; per_chunk * rb];
+    let (mut done, mut checked) = (0u64, 0u64);
+    for (path, &size) in inputs.iter().zip(&sizes) {
+        let mut file = File::open(path).map_err(|e| Error::Io {
+            path: path.clone(),
+            op: "open",
+            source: e,
+        })?;
+        let mut left = size;
+        while left > 0 {
+            let want = (buf.len() as u64).min(left) as usize;
+            file.read_exact(&mut buf[..want]).map_err(|e| Error::Io {
+                path: path.clone(),
+                op: "read (did the file shrink while being packed?)",
+                source: e,
+            })?;
+            for record in buf[..want].chunks_exact(rb) {
+                writer.append(&[record])?;
+            }
+            left -= want as u64;
+            done += want as u64;
+            if done - checked >= CHECK_EVERY {
+                check_signals()?;
+                checked = done;
+            }
+        }
+    }
+    Ok((writer.finish()?, total))
+}
+
+fn pack_folder(inputs: &[PathBuf], output: &Path) -> Result<(PackSummary, u64), PackError> {
+    let [dir] = inputs else {
+        return Err(PackError::Argument(
+            "inputs",
+            format!(
+                "kind='imagefolder' takes exactly one directory, not {}",
+                inputs.len()
+            ),
+        ));
+    };
+    let folder = ImageFolder::open(dir)?;
+    let summary = pack_image_folder(&folder, output, |_| {})?;
+    let bytes = summary.file_bytes;
+    Ok((summary, bytes))
+}
+
+/// Writes a packed record file from `.npy` arrays (`kind="npy"`), raw fixed-size records
+/// (`kind="raw"`, with `record_bytes`) or one ImageFolder directory (`kind="imagefolder"`);
+/// see `gpufeed.pack`.
+#[pyfunction]
+#[pyo3(signature = (inputs, output, *, kind, labels=None, record_bytes=None))]
+pub fn pack<'py>(
+    py: Python<'py>,
+    inputs: Vec<PathBuf>,
+    output: PathBuf,
+    kind: &str,
+    labels: Option<PathBuf>,
+    record_bytes: Option<u64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let wrong = |arg: &str, what: &str| Err(errors::config(py, arg, what));
+    match kind {
+        "npy" if record_bytes.is_some() => {
+            return wrong("record_bytes", "applies to kind='raw' only");
+        }
+        "raw" if labels.is_some() => return wrong("labels", "applies to kind='npy' only"),
+        "raw" if record_bytes.is_none() => {
+            return wrong("record_bytes", "is required with kind='raw'");
+        }
+        "imagefolder" if labels.is_some() || record_bytes.is_some() => {
+            return wrong(
+                "kind",
+                "kind='imagefolder' takes its labels from the class directories; labels and record_bytes do not apply",
+            );
+        }
+        "npy" | "raw" | "imagefolder" => {}
+        other => {
+            return wrong(
+                "kind",
+                &format!("{other:?} is not one of 'npy', 'raw', 'imagefolder'"),
+            );
+        }
+    }
+    let start = Instant::now();
+    let caught = py.detach(|| {
+        catch(|| match kind {
+            "npy" => pack_npy(&inputs, labels.as_deref(), &output),
+            "raw" => pack_raw(&inputs, record_bytes.unwrap_or(0), &output),
+            _ => pack_folder(&inputs, &output),
+        })
+    });
+    let (summary, input_bytes) = match caught {
+        Ok(Ok(done)) => done,
+        Ok(Err(PackError::Library(e))) => return Err(errors::to_py(py, &e)),
+        Ok(Err(PackError::Argument(arg, what))) => return Err(errors::config(py, arg, what)),
+        Ok(Err(PackError::Interrupted(e))) => return Err(e),
+        Err(payload) => return Err(errors::panicked(py, payload.as_ref())),
+    };
+    let d = PyDict::new(py);
+    d.set_item("path", summary.path.display().to_string())?;
+    d.set_item("records", summary.records)?;
+    d.set_item("file_bytes", summary.file_bytes)?;
+    d.set_item("input_bytes", input_bytes)?;
+    d.set_item("seconds", start.elapsed().as_secs_f64())?;
+    Ok(d)
+}
+
+fn fields_list<'py>(py: Python<'py>, schema: &Schema) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for (k, f) in schema.fields().iter().enumerate() {
+        let d = PyDict::new(py);
+        d.set_item("name", &f.name)?;
+        match &f.kind {
+            FieldKind::Tensor { dtype, shape } => {
+                d.set_item("kind", "tensor")?;
+                d.set_item("dtype", crate::dlpack::dtype_name(*dtype))?;
+                d.set_item("shape", shape.clone())?;
+                d.set_item("bytes", schema.fixed_range(k).map_or(0, |r| r.len()))?;
+            }
+            FieldKind::Bytes { codec } => {
+                d.set_item("kind", "bytes")?;
+                d.set_item("codec", codec.name())?;
+            }
+        }
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
+/// Files with up to this many records have their record sizes taken from every entry of the
+/// offset table; larger ones from [`SAMPLE`] evenly spaced records (as `gpufeed inspect`).
+const EXACT_LIMIT: u64 = 1 << 20;
+/// Records sampled for the record sizes of a larger file.
+const SAMPLE: u64 = 4096;
+
+/// What `inspect` found out without Python.
+enum Found {
+    Npy {
+        array: NpyArray,
+        file_bytes: u64,
+    },
+    Packed {
+        file: RecordFile,
+        min: u64,
+        max: u64,
+        looked_at: u64,
+        verified: Option<gpufeed::Result<()>>,
+    },
+    Folder(ImageFolder),
+}
+
+fn look(path: &Path, verify: bool) -> gpufeed::Result<Found> {
+    if path.is_dir() {
+        return Ok(Found::Folder(ImageFolder::open(path)?));
+    }
+    let mut magic = Vec::with_capacity(6);
+    let mut f = File::open(path).map_err(|e| Error::Io {
+        path: path.to_path_buf(),
+        op: "open",
+        source: e,
+    })?;
+    (&mut f)
+        .take(6)
+        .read_to_end(&mut magic)
+        .map_err(|e| Error::Io {
+            path: path.to_path_buf(),
+            op: "read",
+            source: e,
+        })?;
+    if magic == b"\x93NUMPY" {
+        let array = NpyArray::open(path)?;
+        let file_bytes = f
+            .metadata()
+            .map_err(|e| Error::Io {
+                path: path.to_path_buf(),
+                op: "stat",
+                source: e,
+            })?
+            .len();
+        return Ok(Found::Npy { array, file_bytes });
+    }
+    let file = RecordFile::open(path)?;
+    let n = file.len();
+    let (step, looked_at) = if n <= EXACT_LIMIT {
+        (1, n)
+    } else {
+        (n / SAMPLE, SAMPLE)
+    };
+    let (mut min, mut max) = (if n == 0 { 0 } else { u64::MAX }, 0u64);
+    for k in 0..looked_at {
+        let len = file.record_bytes(k * step)?.len() as u64;
+        min = min.min(len);
+        max = max.max(len);
+    }
+    let verified = verify.then(|| file.verify(|_| {}));
+    Ok(Found::Packed {
+        file,
+        min,
+        max,
+        looked_at,
+        verified,
+    })
+}
+
+/// What a packed record file, a `.npy` array or an ImageFolder directory holds; see
+/// `gpufeed.inspect`.
+#[pyfunction]
+#[pyo3(signature = (path, *, verify=false))]
+pub fn inspect<'py>(py: Python<'py>, path: PathBuf, verify: bool) -> PyResult<Bound<'py, PyDict>> {
+    let caught = py.detach(|| catch(|| look(&path, verify)));
+    let found = errors::lift(py, caught)?;
+    let d = PyDict::new(py);
+    d.set_item("path", path.display().to_string())?;
+    match found {
+        Found::Npy { array, file_bytes } => {
+            d.set_item("format", "npy")?;
+            d.set_item("dtype", crate::dlpack::dtype_name(array.dtype()))?;
+            d.set_item("shape", array.shape().to_vec())?;
+            d.set_item("records", array.len())?;
+            d.set_item("fields", fields_list(py, array.schema())?)?;
+            d.set_item("file_bytes", file_bytes)?;
+            d.set_item("header_bytes", array.data_offset())?;
+            d.set_item("data_bytes", array.len() * array.row_bytes() as u64)?;
+            let sizes = PyDict::new(py);
+            sizes.set_item("min", array.row_bytes())?;
+            sizes.set_item("mean", array.row_bytes() as f64)?;
+            sizes.set_item("max", array.row_bytes())?;
+            sizes.set_item("exact", true)?;
+            d.set_item("record_bytes", sizes)?;
+            if verify {
+                // Opening checked the header and the size; a .npy has no checksums.
+                d.set_item("verified", true)?;
+            }
+        }
+        Found::Packed {
+            file,
+            min,
+            max,
+            looked_at,
+            verified,
+        } => {
+            let (major, minor) = file.version();
+            d.set_item("format", "packed")?;
+            d.set_item("version", format!("{major}.{minor}"))?;
+            d.set_item("record_align", file.record_align())?;
+            d.set_item("records", file.len())?;
+            d.set_item("fields", fields_list(py, file.schema())?)?;
+            d.set_item("file_bytes", file.file_bytes())?;
+            d.set_item("data_bytes", file.data_bytes())?;
+            let sizes = PyDict::new(py);
+            sizes.set_item("min", min)?;
+            let mean = if file.is_empty() {
+                0.0
+            } else {
+                file.data_bytes() as f64 / file.len() as f64
+            };
+            sizes.set_item("mean", mean)?;
+            sizes.set_item("max", max)?;
+            sizes.set_item("exact", looked_at == file.len())?;
+            sizes.set_item("sampled_records", looked_at)?;
+            d.set_item("record_bytes", sizes)?;
+            if let Some(result) = verified {
+                // A fault is raised, as `gpufeed inspect --verify` fails on it.
+                result.map_err(|e| errors::to_py(py, &e))?;
+                d.set_item("verified", true)?;
+            }
+        }
+        Found::Folder(folder) => {
+            d.set_item("format", "imagefolder")?;
+            d.set_item("records", folder.len())?;
+            d.set_item("classes", folder.classes().to_vec())?;
+            d.set_item("fields", fields_list(py, folder.schema())?)?;
+        }
+    }
+    Ok(d)
+}

@@ -1,0 +1,115 @@
+"""Shared data for gpufeed's Python tests: small packed files, .npy arrays, PNG folders."""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpufeed
+
+N = 1000
+
+
+def live() -> tuple:
+    """(batches, own blocks) that gpufeed arrays still hold."""
+    return gpufeed._gpufeed._live()
+
+
+def rows(n: int = N) -> np.ndarray:
+    """Sample i's `data`: i * 10 + [0..6), as float32 [2, 3] (exact in float32)."""
+    return (np.arange(n, dtype=np.float32)[:, None] * 10 + np.arange(6, dtype=np.float32)).reshape(
+        n, 2, 3
+    )
+
+
+@pytest.fixture
+def arrays(tmp_path: Path):
+    """(data.npy, labels.npy) of N samples: data as `rows`, label i."""
+    x, y = tmp_path / "data.npy", tmp_path / "labels.npy"
+    np.save(x, rows())
+    np.save(y, np.arange(N, dtype=np.int64))
+    return x, y
+
+
+@pytest.fixture
+def packed(tmp_path: Path, arrays) -> Path:
+    """A packed file of N samples: `data` float32 [2, 3] (as `rows`) and `label` int64 = i."""
+    out = tmp_path / "train.gfd"
+    gpufeed.pack(arrays[0], out, labels=arrays[1])
+    return out
+
+
+def write_png(path: Path, rgb: np.ndarray) -> None:
+    """Writes an RGB8 PNG (no dependency but zlib)."""
+    h, w, _ = rgb.shape
+    scanlines = np.hstack([np.zeros((h, 1), np.uint8), rgb.reshape(h, w * 3)]).tobytes()
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(scanlines, 1))
+        + chunk(b"IEND", b"")
+    )
+    path.write_bytes(png)
+
+
+CLASSES = ["cat", "dog", "emu"]
+
+
+def class_color(k: int) -> tuple:
+    return (40 * k + 10, 200 - 50 * k, 90 + 30 * k)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """An ImageFolder: 3 classes x 4 solid-colour PNGs of 30x40 (class k has `class_color(k)`)."""
+    root = tmp_path / "folder"
+    for k, name in enumerate(CLASSES):
+        (root / name).mkdir(parents=True)
+        img = np.empty((30, 40, 3), np.uint8)
+        img[...] = class_color(k)
+        for i in range(4):
+            write_png(root / name / f"{i}.png", img)
+    return root
+
+
+def read_offset_table(path: Path) -> int:
+    """The offset table's position in a packed file (from its footer, docs/FORMAT.md)."""
+    b = path.read_bytes()
+    footer = len(b) - 64
+    return struct.unpack_from("<Q", b, footer + 40)[0]
+
+
+#: numpy >= 2.1 reads versioned DLPack capsules, which say the memory is writable; older numpy
+#: reads legacy ones and marks every such array read-only.
+NUMPY_WRITES = tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 1)
+
+
+class Producer:
+    """A DLPack producer that exports `array` with extra `__dlpack__` arguments (`copy=True`),
+    or without `max_version` (a producer of the protocol before 1.0): any numpy can read it."""
+
+    def __init__(self, array, **kwargs):
+        self.array = array
+        self.kwargs = kwargs
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__(stream=stream, **self.kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def require_gpu_tools() -> bool:
+    """True when GPUFEED_REQUIRE_GPU=1: tests that need torch must fail, not skip, without it."""
+    return os.environ.get("GPUFEED_REQUIRE_GPU") == "1"

@@ -1,0 +1,204 @@
+"""Errors cross as gpufeed.Error subclasses with gpufeed's message, never a crash; the loader
+goes on after a bad batch."""
+
+from __future__ import annotations
+
+import errno
+import struct
+
+import numpy as np
+import pytest
+
+import gpufeed
+from conftest import N, read_offset_table, rows
+
+
+@pytest.mark.parametrize(
+    "kwargs, argument, words",
+    [
+        (dict(batch_size=0), "batch_size", "at least 1"),
+        (dict(shard=(2, 2)), "shard", "rank 2 is not below the world size 2"),
+        (dict(shard="all"), "shard", "'env' or (rank, world_size)"),
+        (dict(workers=0), "workers", "at least 1"),
+        (dict(prefetch=0), "prefetch", "at least 1"),
+        (dict(evaluation=True, drop_last=True), "evaluation", "drop_last"),
+        (dict(output="pandas"), "output", "'torch', 'numpy', 'dlpack'"),
+        (dict(device="cuda:0"), "device", "host memory only"),
+        (dict(fields=["nope"]), "fields", "no field `nope`"),
+        (dict(images={"size": 0}), "images['size']", "at least 1"),
+        (dict(images={"colour": 1}), "images['colour']", "not an image option"),
+        (dict(images={"dtype": "int32"}), "images['dtype']", "not one of"),
+        (dict(images={"normalize": (1, 2)}), "images['normalize']", "imagenet"),
+        (dict(images={"scale": (0.9, 0.1)}), "images['scale']", "ordered range"),
+        (dict(images={"flip": 2.0}), "images['flip']", "not a probability"),
+        (dict(images={}, fields=["data"]), "fields", "image pipeline"),
+        (dict(drop_last=True, batch_size=5000), "drop_last", "fewer than one batch"),
+        (dict(pool_budget=100), "pool_budget", "cannot hold one batch"),
+    ],
+)
+def test_a_bad_argument_is_a_config_error_naming_it(packed, kwargs, argument, words):
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(packed, **{"output": "numpy", **kwargs})
+    err = e.value
+    assert isinstance(err, ValueError) and isinstance(err, gpufeed.Error)
+    assert err.argument == argument and err.kind == "invalid_config"
+    assert f"invalid argument {argument}:" in str(err) and words in str(err), str(err)
+
+
+def test_a_bad_type_is_a_type_error(packed):
+    for kwargs in (dict(batch_size="8"), dict(shuffle=1.5), dict(images=3), dict(epoch=None)):
+        with pytest.raises(TypeError):
+            gpufeed.Loader(packed, output="numpy", **kwargs)
+
+
+def test_bytes_fields_need_the_image_pipeline(folder, tmp_path):
+    packed = tmp_path / "images.gfd"
+    gpufeed.pack(folder, packed)
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(packed, output="numpy")
+    assert e.value.argument == "images" and "`image`" in str(e.value)
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(folder, output="numpy")
+    assert e.value.argument == "images" and "ImageFolder" in str(e.value)
+    # Picking tensor fields only works without it.
+    labels = gpufeed.Loader(packed, fields=["label"], batch_size=12, output="numpy")
+    assert next(iter(labels))["label"].tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(packed, images={"label_field": "class"}, output="numpy")
+    assert e.value.argument == "images['label_field']"
+
+
+def test_a_missing_file_is_file_not_found_naming_it(tmp_path):
+    path = tmp_path / "nope.gfd"
+    with pytest.raises(FileNotFoundError) as e:
+        gpufeed.Loader(path, output="numpy")
+    err = e.value
+    assert isinstance(err, gpufeed.FileError) and isinstance(err, OSError)
+    assert err.errno == errno.ENOENT and err.filename == str(path) and err.kind == "io"
+    assert str(path) in str(err) and "open" in str(err)
+    with pytest.raises(gpufeed.FileNotFound):
+        gpufeed.inspect(path)
+    with pytest.raises(gpufeed.FileNotFound):
+        gpufeed.pack(tmp_path / "none.npy", tmp_path / "out.gfd")
+
+
+def test_a_truncated_file_is_a_data_error_naming_it(packed):
+    data = packed.read_bytes()
+    packed.write_bytes(data[: len(data) - 100])
+    with pytest.raises(gpufeed.DataError) as e:
+        gpufeed.Loader(packed, output="numpy")
+    assert e.value.kind == "malformed" and e.value.path == str(packed)
+    assert str(packed) in str(e.value) and isinstance(e.value, ValueError)
+
+
+def test_a_corrupt_record_fails_its_batch_names_the_sample_and_the_loader_goes_on(packed):
+    table = read_offset_table(packed)
+    b = bytearray(packed.read_bytes())
+    struct.pack_into("<Q", b, table + 8 * 130, 2**64 - 8)  # records 129 and 130 are bad
+    packed.write_bytes(bytes(b))
+    loader = gpufeed.Loader(packed, batch_size=64, workers=2, output="numpy")
+    good, failures = [], []
+    it = iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        except gpufeed.DataError as e:
+            failures.append(e)
+            continue
+        good.extend(batch["label"].tolist())
+    assert len(failures) == 1, failures
+    err = failures[0]
+    assert err.kind == "bad_record" and err.path == str(packed)
+    assert err.sample == 129 and err.record == 129 and err.batch == 2
+    assert str(packed) in str(err) and "sample 129 (batch 2)" in str(err)
+    # Every other batch came, in order.
+    assert good == [i for i in range(N) if not 128 <= i < 192]
+
+
+def test_verify_finds_a_bad_checksum(packed):
+    b = bytearray(packed.read_bytes())
+    data_offset = struct.unpack_from("<Q", b, 16)[0]
+    b[data_offset + 6 * 32 + 3] ^= 0xFF  # record 6 (32 bytes each) no longer matches its checksum
+    packed.write_bytes(bytes(b))
+    assert gpufeed.inspect(packed)["records"] == N  # without verify: no record is read
+    with pytest.raises(gpufeed.DataError) as e:
+        gpufeed.inspect(packed, verify=True)
+    assert e.value.kind == "checksum" and e.value.record == 6 and e.value.path == str(packed)
+
+
+def test_a_corrupt_image_fails_its_batch_or_is_skipped(folder):
+    bad = folder / "dog" / "2.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    loader = gpufeed.Loader(folder, batch_size=4, images={"size": 8}, output="numpy")
+    results = []
+    it = iter(loader)
+    for _ in range(len(loader)):
+        try:
+            results.append(next(it)["label"].tolist())
+        except gpufeed.DataError as e:
+            results.append(e)
+    err = results[1]
+    assert isinstance(err, gpufeed.DataError) and err.kind == "image"
+    # The image is named by its path in the folder.
+    assert err.sample == 6 and err.batch == 1 and "dog/2.png" in str(err)
+    assert results[0] == [0] * 4 and results[2] == [2] * 4
+    skip = gpufeed.Loader(
+        folder, batch_size=4, images={"size": 8, "skip_bad_images": True}, output="numpy"
+    )
+    labels = [b["label"].tolist() for b in skip]
+    assert labels[1] == [1, 1, -1, 1]
+    stats = skip.stats()["images"]
+    # At least once: the loader may have started the next epoch, which decodes it again.
+    assert stats["skipped"] >= 1 and "dog/2.png" in stats["last_skipped"]
+
+
+def test_bad_npy_and_pack_arguments(tmp_path):
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"\x93NUMPY\x01\x00" + b"\x10\x00" + b"{'descr': 'zz'}" + b" " * 20)
+    with pytest.raises(gpufeed.DataError) as e:
+        gpufeed.Loader(bad, output="numpy")
+    assert e.value.path == str(bad)
+    raw = tmp_path / "raw.bin"
+    raw.write_bytes(b"x" * 100)
+    with pytest.raises(gpufeed.DataError) as e:
+        gpufeed.pack(raw, tmp_path / "o.gfd", record_bytes=64)
+    assert "not a multiple" in str(e.value)
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.pack(raw, tmp_path / "o.gfd", kind="raw")
+    assert e.value.argument == "record_bytes"
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.pack(raw, tmp_path / "o.gfd", kind="tar")
+    assert e.value.argument == "kind"
+    np.save(tmp_path / "a.npy", rows(10))
+    np.save(tmp_path / "l.npy", np.arange(9))
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.pack(tmp_path / "a.npy", tmp_path / "o.gfd", labels=tmp_path / "l.npy")
+    assert e.value.argument == "labels" and "9 rows" in str(e.value)
+    assert not (tmp_path / "o.gfd").exists()
+
+
+def test_holding_every_batch_is_an_error_naming_the_budget_and_loses_nothing(packed):
+    loader = gpufeed.Loader(packed, batch_size=10, workers=1, prefetch=2, output="numpy")
+    held = []
+    it = iter(loader)
+    with pytest.raises(gpufeed.ConfigError) as e:
+        while True:
+            held.append(next(it))
+    assert e.value.argument == "pool_budget" and len(held) == 4  # prefetch + 2
+    assert "holds 4 batches" in str(e.value)
+    del held[:2]
+    rest = [b["label"].tolist() for b in it]
+    assert rest[0] == list(range(40, 50)), "a batch was lost"
+
+
+def test_a_closed_loader_says_so(packed):
+    with gpufeed.Loader(packed, output="numpy") as loader:
+        next(iter(loader))
+    with pytest.raises(RuntimeError, match="closed"):
+        len(loader)
+    with pytest.raises(TypeError, match="pickled"):
+        import pickle
+
+        pickle.dumps(gpufeed.Loader(packed, output="numpy"))

@@ -1,0 +1,22 @@
+"""The README's Python quick start runs as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_quick_start_runs(tmp_path, monkeypatch, capsys):
+    text = README.read_text()
+    section = text.split("\n## Python\n", 1)
+    assert len(section) == 2, "README has no '## Python' section"
+    blocks = re.findall(r"```python\n(.*?)```", section[1].split("\n## ", 1)[0], re.S)
+    assert blocks, "the README's Python section has no python block"
+    monkeypatch.chdir(tmp_path)
+    for code in blocks:
+        exec(compile(code, str(README), "exec"), {"__name__": "readme"})
+    assert "delivered" in capsys.readouterr().out
