@@ -639,6 +639,9 @@ impl ShardedDataset<TarShards> {
             rejected: AtomicU64::new(0),
             write_failures: AtomicU64::new(0),
         };
+        // The first shard's index gives the fields unless they are declared; it is counted
+        // below without being read again.
+        let mut first = None;
         let fields = match &options.fields {
             Some(f) => {
                 if f.is_empty() {
@@ -647,8 +650,8 @@ impl ShardedDataset<TarShards> {
                 f.clone()
             }
             None => {
-                let (_, index) = format.load_index(&*store, &names[0])?;
-                let mut found: Vec<String> = index
+                let (path, index) = format.load_index(&*store, &names[0])?;
+                let found: Vec<String> = index
                     .extensions()
                     .iter()
                     .cloned()
@@ -657,12 +660,12 @@ impl ShardedDataset<TarShards> {
                     .collect();
                 if found.is_empty() {
                     return Err(Error::Malformed {
-                        path: store.locate(&names[0]),
+                        path,
                         format: "webdataset tar",
                         what: "the first shard holds no sample to take fields from".into(),
                     });
                 }
-                found.shrink_to_fit();
+                first = Some((path, index));
                 found
             }
         };
@@ -675,20 +678,25 @@ impl ShardedDataset<TarShards> {
         .map_err(|e| Error::config("fields", e))?;
         format.fields = fields;
         // Every shard's count, from its index (cached, or built now), in parallel.
+        let count = |(path, index): (PathBuf, TarIndex)| -> Result<u64> {
+            let field_ext = format.field_ext(&index);
+            let kept = format.kept(&path, &index, &field_ext)?;
+            format
+                .skipped_members
+                .fetch_add(index.skipped_members(), Ordering::Relaxed);
+            let n = kept.as_ref().map_or(index.len(), |k| k.len() as u64);
+            format
+                .skipped_samples
+                .fetch_add(index.len() - n, Ordering::Relaxed);
+            Ok(n)
+        };
+        let first_count = first.map(count).transpose()?;
         let counts = names
             .par_iter()
-            .map(|name| {
-                let (path, index) = format.load_index(&*store, name)?;
-                let field_ext = format.field_ext(&index);
-                let kept = format.kept(&path, &index, &field_ext)?;
-                format
-                    .skipped_members
-                    .fetch_add(index.skipped_members(), Ordering::Relaxed);
-                let n = kept.as_ref().map_or(index.len(), |k| k.len() as u64);
-                format
-                    .skipped_samples
-                    .fetch_add(index.len() - n, Ordering::Relaxed);
-                Ok(n)
+            .enumerate()
+            .map(|(k, name)| match (k, first_count) {
+                (0, Some(n)) => Ok(n),
+                _ => count(format.load_index(&*store, name)?),
             })
             .collect::<Result<Vec<u64>>>()?;
         let shards = names.into_iter().zip(counts).collect();
