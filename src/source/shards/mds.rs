@@ -491,8 +491,16 @@ impl MdsShards {
                     u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 }
             };
-            let end = at + size;
-            out.push(at as usize..end.min(usize::MAX as u64) as usize);
+            let end = at
+                .checked_add(size)
+                .filter(|&e| e <= sample.len() as u64)
+                .ok_or_else(|| {
+                    format!(
+                        "its columns run past its {} bytes (a column of {size} bytes at {at})",
+                        sample.len()
+                    )
+                })?;
+            out.push(at as usize..end as usize);
             at = end;
         }
         if at != sample.len() as u64 {

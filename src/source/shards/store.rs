@@ -25,6 +25,8 @@ pub struct ShardStat {
     pub bytes: u64,
     /// When it last changed (a file's mtime), if the store knows.
     pub modified: Option<SystemTime>,
+    /// An opaque version the store gives (an object store's ETag), if any.
+    pub tag: Option<String>,
 }
 
 /// Where the shards of a dataset are: a local directory today, an object store's cache later.
@@ -201,6 +203,7 @@ impl ShardStore for LocalDir {
         Ok(ShardStat {
             bytes: meta.len(),
             modified: meta.modified().ok(),
+            tag: None,
         })
     }
 
@@ -260,9 +263,12 @@ impl ShardStore for MemoryStore {
     }
 
     fn stat(&self, name: &str) -> Result<ShardStat> {
+        let bytes = self.shard(name)?;
         Ok(ShardStat {
-            bytes: self.shard(name)?.len() as u64,
+            bytes: bytes.len() as u64,
             modified: None,
+            // The content's hash: shards replaced in memory get new cache keys.
+            tag: Some(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))),
         })
     }
 

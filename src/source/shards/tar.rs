@@ -101,9 +101,10 @@ impl<'a> TarMembers<'a> {
     /// The data of the member whose data starts at `at` and holds `size` bytes: it and its
     /// padding to a whole block must be inside the archive.
     fn data(&self, header: u64, at: u64, size: u64) -> Result<&'a [u8]> {
+        let len = self.bytes.len() as u64;
         let end = at
             .checked_add(size)
-            .filter(|&e| e.div_ceil(BLOCK) * BLOCK <= self.bytes.len() as u64)
+            .filter(|&e| e <= len && blocks(e) <= len)
             .ok_or_else(|| {
                 self.bad(
                     header,

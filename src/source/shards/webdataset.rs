@@ -37,7 +37,7 @@
 //!
 //! The index of a shard (each sample's key, and each member's extension, offset and size) is
 //! cached under [`WebDatasetOptions::cache_dir`] in a file named by a hash of the shard's path,
-//! size and modification time, written by a temporary name and a rename, and checked when read
+//! size and modification time (and the store's version tag, an object store's ETag), written by a temporary name and a rename, and checked when read
 //! (its own checksum, the shard's path, size and time, every member inside the shard): a stale
 //! or corrupt cache file is rebuilt, never trusted.
 
@@ -384,6 +384,9 @@ impl TarIndex {
         out.extend_from_slice(path);
         put_u64(&mut out, stat.bytes);
         put_u64(&mut out, mtime_nanos(stat));
+        let tag = stat.tag.as_deref().unwrap_or("").as_bytes();
+        put_u64(&mut out, tag.len() as u64);
+        out.extend_from_slice(tag);
         put_u64(&mut out, self.skipped_members);
         put_u64(&mut out, self.extensions.len() as u64);
         for e in &self.extensions {
@@ -431,6 +434,10 @@ impl TarIndex {
         if r.u64()? != stat.bytes || r.u64()? != mtime_nanos(stat) {
             return Err("the shard changed since".into());
         }
+        let n = r.len()?;
+        if r.take(n)? != stat.tag.as_deref().unwrap_or("").as_bytes() {
+            return Err("the shard changed since (its version tag)".into());
+        }
         let skipped_members = r.u64()?;
         let n = r.len()?;
         let mut extensions = Vec::with_capacity(n.min(1024));
@@ -471,7 +478,7 @@ impl TarIndex {
     }
 }
 
-const CACHE_MAGIC: &[u8] = b"GFTARIX1";
+const CACHE_MAGIC: &[u8] = b"GFTARIX2";
 
 fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
@@ -755,6 +762,7 @@ impl TarShards {
         h.update(canonical.as_os_str().as_encoded_bytes());
         h.update(&stat.bytes.to_le_bytes());
         h.update(&mtime_nanos(stat).to_le_bytes());
+        h.update(stat.tag.as_deref().unwrap_or("").as_bytes());
         self.cache_dir
             .join(format!("{:032x}.gftidx", h.digest128()))
     }
