@@ -47,8 +47,11 @@ fn tar_seeds() -> &'static [Vec<u8>] {
     })
 }
 
-fn mds_seed() -> &'static (Vec<u8>, Vec<(String, Vec<u8>)>) {
-    static SEED: OnceLock<(Vec<u8>, Vec<(String, Vec<u8>)>)> = OnceLock::new();
+/// An MDS index and its shards (name, bytes).
+type MdsSeed = (Vec<u8>, Vec<(String, Vec<u8>)>);
+
+fn mds_seed() -> &'static MdsSeed {
+    static SEED: OnceLock<MdsSeed> = OnceLock::new();
     SEED.get_or_init(|| {
         let dir = fixtures().join("mds");
         let index = std::fs::read(dir.join("index.json")).unwrap();

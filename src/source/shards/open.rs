@@ -21,8 +21,10 @@ pub fn is_shard_spec(spec: &str) -> bool {
     spec.contains("::") || spec.contains('{') || spec.ends_with(".tar") || Path::new(spec).is_dir()
 }
 
-/// Opens the sharded dataset `spec` names (see the [module](self) documentation), with default
-/// settings.
+/// Opens the sharded dataset `spec` names, with default settings: a directory (packed shards
+/// or MDS, told apart by their `index.json`; else the `.tar` files in it), one `.tar` file, a
+/// brace pattern of them (`shards-{000000..000099}.tar`) or several patterns joined by `::`
+/// (webdataset's `expand_urls`).
 pub fn open(spec: &str) -> Result<Box<dyn ShardedSource>> {
     open_with(spec, &WebDatasetOptions::default())
 }
