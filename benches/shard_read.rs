@@ -11,7 +11,13 @@
 //! - `get/<format>`: every sample by `get(i)` in index order, each field copied into a sample
 //!   buffer (as the loader copies into its batch slot): a copy of every byte of the samples;
 //! - `get-remap/<format>`: the same with `max_open_shards = 2`, so each shard is mapped again
-//!   (and its pages faulted in again) on every pass.
+//!   (and its pages faulted in again) on every pass: what a dataset larger than the set of
+//!   open shards costs, once per shard per epoch;
+//!
+//! The files' cached pages are first dropped and read back once (as after reading from disk:
+//! the pages a writer leaves differ between formats). Before criterion's runs, the same passes
+//! interleaved (read, get, get-remap; 15 rounds, medians) are printed with their ratios: on a
+//! shared VM, ratios from alternating passes are the figures to quote.
 //!
 //! Throughput is the bytes of the shard files for `read`, of the samples' fields for `get`
 //! (a few percent fewer: headers, tables). Run with `cargo bench --bench shard_read`. The
@@ -161,21 +167,18 @@ fn bench(c: &mut Criterion) {
     write_packed(&packed, n);
     let tar_files = write_tars(&tars, n);
     write_mds(&mds, n);
-    let tar_options = |max_open_shards| WebDatasetOptions {
-        cache_dir: Some(root.path().join("cache")),
-        shards: ShardOptions {
+    let open = |max_open_shards: usize| -> Vec<(&str, Box<dyn ShardedSource>, Vec<PathBuf>)> {
+        let options = ShardOptions {
             max_open_shards,
             ..ShardOptions::default()
-        },
-        ..WebDatasetOptions::default()
-    };
-    let open = |max: usize| -> Vec<(&str, Box<dyn ShardedSource>, Vec<PathBuf>)> {
-        let options = ShardOptions {
-            max_open_shards: max,
-            ..ShardOptions::default()
+        };
+        let tar_options = WebDatasetOptions {
+            cache_dir: Some(root.path().join("cache")),
+            shards: options.clone(),
+            ..WebDatasetOptions::default()
         };
         let p = PackedShards::open_with(&packed, options.clone()).expect("packed");
-        let t = WebDataset::open_with(&tar_files, tar_options(max)).expect("tar");
+        let t = WebDataset::open_with(&tar_files, tar_options).expect("tar");
         let m = MdsDataset::open_with(&mds, options).expect("mds");
         let (pf, tf, mf) = (files_of(&p, &packed), tar_files.clone(), files_of(&m, &mds));
         vec![
@@ -185,28 +188,89 @@ fn bench(c: &mut Criterion) {
         ]
     };
     let mut buf = vec![0u8; 1 << 20];
+    let sets: Vec<_> = open(256)
+        .into_iter()
+        .zip(open(2))
+        .map(|((name, d, files), (_, remap, _))| (name, d, remap, files))
+        .collect();
+    // The page cache as reading from disk leaves it, the same for every format: each file's
+    // cached pages dropped (GNU dd's `iflag=nocache`: posix_fadvise DONTNEED), then read
+    // once. Pages left by the writers differ (many small writes leave small folios, slower
+    // to fault in and to read than the large ones readahead makes).
+    // Written back first: dirty pages cannot be dropped.
+    let synced = std::process::Command::new("sync")
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(synced, "sync failed");
+    for (_, _, _, files) in &sets {
+        for f in files {
+            let dropped = std::process::Command::new("dd")
+                .arg(format!("if={}", f.display()))
+                .args(["iflag=nocache", "count=0", "status=none"])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(dropped, "dd iflag=nocache failed on {}", f.display());
+        }
+        read_all(files, &mut buf);
+    }
+
+    // Interleaved passes first: the VM is shared, so the ratios are taken from passes that
+    // alternate (read, get, get-remap), medians of 15 rounds.
+    eprintln!("interleaved passes, median of 15 rounds (GiB/s; % of read):");
+    for (name, d, remap, files) in &sets {
+        let gib = |bytes: u64, secs: f64| bytes as f64 / secs / f64::from(1u32 << 30);
+        let mut times = [vec![], vec![], vec![]];
+        let (mut file_bytes, mut sample_bytes) = (0, 0);
+        read_all(files, &mut buf);
+        get_all(&**d, &mut buf);
+        for _ in 0..15 {
+            let t = std::time::Instant::now();
+            file_bytes = read_all(files, &mut buf);
+            times[0].push(t.elapsed().as_secs_f64());
+            for (k, set) in [&**d, &**remap].into_iter().enumerate() {
+                let t = std::time::Instant::now();
+                sample_bytes = get_all(set, &mut buf);
+                times[k + 1].push(t.elapsed().as_secs_f64());
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let read = gib(file_bytes, median(&mut times[0]));
+        let rates: Vec<f64> = times[1..]
+            .iter_mut()
+            .map(|t| gib(sample_bytes, median(t)))
+            .collect();
+        eprintln!(
+            "  {name:6} read {read:5.2} | get {:5.2} ({:3.0}%) | get-remap {:5.2} ({:3.0}%)",
+            rates[0],
+            100.0 * rates[0] / read,
+            rates[1],
+            100.0 * rates[1] / read,
+        );
+    }
+
     let mut g = c.benchmark_group("shard_read");
     g.sample_size(20);
-    for (name, d, files) in open(256) {
+    // Per format, the variants one after the other, so that their ratio is measured under
+    // similar load.
+    for (name, d, remap, files) in &sets {
         let file_bytes: u64 = files
             .iter()
             .map(|p| std::fs::metadata(p).expect("stat").len())
             .sum();
-        // Warm the page cache and the mappings.
-        read_all(&files, &mut buf);
-        let sample_bytes = get_all(&*d, &mut buf);
+        let sample_bytes = get_all(&**d, &mut buf);
         g.throughput(Throughput::Bytes(file_bytes));
         g.bench_function(format!("read/{name}"), |b| {
-            b.iter(|| read_all(&files, &mut buf))
+            b.iter(|| read_all(files, &mut buf))
         });
         g.throughput(Throughput::Bytes(sample_bytes));
-        g.bench_function(format!("get/{name}"), |b| b.iter(|| get_all(&*d, &mut buf)));
-    }
-    for (name, d, _) in open(2) {
-        let sample_bytes = get_all(&*d, &mut buf);
-        g.throughput(Throughput::Bytes(sample_bytes));
+        g.bench_function(format!("get/{name}"), |b| {
+            b.iter(|| get_all(&**d, &mut buf))
+        });
         g.bench_function(format!("get-remap/{name}"), |b| {
-            b.iter(|| get_all(&*d, &mut buf))
+            b.iter(|| get_all(&**remap, &mut buf))
         });
     }
     g.finish();

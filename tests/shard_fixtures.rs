@@ -273,15 +273,50 @@ fn mds_writer_output_reads_back_byte_identical() {
 fn source_open_recognises_each_kind_of_shard_set() {
     let d = gpufeed::source::open(fixtures().join("mds")).unwrap();
     assert_eq!(d.len(), 7);
-    let d = gpufeed::source::open(fixtures().join("wds")).unwrap();
-    assert_eq!(d.len(), 5);
-    let d = gpufeed::source::open(fixtures().join("wds/shard-000001.tar")).unwrap();
-    assert_eq!(d.len(), 2);
+    // Tar shards through the same recognition, with the index cache in a temporary directory
+    // (gpufeed::source::open would use the user's cache directory).
+    let cache = tempfile::tempdir().unwrap();
+    let open = |spec: &str| shards::open_with(spec, &options(cache.path())).unwrap();
+    assert_eq!(open(fixtures().join("wds").to_str().unwrap()).len(), 5);
+    assert_eq!(
+        open(fixtures().join("wds/shard-000001.tar").to_str().unwrap()).len(),
+        2
+    );
     let spec = format!(
         "{}::{}",
         fixtures().join("wds/shard-000001.tar").display(),
         fixtures().join("wds/shard-{000000..000000}.tar").display()
     );
-    let d = shards::open(&spec).unwrap();
-    assert_eq!(d.shard_sizes(), &[2, 3]);
+    assert_eq!(open(&spec).shard_sizes(), &[2, 3]);
+    assert!(gpufeed::source::shards::is_shard_spec("x-{0..3}.tar"));
+    assert!(!gpufeed::source::shards::is_shard_spec("plain.gfd"));
+}
+
+/// The loader takes a sharded dataset like any other: MDS tensor columns batched as they are,
+/// shuffled, over worker threads.
+#[test]
+fn the_loader_batches_mds_columns() {
+    use gpufeed::{CopyFields, Loader};
+    let d = MdsDataset::open(fixtures().join("mds")).unwrap();
+    let mut loader = Loader::builder(d)
+        .batch_size(3)
+        .shuffle(7)
+        .workers(2)
+        .transform(CopyFields::named(["id", "fixed"]))
+        .build()
+        .unwrap();
+    let mut ids = Vec::new();
+    for batch in loader.by_ref() {
+        let batch = batch.unwrap();
+        let id: &[i64] = batch.field("id").unwrap();
+        let fixed: &[i16] = batch.field("fixed").unwrap();
+        assert_eq!(fixed.len(), id.len() * 6);
+        for (k, &v) in id.iter().enumerate() {
+            let i = (v + 3) / 1000;
+            assert_eq!(fixed[6 * k + 5], 5 * (i as i16 + 1));
+            ids.push(i);
+        }
+    }
+    ids.sort();
+    assert_eq!(ids, (0..7).collect::<Vec<_>>());
 }

@@ -39,8 +39,10 @@ use lru::OpenShards;
 
 /// How many shards a dataset keeps open (mapped, with their headers or indexes read) at once,
 /// unless told otherwise. A mapping is one entry of the kernel's per-process map count (65,530
-/// by default on Linux); a streaming order touches a window of shards at a time.
-pub const DEFAULT_MAX_OPEN_SHARDS: usize = 256;
+/// by default on Linux) and holds no file descriptor; mapping a shard again costs about as much
+/// as copying its bytes when they are in the page cache (`benches/RESULTS.md`, "Streaming"),
+/// so the set is generous: a streaming order touches a window of shards at a time.
+pub const DEFAULT_MAX_OPEN_SHARDS: usize = 1024;
 
 /// Where a sample of a sharded dataset is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,7 +59,9 @@ pub struct ShardOptions {
     /// The most shards open at once (at least 1): see [`DEFAULT_MAX_OPEN_SHARDS`].
     pub max_open_shards: usize,
     /// Check each shard against its index's checksums when it is opened (costs one pass over
-    /// the shard's bytes per open), and each sample's own checksum where the format has one.
+    /// the shard's bytes per open), and each sample's own checksum where the format has one
+    /// (packed records). Tar shards, which have no checksums, are indexed again from their
+    /// bytes instead of from the cache.
     pub verify: bool,
 }
 

@@ -561,6 +561,42 @@ impl ShardWriter {
     }
 }
 
+/// Parses a byte size as a user writes it (`256MiB`, `1.5 GiB`, `64MB`, `4096`): binary units
+/// `KiB`, `MiB`, `GiB`, `TiB`, decimal units `kB`, `MB`, `GB`, `TB`, or `B`/none, in any
+/// case; for `--shard-size`.
+pub fn parse_byte_size(text: &str) -> Result<u64> {
+    let bad = || {
+        Error::config(
+            "size",
+            format!("`{text}` is not a size such as 256MiB, 1.5GiB, 64MB or 4096"),
+        )
+    };
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let scale: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(bad()),
+    };
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let bytes = (value * scale as f64).round();
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
 /// The xxh3-64 of a file's bytes, read in 1 MiB pieces.
 fn hash_file(path: &Path) -> Result<String> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
@@ -615,6 +651,17 @@ mod tests {
             assert_eq!(s.field_named("text").unwrap().len(), (i % 50) as usize);
         }
         d.verify(|_| {}).unwrap();
+    }
+
+    #[test]
+    fn byte_sizes_parse() {
+        assert_eq!(parse_byte_size("256MiB").unwrap(), 256 << 20);
+        assert_eq!(parse_byte_size("1.5 GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_byte_size("64mb").unwrap(), 64_000_000);
+        assert_eq!(parse_byte_size("4096").unwrap(), 4096);
+        for bad in ["", "MiB", "0", "-1MiB", "12 parsecs", "1e3"] {
+            assert!(parse_byte_size(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
