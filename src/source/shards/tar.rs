@@ -528,6 +528,21 @@ mod tests {
     }
 
     #[test]
+    fn a_size_near_2_pow_64_is_an_error_not_an_overflow() {
+        let mut tar = TarBuilder::new().file("a.txt", b"x").finish();
+        // Base-256 size u64::MAX - 1000: the padded end of its data would overflow u64.
+        let size = (u64::MAX - 1000).to_be_bytes();
+        tar[124] = 0x80;
+        tar[125..128].fill(0);
+        tar[128..136].copy_from_slice(&size);
+        tar[148..156].copy_from_slice(b"        ");
+        let sum: u32 = tar[..512].iter().map(|&b| u32::from(b)).sum();
+        tar[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        let e = list(&tar).unwrap_err().to_string();
+        assert!(e.contains("runs past the end"), "{e}");
+    }
+
+    #[test]
     fn gzip_is_refused() {
         let e = list(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0])
             .unwrap_err()
