@@ -137,13 +137,13 @@ fn on_device(packed: &std::path::Path, device: &gpufeed::cuda::Device) -> Result
     for batch in feed.by_ref() {
         let mut batch = batch?;
         batch.wait_on(&step)?;
-        let image = batch.field("image")?;
+        let image = batch.field::<u16>("image")?; // f16 bits, a view borrowing `batch`
         println!(
-            "batch {}: {:?} {:?} at device address {:#x}",
+            "batch {}: {:?} {:?}, {} elements on the device",
             batch.number(),
-            image.dtype,
-            image.shape,
-            image.ptr
+            image.dtype(),
+            image.shape(),
+            image.len()
         );
     }
     step.synchronize().map_err(|e| gpufeed::Error::Cuda {

@@ -7,13 +7,21 @@
 //! ```
 //!
 //! Without DATASET it writes a small packed file (4,096 records of 32x32x3 u8 and a label) in a
-//! temporary directory.
+//! temporary directory. DATASET can be any packed file or `.npy` array whose samples have a
+//! tensor field `image` (or `data`, as `gpufeed pack --from npy|raw` and `.npy` arrays name it)
+//! and, optionally, an integer `label` of any width, such as what
+//!
+//! ```text
+//! gpufeed pack --from npy images.npy --labels labels.npy -o train.gfd
+//! ```
+//!
+//! writes from NumPy's arrays (labels are int64 there).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
 
 use gpufeed::format::{DType, Field, RecordWriter, Schema};
-use gpufeed::{Loader, LoaderState, Result, source};
+use gpufeed::{Batch, Error, Loader, LoaderState, Result, source};
 
 const BATCH: usize = 64;
 const EPOCHS: u64 = 2;
@@ -39,11 +47,71 @@ fn make_dataset(dir: &std::path::Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// One "training step": a mean over the batch's pixels and a histogram of labels.
-fn train_step(batch: &gpufeed::Batch) -> Result<f64> {
-    let pixels = batch.field::<u8>("image")?;
-    let labels = batch.field::<u32>("label")?;
-    let mean = pixels.iter().map(|&p| p as f64).sum::<f64>() / pixels.len() as f64;
+/// The field of the samples' data: `image` (as this example and `gpufeed pack --from
+/// imagefolder` name it) or `data` (as `gpufeed pack --from npy|raw` and `.npy` arrays do).
+fn data_field(batch: &Batch) -> Result<&'static str> {
+    ["image", "data"]
+        .into_iter()
+        .find(|name| batch.dtype(name).is_ok())
+        .ok_or_else(|| Error::user("the data set has no field `image` or `data`"))
+}
+
+/// The batch's labels as i64, whatever integer type they were stored as; none if the data set
+/// has no `label` field.
+fn labels(batch: &Batch) -> Result<Vec<i64>> {
+    let Ok(dtype) = batch.dtype("label") else {
+        return Ok(Vec::new());
+    };
+    Ok(match dtype {
+        DType::U8 => batch
+            .field::<u8>("label")?
+            .iter()
+            .map(|&l| l.into())
+            .collect(),
+        DType::I8 => batch
+            .field::<i8>("label")?
+            .iter()
+            .map(|&l| l.into())
+            .collect(),
+        DType::U16 => batch
+            .field::<u16>("label")?
+            .iter()
+            .map(|&l| l.into())
+            .collect(),
+        DType::I16 => batch
+            .field::<i16>("label")?
+            .iter()
+            .map(|&l| l.into())
+            .collect(),
+        DType::U32 => batch
+            .field::<u32>("label")?
+            .iter()
+            .map(|&l| l.into())
+            .collect(),
+        DType::I32 => batch
+            .field::<i32>("label")?
+            .iter()
+            .map(|&l| l.into())
+            .collect(),
+        DType::I64 => batch.field::<i64>("label")?.to_vec(),
+        DType::U64 => batch
+            .field::<u64>("label")?
+            .iter()
+            .map(|&l| l as i64)
+            .collect(),
+        other => {
+            return Err(Error::user(format!(
+                "labels of {other} are not class indices"
+            )));
+        }
+    })
+}
+
+/// One "training step": a mean over the batch's data bytes and a sum of its labels.
+fn train_step(batch: &Batch) -> Result<f64> {
+    let data = batch.field_bytes(data_field(batch)?)?;
+    let labels = labels(batch)?;
+    let mean = data.iter().map(|&p| p as f64).sum::<f64>() / data.len().max(1) as f64;
     Ok(mean + labels.iter().map(|&l| l as f64).sum::<f64>() * 1e-9)
 }
 

@@ -2,11 +2,13 @@
 //! consumer's stream, and the loop reports the fraction of time it waited for data.
 //!
 //! ```text
-//! cargo run --release --features cuda --example train_loop_cuda -- [data.npy] \
-//!     [--step-ms 5] [--batch 256] [--workers N] [--epochs 1] [--depth 2] [--convert bf16]
+//! cargo run --release --features cuda --example train_loop_cuda -- [data.npy|train.gfd] \
+//!     [--step-ms 5] [--batch 256] [--workers N] [--epochs 1] [--depth N] [--convert bf16]
 //! ```
 //!
 //! Without a path it writes a u8 `.npy` of 4096 images of 224x224x3 in a temporary directory.
+//! A packed file works too, such as `gpufeed pack --from npy images.npy -o train.gfd` writes:
+//! its field `image`, else `data`, holds the images (u8, HWC for `--convert`).
 //! The host keeps one step queued ahead of the GPU (it waits for step k-1 after enqueueing step
 //! k, as a loop reading its loss would), so time spent in `next()` is time the GPU could starve.
 
@@ -29,7 +31,7 @@ mod real {
     use std::time::{Duration, Instant};
 
     use gpufeed::cuda::{Convert, Device, DeviceLoader, DeviceLoaderOptions, ImageLayout};
-    use gpufeed::{DType, Loader, NpyArray};
+    use gpufeed::{DType, Dataset, Loader, NpyArray};
 
     struct Args {
         path: Option<String>,
@@ -37,7 +39,7 @@ mod real {
         batch: usize,
         workers: usize,
         epochs: u64,
-        depth: usize,
+        depth: Option<usize>,
         convert: Option<DType>,
         bench: bool,
     }
@@ -51,7 +53,7 @@ mod real {
                 .map_or(2, |n| n.get())
                 .min(16),
             epochs: 1,
-            depth: 2,
+            depth: None,
             convert: None,
             bench: false,
         };
@@ -80,9 +82,11 @@ mod real {
                         .map_err(|e| format!("--epochs: {e}"))?
                 }
                 "--depth" => {
-                    a.depth = value("--depth")?
-                        .parse()
-                        .map_err(|e| format!("--depth: {e}"))?
+                    a.depth = Some(
+                        value("--depth")?
+                            .parse()
+                            .map_err(|e| format!("--depth: {e}"))?,
+                    )
                 }
                 "--convert" => {
                     a.convert = Some(
@@ -138,9 +142,16 @@ mod real {
                 make_dataset(&tmp)?
             }
         };
-        let dataset = NpyArray::open(&path)?;
-        let field = NpyArray::FIELD;
-        let mut opts = DeviceLoaderOptions::default().depth(args.depth);
+        let dataset = gpufeed::source::open(&path)?;
+        let field = if dataset.schema().index_of("image").is_some() {
+            "image"
+        } else {
+            NpyArray::FIELD
+        };
+        let mut opts = DeviceLoaderOptions::default();
+        if let Some(depth) = args.depth {
+            opts = opts.depth(depth);
+        }
         if let Some(dtype) = args.convert {
             opts = opts.convert(Convert::imagenet(field, ImageLayout::Hwc, dtype));
         }
@@ -167,7 +178,7 @@ mod real {
         let stream = device.new_stream()?;
         let step = Duration::from_secs_f64(args.step_ms / 1e3);
         println!(
-            "device {} ({}), {} batches/epoch of {}, step {:.2} ms, {} workers, depth {}",
+            "device {} ({}), {} batches/epoch of {}, step {:.2} ms, {} workers, depth {:?}",
             device.ordinal(),
             device.name(),
             dl.batches_per_epoch(),
@@ -182,7 +193,7 @@ mod real {
         let mut after_first: Option<(Duration, Duration)> = None;
         for epoch in 0..args.epochs {
             if epoch > 0 {
-                dl.set_epoch(epoch)?;
+                dl.set_epoch(epoch);
             }
             #[allow(clippy::while_let_on_iterator)] // stats() is read inside the loop
             while let Some(batch) = dl.next() {

@@ -1,33 +1,11 @@
 //! `gpufeed pack` and `gpufeed inspect`, run as the built binary.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+#[path = "cli_common/mod.rs"]
+mod cli_common;
 
+use cli_common::{gpufeed, s, stderr, write_npy};
 use gpufeed::format::{DType, RecordFile};
-use gpufeed::source::npy_header;
 use serde_json::Value;
-
-fn gpufeed(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpufeed"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn write_npy(path: &Path, dtype: DType, shape: &[u64], data: &[u8]) -> PathBuf {
-    let mut b = npy_header(dtype, shape).unwrap();
-    b.extend_from_slice(data);
-    std::fs::write(path, b).unwrap();
-    path.to_path_buf()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 #[test]
 fn pack_npy_with_labels_then_inspect_json() {

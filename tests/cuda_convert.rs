@@ -185,9 +185,11 @@ fn the_device_loader_converts_fields_end_to_end() {
     let mut batches = 0;
     for b in dl.by_ref() {
         let b = b.unwrap();
-        let f = b.field("data").unwrap();
-        assert_eq!(f.dtype, DType::BF16);
-        assert_eq!(f.shape, vec![b.len(), c, h, w]);
+        let f = b.field::<u16>("data").unwrap();
+        assert_eq!(f.dtype(), DType::BF16);
+        assert_eq!(f.shape(), vec![b.len(), c, h, w]);
+        assert_eq!(f.len(), b.len() * c * h * w);
+        assert!(b.field::<f32>("data").is_err(), "bf16 is not f32");
         let mut src = Vec::with_capacity(b.len() * sample);
         for &i in b.indices() {
             src.extend_from_slice(&data[i as usize * sample..(i as usize + 1) * sample]);

@@ -49,3 +49,42 @@ fn device_opens_with_a_copy_stream_and_kernels() {
     let again = Device::open(0).expect("open twice");
     assert_eq!(again.ordinal(), dev.ordinal());
 }
+
+#[test]
+fn a_device_on_the_callers_context_leaves_its_settings_and_copies() {
+    if cuda_common::device().is_none() {
+        return;
+    }
+    // The caller's own context, with event tracking turned off as a framework might.
+    let ctx = gpufeed::cuda::cudarc_driver::CudaContext::new(0).unwrap();
+    // SAFETY: this test makes no CudaSlice on the context, whose ordering needs tracking.
+    unsafe { ctx.disable_event_tracking() };
+    let dev = gpufeed::cuda::Device::from_context(std::sync::Arc::clone(&ctx)).unwrap();
+    assert!(
+        !ctx.is_event_tracking(),
+        "gpufeed changed the caller's context"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = cuda_common::Rng::fresh("from_context");
+    let (path, data) = cuda_common::write_npy(dir.path(), "x.npy", 40, &[16], &mut rng);
+    let b = gpufeed::Loader::builder(gpufeed::NpyArray::open(&path).unwrap()).batch_size(8);
+    let dl = gpufeed::cuda::DeviceLoader::from_builder(
+        b,
+        &dev,
+        gpufeed::cuda::DeviceLoaderOptions::default(),
+    )
+    .unwrap();
+    let mut n = 0;
+    for batch in dl {
+        let batch = batch.unwrap();
+        cuda_common::check_rows(
+            &batch.field_to_host("data").unwrap(),
+            batch.indices(),
+            &data,
+            16,
+            "from_context",
+        );
+        n += batch.len();
+    }
+    assert_eq!(n, 40);
+}

@@ -62,11 +62,11 @@ fn device_normalised_batches_equal_the_host_ones() {
     for (k, got) in feed.enumerate() {
         let got = got.unwrap();
         let (want_image, want_label) = &host[k];
-        let f = got.field("image").unwrap();
+        let f = got.field_bytes("image").unwrap();
         let len = want_image.len() / (3 * 32 * 32); // 4, and 3 in the last batch
         assert_eq!(got.len(), len);
         assert_eq!(
-            (f.dtype, f.shape.as_slice()),
+            (f.dtype(), f.shape().as_slice()),
             (DType::F16, &[len, 3, 32, 32][..])
         );
         let image = f16_bits_to_f32(&got.field_to_host("image").unwrap());

@@ -53,7 +53,7 @@ fn webdataset_shard_writer_output_reads_back_byte_identical() {
     let d = shards::open_with(pattern.to_str().unwrap(), &options(cache.path())).unwrap();
     let samples = m["wds"]["samples"].as_array().unwrap();
     assert_eq!(d.len(), samples.len() as u64);
-    assert_eq!(d.shard_sizes(), &[3, 2]);
+    assert_eq!(d.shard_sizes(), Some(vec![3, 2]));
     let names: Vec<&str> = d
         .schema()
         .fields()
@@ -287,7 +287,7 @@ fn source_open_recognises_each_kind_of_shard_set() {
         fixtures().join("wds/shard-000001.tar").display(),
         fixtures().join("wds/shard-{000000..000000}.tar").display()
     );
-    assert_eq!(open(&spec).shard_sizes(), &[2, 3]);
+    assert_eq!(open(&spec).shard_sizes(), Some(vec![2, 3]));
     assert!(gpufeed::source::shards::is_shard_spec("x-{0..3}.tar"));
     assert!(!gpufeed::source::shards::is_shard_spec("plain.gfd"));
 }
@@ -319,4 +319,52 @@ fn the_loader_batches_mds_columns() {
     }
     ids.sort();
     assert_eq!(ids, (0..7).collect::<Vec<_>>());
+}
+
+/// The loader's two-level shuffle takes the shard sizes of a sharded dataset: every sample
+/// once per epoch, read shard window by shard window.
+#[test]
+fn the_loader_shuffles_webdataset_shards_in_blocks() {
+    use gpufeed::{FnTransform, Loader, OutputField};
+    let cache = tempfile::tempdir().unwrap();
+    let d = WebDataset::open_with(
+        &[
+            fixtures().join("wds/shard-000000.tar"),
+            fixtures().join("wds/shard-000001.tar"),
+        ],
+        options(cache.path()),
+    )
+    .unwrap();
+    assert_eq!(Dataset::shard_sizes(&d), Some(vec![3, 2]));
+    // One output: the sample's class digit (field `cls`), as a u8.
+    let cls = d.schema().index_of("cls").unwrap();
+    let mut loader = Loader::builder(d)
+        .batch_size(1)
+        .shuffle(3)
+        .shuffle_blocks(1, 2)
+        .workers(2)
+        .transform(FnTransform::new(
+            vec![OutputField::new("i", DType::U8, &[])],
+            move |s: gpufeed::Sample<'_>,
+                  ctx: &gpufeed::SampleContext,
+                  slots: &mut gpufeed::transform::Slots<'_>| {
+                assert_eq!(
+                    s.field(cls).unwrap(),
+                    (ctx.index % 3).to_string().as_bytes()
+                );
+                slots.field(0)?[0] = ctx.index as u8;
+                Ok(())
+            },
+        ))
+        .build()
+        .unwrap();
+    for epoch in 0..2 {
+        loader.set_epoch(epoch);
+        let mut seen: Vec<u8> = loader
+            .by_ref()
+            .map(|b| b.unwrap().field::<u8>("i").unwrap()[0])
+            .collect();
+        seen.sort();
+        assert_eq!(seen, [0, 1, 2, 3, 4], "epoch {epoch}");
+    }
 }

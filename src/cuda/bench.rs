@@ -5,12 +5,10 @@
 use serde::Serialize;
 
 use super::cuda_err;
-use super::{
-    Device, DeviceLoader, DeviceLoaderOptions, DevicePool, DevicePoolStats, PinnedBacking,
-};
+use super::{Device, DeviceLoader, DeviceLoaderOptions, DevicePool, EventFence, PinnedBacking};
 use crate::error::{Error, Result};
 use crate::loader::{LoaderBuilder, LoaderStats};
-use crate::memory::HostPool;
+use crate::memory::{HostPool, PoolStats};
 
 /// Bytes per second of `iterations` back-to-back `cuMemcpyHtoDAsync` copies of `bytes` bytes
 /// from one ordinary pinned buffer into one device buffer, timed with events on a stream of its
@@ -33,14 +31,44 @@ pub fn pinned_copy_ceiling(device: &Device, bytes: usize, iterations: usize) -> 
     }
     let dev = DevicePool::new(device).alloc(bytes)?;
     let stream = device.new_stream()?;
+    let timed = time_copies(device, &stream, &host, &dev, iterations);
+    // Whatever was enqueued reads `host` and writes `dev`: fence both behind it before they
+    // drop (`release_on` synchronises the stream if it cannot record).
+    let fenced = dev.release_on(&stream);
+    match EventFence::record(&stream) {
+        Ok(fence) => host.release_after(Box::new(fence)),
+        Err(_) => {
+            let _ = stream.synchronize();
+        }
+    }
+    let secs = timed?;
+    fenced?;
+    if secs <= 0.0 {
+        return Err(Error::Cuda {
+            op: "time the pinned copies",
+            what: "the events measured no time".into(),
+        });
+    }
+    Ok((bytes as f64 * iterations as f64) / secs)
+}
+
+/// Enqueues two warm-up copies of `host` into `dev` and `iterations` timed ones, and returns the
+/// seconds the timed ones took (it waits for them).
+fn time_copies(
+    device: &Device,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    host: &crate::memory::HostBuffer,
+    dev: &super::DeviceBuffer,
+    iterations: usize,
+) -> Result<f64> {
     let ctx = device.context();
     let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let copy = || {
-        // SAFETY: `host` (pinned) and `dev` both hold `bytes` bytes and outlive the stream
-        // synchronisation below, which waits for every copy enqueued here.
+        // SAFETY: `host` (pinned) and `dev` both hold the copy's bytes; the caller fences both
+        // behind everything enqueued here before they drop.
         unsafe {
             cudarc::driver::result::memcpy_htod_async(
-                dev.ptr(),
+                dev.addr(),
                 host.as_slice(),
                 stream.cu_stream(),
             )
@@ -51,25 +79,18 @@ pub fn pinned_copy_ceiling(device: &Device, bytes: usize, iterations: usize) -> 
     copy()?;
     let start = ctx.new_event(timing).map_err(cuda_err("create an event"))?;
     let end = ctx.new_event(timing).map_err(cuda_err("create an event"))?;
-    start.record(&stream).map_err(cuda_err("record an event"))?;
+    start.record(stream).map_err(cuda_err("record an event"))?;
     for _ in 0..iterations {
         copy()?;
     }
-    end.record(&stream).map_err(cuda_err("record an event"))?;
+    end.record(stream).map_err(cuda_err("record an event"))?;
     stream
         .synchronize()
         .map_err(cuda_err("synchronize a stream"))?;
     let ms = start
         .elapsed_ms(&end)
         .map_err(cuda_err("read the events' elapsed time"))?;
-    let secs = f64::from(ms) / 1e3;
-    if secs <= 0.0 {
-        return Err(Error::Cuda {
-            op: "time the pinned copies",
-            what: "the events measured no time".into(),
-        });
-    }
-    Ok((bytes as f64 * iterations as f64) / secs)
+    Ok(f64::from(ms) / 1e3)
 }
 
 /// What [`bench_device`] measured. Serializable for `gpufeed bench --device N --json`.
@@ -102,7 +123,7 @@ pub struct DeviceBenchReport {
     /// The fraction of the consumer's time spent waiting for a batch.
     pub consumer_wait_fraction: f64,
     /// The device pool at the end.
-    pub device_pool: DevicePoolStats,
+    pub device_pool: PoolStats,
     /// The host loader's figures, as seen by the copy thread.
     pub loader: Option<LoaderStats>,
 }
@@ -183,7 +204,8 @@ pub fn bench_images_device(
 
     impl EpochSource for Feed {
         fn start_epoch(&mut self, epoch: u64) -> Result<()> {
-            self.loader.set_epoch(epoch)
+            self.loader.set_epoch(epoch);
+            Ok(())
         }
 
         fn next_batch(&mut self) -> Option<Result<u64>> {

@@ -20,6 +20,7 @@ use cudarc::driver::{CudaStream, result, sys};
 
 use super::cuda_err;
 use super::device::Kernels;
+use super::fence::EventFence;
 use super::{Device, DeviceBuffer, DevicePool};
 use crate::error::{Error, Result};
 use crate::format::DType;
@@ -151,7 +152,8 @@ impl Convert {
     }
 }
 
-/// A [`Convert`] prepared on one device for one per-sample input shape.
+/// A [`Convert`] prepared on one device for one per-sample input shape. Its coefficients live in
+/// a device buffer fenced behind every launch, so dropping it never waits for the device.
 pub struct Converter {
     spec: Convert,
     c: usize,
@@ -217,10 +219,12 @@ impl Converter {
 
     /// Enqueues the conversion of `n` samples on `stream`: input at `src[src_offset..]`,
     /// output at `dst[dst_offset..]` (the ranges are checked, and must not overlap when `src`
-    /// and `dst` are one buffer). Does not wait.
+    /// and `dst` are one buffer). Ordered after the buffers' operations on other streams; both
+    /// buffers (and the converter's coefficients) are fenced behind the kernel, so dropping
+    /// them right after is safe. Does not wait.
     pub fn launch(
         &self,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         src: &DeviceBuffer,
         src_offset: usize,
         dst: &DeviceBuffer,
@@ -242,12 +246,12 @@ impl Converter {
             ));
         }
         let (s0, s1) = (
-            src.ptr() + src_offset as u64,
-            src.ptr() + (src_offset + inb) as u64,
+            src.addr() + src_offset as u64,
+            src.addr() + (src_offset + inb) as u64,
         );
         let (d0, d1) = (
-            dst.ptr() + dst_offset as u64,
-            dst.ptr() + (dst_offset + outb) as u64,
+            dst.addr() + dst_offset as u64,
+            dst.addr() + (dst_offset + outb) as u64,
         );
         if s0 < d1 && d0 < s1 {
             return Err(Error::config(
@@ -255,8 +259,25 @@ impl Converter {
                 "the input and output ranges overlap",
             ));
         }
-        // SAFETY: both ranges are inside live device buffers (checked above) and do not overlap.
-        unsafe { self.launch_raw(stream, s0, d0, n) }
+        self.device.bind()?;
+        src.order_on(stream)?;
+        dst.order_on(stream)?;
+        // SAFETY: both ranges are inside live device buffers (checked above) and do not overlap;
+        // the buffers and the coefficients are fenced behind the kernel just below (or, failing
+        // that, the stream is synchronised), so none is reused or freed under it.
+        unsafe { self.launch_raw(stream, s0, d0, n) }?;
+        let fenced = [
+            src.record_use(stream),
+            dst.record_use(stream),
+            self.coefficients.record_use(stream),
+        ];
+        fenced.into_iter().collect()
+    }
+
+    /// Keeps the coefficient buffer from reuse until `fence`, recorded on `stream` after every
+    /// launch of this converter on `stream`, has completed.
+    pub(crate) fn fence_coefficients(&self, stream: &Arc<CudaStream>, fence: EventFence) {
+        self.coefficients.add_use(stream, fence);
     }
 
     /// Enqueues the conversion of `n` samples from `src` to `dst` on `stream`.
@@ -265,7 +286,8 @@ impl Converter {
     ///
     /// `src` must address `input_bytes(n)` bytes and `dst` `output_bytes(n)` bytes of device
     /// memory of this device that stay allocated until the kernel has run, and must not
-    /// overlap.
+    /// overlap. The caller must fence the coefficients behind the kernel before the converter
+    /// drops ([`Converter::fence_coefficients`], or a use recorded on the stream).
     pub(crate) unsafe fn launch_raw(
         &self,
         stream: &CudaStream,
@@ -293,7 +315,7 @@ impl Converter {
         let mut src_chw = u32::from(self.spec.layout == ImageLayout::Chw);
         let mut dtype = self.dtype_code;
         let (mut src, mut dst) = (src, dst);
-        let mut scale = self.coefficients.ptr();
+        let mut scale = self.coefficients.addr();
         let mut bias = scale + 4 * self.c as u64;
         let block = 256u32;
         let grid = total
@@ -315,9 +337,9 @@ impl Converter {
         self.device.bind()?;
         // SAFETY: the arguments match `gpufeed_convert_u8`'s parameters in order and type
         // (u64 x4, u32 x6) and live until the call returns (the driver copies them); the
-        // kernel reads `total` bytes at `src` and 2*C f32 coefficients (owned by self, freed
-        // only after pending work: the pool's Drop synchronises), and writes `total` elements
-        // of the output dtype at `dst`: in bounds by the caller's contract.
+        // kernel reads `total` bytes at `src` and 2*C f32 coefficients (owned by self, fenced
+        // behind the kernel by the caller's contract), and writes `total` elements of the
+        // output dtype at `dst`: in bounds and allocated by the caller's contract.
         unsafe {
             result::launch_kernel(
                 self.kernels.convert,
@@ -329,13 +351,5 @@ impl Converter {
             )
         }
         .map_err(cuda_err("launch gpufeed_convert_u8"))
-    }
-}
-
-impl Drop for Converter {
-    fn drop(&mut self) {
-        // Kernels enqueued by this converter may still read its coefficients: let them finish
-        // before the coefficient buffer goes back (not a hot path: once per loader).
-        let _ = self.device.synchronize();
     }
 }

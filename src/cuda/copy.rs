@@ -3,11 +3,13 @@
 //! A copy thread owns the loader. For each host batch it takes a buffer from a [`DevicePool`],
 //! enqueues on the device's copy stream one `cuMemcpyHtoDAsync` of the whole batch buffer (every
 //! field lives in it, at [`BatchLayout::field_offset`](crate::loader::BatchLayout::field_offset)),
-//! then the optional conversion kernels, and records events; it sets the host buffer's fence to
-//! the copy's event (so that the pinned buffer returns to its pool only once the copy has read
-//! it) and drops the host batch. The device batch goes to the consumer through a bounded
-//! channel of `depth` batches: copies of the next batches are in flight while the consumer
-//! computes on this one. Nothing on this path waits for the device.
+//! then the optional conversion kernels, and records fences: the host buffer is released behind
+//! the copy's (so that the pinned buffer returns to its pool only once the copy has read it),
+//! the device buffer behind the batch's `ready` fence (after the conversions). The device batch
+//! goes to the consumer through a bounded channel of `depth` batches: copies of the next batches
+//! are in flight while the consumer computes on this one. Nothing on this path waits for the
+//! device. If enqueueing fails half way, the copy thread synchronises the copy stream before it
+//! lets go of either buffer.
 //!
 //! The rule for device memory that this implements is in the [`cuda`](crate::cuda) module's docs.
 
@@ -21,19 +23,33 @@ use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::{CudaEvent, CudaStream, result, sys};
 use serde::Serialize;
 
+use super::batch::FieldSpec;
 use super::cuda_err;
-use super::{Convert, Converter, Device, DeviceBuffer, DevicePool, DevicePoolStats};
+use super::fence::EventFence;
+use super::{Convert, Converter, Device, DeviceBatch, DeviceBuffer, DevicePool};
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::loader::{Batch, Loader, LoaderBuilder, LoaderStats};
-use crate::memory::human_bytes;
+use crate::loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};
+use crate::memory::{PoolStats, human_bytes};
+use crate::sampler::OrderSpec;
+
+/// Bytes of device batches the default depth aims to keep copied ahead.
+const DEPTH_BYTES: usize = 32 << 20;
+
+/// The copy thread refreshes the loader figures it shares every this many batches (and at
+/// each epoch's end): reading them walks the pool's pending fences.
+const STATS_EVERY: u64 = 64;
+
+/// Timing events kept for reuse (creating an event is a driver call per batch otherwise).
+const SPARE_EVENTS: usize = 64;
 
 /// Settings of a [`DeviceLoader`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct DeviceLoaderOptions {
-    /// Device batches copied ahead of the consumer (the channel's capacity; default 2). One
-    /// more can be in the copy thread's hands.
-    pub depth: usize,
+    /// Device batches copied ahead of the consumer (the channel's capacity). One more can be
+    /// in the copy thread's hands. Default (`None`): about 32 MiB of batches, 2 to 16, so that
+    /// small batches keep the copy engine busy while the consumer takes each one.
+    pub depth: Option<usize>,
     /// Fields to convert on the device (opt-in; see [`Convert`]).
     pub convert: Vec<Convert>,
     /// Debugging: fill each device buffer with this byte before the copy, so that bytes the
@@ -41,20 +57,10 @@ pub struct DeviceLoaderOptions {
     pub poison: Option<u8>,
 }
 
-impl Default for DeviceLoaderOptions {
-    fn default() -> Self {
-        DeviceLoaderOptions {
-            depth: 2,
-            convert: Vec::new(),
-            poison: None,
-        }
-    }
-}
-
 impl DeviceLoaderOptions {
     /// Sets [`depth`](Self::depth).
     pub fn depth(mut self, n: usize) -> Self {
-        self.depth = n;
+        self.depth = Some(n);
         self
     }
 
@@ -71,30 +77,12 @@ impl DeviceLoaderOptions {
     }
 }
 
-/// One field of a [`DeviceBatch`]: where it is on the device, and what it holds.
-///
-/// `ptr` is a raw device address for frameworks (candle, burn, tch: `from_blob`); it is valid
-/// under [the rule for device memory](crate::cuda#the-rule-for-device-memory), no longer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct DeviceField {
-    /// The field's name.
-    pub name: String,
-    /// Its element type.
-    pub dtype: DType,
-    /// Its shape in this batch: `[len, per-sample shape...]` (converted fields: `[len, C, H, W]`).
-    pub shape: Vec<usize>,
-    /// Device address of its first element (aligned to 256 bytes), C-contiguous.
-    pub ptr: sys::CUdeviceptr,
-    /// Its size in bytes.
-    pub bytes: usize,
-}
-
 /// Where each field of a device batch lives, computed once.
 struct Plan {
     host_bytes: usize,
     device_bytes: usize,
-    /// Per output field: name, dtype, per-sample shape, offset in the device buffer, bytes per sample.
-    fields: Vec<(String, DType, Vec<usize>, usize, usize)>,
+    /// The output fields, shared by every device batch.
+    fields: Arc<[FieldSpec]>,
     /// Conversions with their input and output offsets.
     converts: Vec<(Converter, usize, usize)>,
 }
@@ -110,13 +98,13 @@ impl Plan {
             let offset = layout.field_offset(k).unwrap_or(0);
             let convert: Vec<&Convert> = converts.iter().filter(|c| c.field == f.name).collect();
             match convert.as_slice() {
-                [] => fields.push((
-                    f.name.clone(),
-                    f.dtype,
-                    f.shape.clone(),
+                [] => fields.push(FieldSpec {
+                    name: f.name.clone(),
+                    dtype: f.dtype,
+                    shape: f.shape.clone(),
                     offset,
-                    f.sample_bytes(),
-                )),
+                    sample_bytes: f.sample_bytes(),
+                }),
                 [c] => {
                     if f.dtype != DType::U8 {
                         return Err(Error::config(
@@ -129,13 +117,13 @@ impl Plan {
                     let out_bytes = conv.output_bytes(layout.batch_size());
                     device_bytes =
                         (device_bytes + out_bytes).next_multiple_of(crate::loader::FIELD_ALIGN);
-                    fields.push((
-                        f.name.clone(),
-                        c.dtype,
-                        conv.output_shape(),
-                        out,
-                        conv.output_bytes(1),
-                    ));
+                    fields.push(FieldSpec {
+                        name: f.name.clone(),
+                        dtype: c.dtype,
+                        shape: conv.output_shape(),
+                        offset: out,
+                        sample_bytes: conv.output_bytes(1),
+                    });
                     prepared.push((conv, offset, out));
                 }
                 _ => {
@@ -162,142 +150,9 @@ impl Plan {
         Ok(Plan {
             host_bytes,
             device_bytes,
-            fields,
+            fields: fields.into(),
             converts: prepared,
         })
-    }
-}
-
-/// A batch on the device: typed fields in one pooled device buffer, and the event behind the
-/// copy (and conversions) that filled it. See [the rule for device
-/// memory](crate::cuda#the-rule-for-device-memory) for when its memory may be reused.
-pub struct DeviceBatch {
-    buffer: Option<DeviceBuffer>,
-    fields: Vec<DeviceField>,
-    indices: Vec<u64>,
-    epoch: u64,
-    number: u64,
-    ready: Arc<CudaEvent>,
-    users: Vec<Arc<CudaStream>>,
-}
-
-impl std::fmt::Debug for DeviceBatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceBatch")
-            .field("epoch", &self.epoch)
-            .field("number", &self.number)
-            .field("len", &self.indices.len())
-            .field("fields", &self.fields)
-            .finish()
-    }
-}
-
-impl DeviceBatch {
-    /// Samples in the batch.
-    pub fn len(&self) -> usize {
-        self.indices.len()
-    }
-
-    /// True for a batch without samples (never delivered).
-    pub fn is_empty(&self) -> bool {
-        self.indices.is_empty()
-    }
-
-    /// The dataset indices of its samples, in batch order.
-    pub fn indices(&self) -> &[u64] {
-        &self.indices
-    }
-
-    /// The epoch it belongs to.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Its number within the epoch.
-    pub fn number(&self) -> u64 {
-        self.number
-    }
-
-    /// Every field, in the loader's order.
-    pub fn fields(&self) -> &[DeviceField] {
-        &self.fields
-    }
-
-    /// The field called `name`.
-    pub fn field(&self, name: &str) -> Result<&DeviceField> {
-        self.fields.iter().find(|f| f.name == name).ok_or_else(|| {
-            let names: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
-            Error::mismatch(format!(
-                "device batch has no field `{name}` (fields: {names:?})"
-            ))
-        })
-    }
-
-    /// The event recorded after the copy (and conversions) that fill this batch.
-    pub fn ready_event(&self) -> &Arc<CudaEvent> {
-        &self.ready
-    }
-
-    /// True once the copy (and conversions) have completed; does not wait.
-    pub fn is_ready(&self) -> bool {
-        let _ = self.ready.context().bind_to_thread();
-        self.ready.try_is_complete().unwrap_or(true)
-    }
-
-    /// Makes `stream` wait for the copy (`cuStreamWaitEvent`; the host does not wait), and
-    /// registers `stream` as a user of the batch's memory (see [the rule for device memory](crate::cuda#the-rule-for-device-memory)).
-    pub fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        stream.wait(&self.ready).map_err(cuda_err(
-            "make a stream wait on the copy (cuStreamWaitEvent)",
-        ))?;
-        self.release_on(stream);
-        Ok(())
-    }
-
-    /// Registers `stream` as a user of the batch's memory without waiting: when the batch
-    /// drops, its buffer is reused only after `stream` has passed that point.
-    pub fn release_on(&mut self, stream: &Arc<CudaStream>) {
-        if !self.users.iter().any(|s| Arc::ptr_eq(s, stream)) {
-            self.users.push(Arc::clone(stream));
-        }
-    }
-
-    /// The bytes of field `name`, copied back to the host. Waits for the copy (blocking the
-    /// host): for tests and inspection, not the hot path.
-    pub fn field_to_host(&self, name: &str) -> Result<Vec<u8>> {
-        let field = self.field(name)?;
-        let buffer = self.buffer.as_ref().ok_or(Error::Shutdown)?;
-        self.ready
-            .context()
-            .bind_to_thread()
-            .map_err(cuda_err("make the context current"))?;
-        self.ready
-            .synchronize()
-            .map_err(cuda_err("wait for the copy (cuEventSynchronize)"))?;
-        let mut out = vec![0u8; field.bytes];
-        let offset = (field.ptr - buffer.ptr()) as usize;
-        if offset + field.bytes > buffer.len() {
-            return Err(Error::mismatch("a device field lies outside its buffer"));
-        }
-        // SAFETY: the range lies in the batch's live device buffer (checked); the copy that
-        // filled it has completed (synchronised above); `out` is a host vector of that size.
-        unsafe { result::memcpy_dtoh_sync(&mut out, field.ptr) }
-            .map_err(cuda_err("copy to the host (cuMemcpyDtoH)"))?;
-        Ok(out)
-    }
-}
-
-impl Drop for DeviceBatch {
-    fn drop(&mut self) {
-        if let Some(mut buffer) = self.buffer.take() {
-            buffer.release_after(Arc::clone(&self.ready));
-            for stream in self.users.drain(..) {
-                if buffer.release_on(&stream).is_err() {
-                    // No event: wait for the stream instead, so the rule still holds.
-                    let _ = stream.synchronize();
-                }
-            }
-        }
     }
 }
 
@@ -324,7 +179,7 @@ pub struct DeviceStats {
     /// copy on the copy stream (time shared by queued copies counted once).
     pub h2d_busy: Duration,
     /// The device pool.
-    pub device_pool: DevicePoolStats,
+    pub device_pool: PoolStats,
     /// The host loader's figures, as seen by the copy thread (its `waited` is the copy thread's).
     pub loader: Option<LoaderStats>,
 }
@@ -393,12 +248,19 @@ impl std::fmt::Display for DeviceStats {
 }
 
 enum Message {
-    Batch(u64, Result<DeviceBatch>),
+    /// A batch (or its error) of a generation; `advanced` when it moved the host loader's
+    /// position (a batch's own error does; a loader's error does not).
+    Batch {
+        generation: u64,
+        result: Result<DeviceBatch>,
+        advanced: bool,
+    },
     End(u64),
 }
 
 enum Control {
     SetEpoch { epoch: u64, generation: u64 },
+    Load { state: LoaderState, generation: u64 },
 }
 
 #[derive(Default)]
@@ -424,8 +286,13 @@ impl Shared {
 /// Yields the loader's batches on the device, copied asynchronously ahead of the consumer (one
 /// `cuMemcpyHtoDAsync` of each whole batch buffer on the device's copy stream, then the
 /// conversions, then an event; see [the rule for device
-/// memory](crate::cuda#the-rule-for-device-memory)). An iterator of `Result<DeviceBatch>` over one epoch; dropping it
-/// stops the copy thread and the loader's workers.
+/// memory](crate::cuda#the-rule-for-device-memory)). An iterator of `Result<DeviceBatch>` over
+/// one epoch; dropping it stops the copy thread and the loader's workers.
+///
+/// Epochs and resume work as on [`Loader`]: [`state`](Self::state) counts the device batches
+/// delivered to the consumer (not those copied ahead), a loader built with
+/// [`LoaderBuilder::resume`] or given [`load_state`](Self::load_state) yields the rest of that
+/// epoch, and the first [`set_epoch`](Self::set_epoch) of that epoch keeps the position.
 pub struct DeviceLoader {
     device: Device,
     pool: DevicePool,
@@ -434,7 +301,15 @@ pub struct DeviceLoader {
     thread: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
     generation: u64,
+    /// The order's settings, for states.
+    spec: OrderSpec,
     epoch: u64,
+    /// Device batches of `epoch` delivered to the consumer (with their `start`: a state's
+    /// position).
+    next_batch: u64,
+    start: u64,
+    /// Set by a resume until the next batch or `set_epoch`, as in `Loader`.
+    resumed: bool,
     batches_per_epoch: u64,
     ended: bool,
     started: Option<Instant>,
@@ -459,22 +334,27 @@ impl DeviceLoader {
     /// `.backing(PinnedBacking::new(&device))` (or use [`DeviceLoader::from_builder`]): from
     /// pageable buffers the copies are correct but staged by the driver, and slow.
     pub fn new(loader: Loader, device: &Device, opts: DeviceLoaderOptions) -> Result<DeviceLoader> {
-        if opts.depth == 0 {
+        if opts.depth == Some(0) {
             return Err(Error::config(
                 "depth",
                 "at least one device batch must be in flight",
             ));
         }
         device.bind()?;
-        let plan = Arc::new(Plan::new(&loader, device, &opts.convert)?);
+        let plan = Plan::new(&loader, device, &opts.convert)?;
+        let depth = opts
+            .depth
+            .unwrap_or_else(|| (DEPTH_BYTES / plan.device_bytes.max(1)).clamp(2, 16));
         let pool = DevicePool::new(device);
-        let (tx, rx) = crossbeam_channel::bounded(opts.depth);
+        let (tx, rx) = crossbeam_channel::bounded(depth);
         let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             counters: Mutex::new(Counters::default()),
         });
-        let epoch = loader.epoch();
+        let state = loader.state();
+        let resumed = loader.is_resumed();
+        let spec = loader.order_spec().clone();
         let batches_per_epoch = loader.batches_per_epoch();
         let sample_bytes = loader.layout().sample_bytes();
         let worker = CopyThread {
@@ -487,6 +367,7 @@ impl DeviceLoader {
             control: ctl_rx,
             shared: Arc::clone(&shared),
             timing: VecDeque::new(),
+            spare: Vec::new(),
             last_end: None,
         };
         let thread = std::thread::Builder::new()
@@ -501,7 +382,11 @@ impl DeviceLoader {
             thread: Some(thread),
             shared,
             generation: 0,
-            epoch,
+            spec,
+            epoch: state.epoch,
+            next_batch: state.next_batch,
+            start: state.start,
+            resumed,
             batches_per_epoch,
             ended: false,
             started: None,
@@ -543,23 +428,70 @@ impl DeviceLoader {
         self.batches_per_epoch
     }
 
-    /// Starts epoch `epoch` from its first batch, abandoning what is left of the current one.
-    pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+    /// Where the consumer stands: resuming from it (on a [`Loader`] or a `DeviceLoader`)
+    /// yields the batches not yet delivered. Batches copied ahead are not counted.
+    pub fn state(&self) -> LoaderState {
+        LoaderState {
+            epoch: self.epoch,
+            next_batch: self.next_batch,
+            start: self.start,
+            order: self.spec.clone(),
+        }
+    }
+
+    /// Puts the loader where `state` says ([`Loader::load_state`]): the next device batches are
+    /// the rest of `state.epoch`. Fails, changing nothing, if the state does not fit this
+    /// loader's order settings.
+    pub fn load_state(&mut self, state: LoaderState) -> Result<()> {
+        let (order, next) = state.position(&self.spec)?;
+        self.generation += 1;
+        self.epoch = order.epoch();
+        self.start = order.start();
+        self.next_batch = next;
+        self.resumed = true;
+        self.ended = false;
+        self.send(Control::Load {
+            state,
+            generation: self.generation,
+        });
+        Ok(())
+    }
+
+    /// Starts epoch `epoch` from its first batch, abandoning what is left of the current one
+    /// (copies in flight are discarded); [`Loader::set_epoch`] says when it keeps the position
+    /// instead (right after a resume, or at the epoch's start). If the copy thread has stopped,
+    /// the next call to `next` says so.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        let resumed = std::mem::take(&mut self.resumed);
+        let at_start = self.next_batch == 0 && self.start == 0;
+        if epoch == self.epoch && (resumed || at_start) && !self.ended {
+            return;
+        }
         self.generation += 1;
         self.epoch = epoch;
+        self.start = 0;
+        self.next_batch = 0;
         self.ended = false;
-        let control = self.control.as_ref().ok_or(Error::Shutdown)?;
-        control
-            .send(Control::SetEpoch {
-                epoch,
-                generation: self.generation,
-            })
-            .map_err(|_| Error::Shutdown)
+        self.send(Control::SetEpoch {
+            epoch,
+            generation: self.generation,
+        });
     }
 
     /// Starts the epoch after the current one.
-    pub fn next_epoch(&mut self) -> Result<()> {
+    pub fn next_epoch(&mut self) {
         self.set_epoch(self.epoch + 1)
+    }
+
+    fn send(&mut self, control: Control) {
+        let sent = self
+            .control
+            .as_ref()
+            .is_some_and(|c| c.send(control).is_ok());
+        if !sent {
+            // The copy thread is gone: `next` reports it.
+            self.control = None;
+        }
     }
 
     /// Figures so far.
@@ -589,6 +521,10 @@ impl Iterator for DeviceLoader {
             return None;
         }
         self.started.get_or_insert_with(Instant::now);
+        if self.control.is_none() {
+            self.ended = true;
+            return Some(Err(Error::Shutdown));
+        }
         let rx = self.rx.as_ref()?;
         loop {
             let t0 = Instant::now();
@@ -599,7 +535,15 @@ impl Iterator for DeviceLoader {
                     self.ended = true;
                     return Some(Err(Error::Shutdown));
                 }
-                Ok(Message::Batch(g, result)) if g == self.generation => {
+                Ok(Message::Batch {
+                    generation,
+                    result,
+                    advanced,
+                }) if generation == self.generation => {
+                    if advanced {
+                        self.next_batch += 1;
+                        self.resumed = false;
+                    }
                     if let Ok(b) = &result {
                         self.batches += 1;
                         self.samples += b.len() as u64;
@@ -634,26 +578,33 @@ impl Drop for DeviceLoader {
 struct CopyThread {
     loader: Loader,
     device: Device,
-    plan: Arc<Plan>,
+    plan: Plan,
     pool: DevicePool,
     poison: Option<u8>,
     tx: Sender<Message>,
     control: Receiver<Control>,
     shared: Arc<Shared>,
     /// Copies whose timing events have not been read: (start, end, bytes).
-    timing: VecDeque<(CudaEvent, Arc<CudaEvent>, usize)>,
+    timing: VecDeque<(CudaEvent, EventFence, usize)>,
+    /// Start events already read, to record again.
+    spare: Vec<CudaEvent>,
     /// The end event of the last copy timed, to count time shared with the next one once.
-    last_end: Option<Arc<CudaEvent>>,
+    last_end: Option<EventFence>,
 }
 
 impl CopyThread {
     fn run(mut self) {
         if let Err(e) = self.device.bind() {
-            let _ = self.tx.send(Message::Batch(0, Err(e)));
+            let _ = self.tx.send(Message::Batch {
+                generation: 0,
+                result: Err(e),
+                advanced: false,
+            });
             return;
         }
         let mut generation = 0u64;
         let mut ended = false;
+        let mut sent = 0u64;
         loop {
             if self.shared.stop.load(Ordering::Acquire) {
                 return;
@@ -670,26 +621,62 @@ impl CopyThread {
                     Err(crossbeam_channel::TryRecvError::Disconnected) => return,
                 }
             };
-            if let Some(Control::SetEpoch {
-                epoch,
-                generation: g,
-            }) = control
-            {
-                self.loader.set_epoch(epoch);
-                generation = g;
-                ended = false;
+            match control {
+                Some(Control::SetEpoch {
+                    epoch,
+                    generation: g,
+                }) => {
+                    // The consumer restarts `epoch` from its first batch: the host loader must
+                    // too, also when it stands at that epoch's start or was resumed.
+                    self.loader.restart_epoch(epoch);
+                    generation = g;
+                    ended = false;
+                }
+                Some(Control::Load {
+                    state,
+                    generation: g,
+                }) => {
+                    generation = g;
+                    ended = false;
+                    // Checked by the consumer against the same order settings.
+                    if let Err(e) = self.loader.load_state(state) {
+                        let message = Message::Batch {
+                            generation,
+                            result: Err(e),
+                            advanced: false,
+                        };
+                        if self.tx.send(message).is_err() {
+                            return;
+                        }
+                        ended = true;
+                        continue;
+                    }
+                }
+                None => {}
             }
             self.read_timings(false);
+            let before = self.loader.next_batch();
             let message = match self.loader.next() {
                 None => {
                     ended = true;
                     self.read_timings(true);
                     Message::End(generation)
                 }
-                Some(Err(e)) => Message::Batch(generation, Err(e)),
-                Some(Ok(batch)) => Message::Batch(generation, self.copy(batch)),
+                Some(Err(e)) => Message::Batch {
+                    generation,
+                    result: Err(e),
+                    advanced: self.loader.next_batch() != before,
+                },
+                Some(Ok(batch)) => Message::Batch {
+                    generation,
+                    result: self.copy(batch),
+                    advanced: true,
+                },
             };
-            self.shared.counters().loader = Some(self.loader.stats());
+            sent += 1;
+            if ended || sent % STATS_EVERY == 1 {
+                self.shared.counters().loader = Some(self.loader.stats());
+            }
             if self.tx.send(message).is_err() {
                 return;
             }
@@ -698,95 +685,96 @@ impl CopyThread {
 
     /// Enqueues the copy (and conversions) of one host batch; never waits for the device.
     fn copy(&mut self, mut batch: Batch) -> Result<DeviceBatch> {
+        let stream = Arc::clone(self.device.copy_stream());
+        let mut buffer = self.pool.alloc(self.plan.device_bytes)?;
+        match self.enqueue(&mut batch, &mut buffer, &stream) {
+            Ok(ready) => Ok(DeviceBatch::new(
+                buffer,
+                Arc::clone(&self.plan.fields),
+                (batch.indices().to_vec(), batch.padding()),
+                (batch.epoch(), batch.number()),
+                ready,
+                stream,
+            )),
+            Err(e) => {
+                // Work that reads the host buffer or writes the device buffer may be on the copy
+                // stream without its fence: wait for it before both are dropped (if this fails
+                // too, the context is broken and runs nothing more).
+                let _ = stream.synchronize();
+                Err(e)
+            }
+        }
+        // `batch` drops here: its pinned buffer waits in the pool behind the copy.
+    }
+
+    /// Enqueues the copy of `batch` into `buffer` and the conversions on `stream`, fences both
+    /// buffers (and the converters' coefficients), and returns the fence of the whole.
+    fn enqueue(
+        &mut self,
+        batch: &mut Batch,
+        buffer: &mut DeviceBuffer,
+        stream: &Arc<CudaStream>,
+    ) -> Result<EventFence> {
         let plan = &self.plan;
-        let stream = self.device.copy_stream();
-        let mut buffer = self.pool.alloc(plan.device_bytes)?;
         if let Some(byte) = self.poison {
             buffer.fill_async(stream, 0, plan.device_bytes, byte)?;
         }
         let host = batch.buffer().as_slice();
         let n = host.len().min(plan.host_bytes);
-        let ctx = self.device.context();
-        let start = ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(cuda_err("create an event"))?;
+        let start = match self.spare.pop() {
+            Some(e) => e,
+            None => self
+                .device
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("create an event"))?,
+        };
         start
             .record(stream)
             .map_err(cuda_err("record an event (cuEventRecord)"))?;
-        // SAFETY: `host[..n]` is the batch's host buffer, which returns to its pool only after
-        // the `copied` event below has completed (release_after, set before the batch drops);
-        // the destination is a live device buffer of at least `device_bytes >= n` bytes.
-        unsafe { result::memcpy_htod_async(buffer.ptr(), &host[..n], stream.cu_stream()) }
+        // SAFETY: `host[..n]` is the batch's pinned host buffer, released behind `copied` (just
+        // below) before the batch can drop; the destination is this device buffer of at least
+        // `device_bytes >= n` bytes, fenced behind `ready` (recorded after the copy on this
+        // stream) before this function returns. On an error in between, `copy` synchronises
+        // the stream before either buffer drops.
+        unsafe { result::memcpy_htod_async(buffer.addr(), &host[..n], stream.cu_stream()) }
             .map_err(cuda_err("copy a batch to the device (cuMemcpyHtoDAsync)"))?;
-        let copied = Arc::new(
-            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(cuda_err("create an event"))?,
-        );
-        copied
-            .record(stream)
-            .map_err(cuda_err("record an event (cuEventRecord)"))?;
-        batch
-            .buffer_mut()
-            .release_after(Box::new(super::EventFence::new(Arc::clone(&copied))));
+        let copied = EventFence::record_timed(stream)?;
+        batch.buffer_mut().release_after(Box::new(copied.clone()));
         let len = batch.len();
         for (conv, src, dst) in &plan.converts {
             // SAFETY: the plan placed the input field at `src` and the output at `dst` inside
             // a device buffer of `device_bytes` (computed for a full batch; `len` is at most
             // that), the two ranges do not overlap (outputs follow the host image), and the
-            // buffer is released only behind `ready`, recorded after this kernel.
+            // buffer and the coefficients are fenced behind `ready`, recorded after this kernel
+            // on this stream (or `copy` synchronises the stream).
             unsafe {
                 conv.launch_raw(
                     stream,
-                    buffer.ptr() + *src as u64,
-                    buffer.ptr() + *dst as u64,
+                    buffer.addr() + *src as u64,
+                    buffer.addr() + *dst as u64,
                     len,
                 )?
             };
         }
         let ready = if plan.converts.is_empty() {
-            Arc::clone(&copied)
+            copied.clone()
         } else {
-            Arc::new(
-                stream
-                    .record_event(None)
-                    .map_err(cuda_err("record an event (cuEventRecord)"))?,
-            )
+            EventFence::record(stream)?
         };
+        buffer.add_use(stream, ready.clone());
+        for (conv, _, _) in &plan.converts {
+            conv.fence_coefficients(stream, ready.clone());
+        }
         {
             let mut c = self.shared.counters();
             c.h2d_bytes += n as u64;
             c.h2d_copies += 1;
         }
         if self.timing.len() < 4096 {
-            self.timing.push_back((start, Arc::clone(&copied), n));
+            self.timing.push_back((start, copied, n));
         }
-        let base = buffer.ptr();
-        let fields = plan
-            .fields
-            .iter()
-            .map(|(name, dtype, shape, offset, sample_bytes)| {
-                let mut s = Vec::with_capacity(shape.len() + 1);
-                s.push(len);
-                s.extend_from_slice(shape);
-                DeviceField {
-                    name: name.clone(),
-                    dtype: *dtype,
-                    shape: s,
-                    ptr: base + *offset as u64,
-                    bytes: sample_bytes * len,
-                }
-            })
-            .collect();
-        Ok(DeviceBatch {
-            buffer: Some(buffer),
-            fields,
-            indices: batch.indices().to_vec(),
-            epoch: batch.epoch(),
-            number: batch.number(),
-            ready,
-            users: Vec::new(),
-        })
-        // `batch` drops here: its pinned buffer waits in the pool behind `copied`.
+        Ok(ready)
     }
 
     /// Reads the device time of completed copies; with `all`, waits for every pending one
@@ -795,20 +783,22 @@ impl CopyThread {
         let mut timed_bytes = 0u64;
         let mut busy = Duration::ZERO;
         while let Some((start, end, bytes)) = self.timing.front() {
-            let done = end.try_is_complete().unwrap_or(true);
-            if !done && (!all || end.synchronize().is_err()) {
+            let done = end.event().try_is_complete().unwrap_or(true);
+            if !done && (!all || end.event().synchronize().is_err()) {
                 break;
             }
             // SAFETY: both events are live, were recorded on the copy stream, and `end` has
             // completed, so the elapsed time is defined and the call does not wait.
-            if let Ok(ms) = unsafe { result::event::elapsed(start.cu_event(), end.cu_event()) } {
+            if let Ok(ms) =
+                unsafe { result::event::elapsed(start.cu_event(), end.event().cu_event()) }
+            {
                 // Busy time is the union of the copies' intervals: a start event can be stamped
                 // before the previous copy has ended (copies queued back to back), so the part
                 // of this interval before the previous end is not counted twice.
                 let overlap = match &self.last_end {
                     // SAFETY: as above; the previous end event has completed too.
                     Some(prev) => {
-                        unsafe { result::event::elapsed(start.cu_event(), prev.cu_event()) }
+                        unsafe { result::event::elapsed(start.cu_event(), prev.event().cu_event()) }
                             .map_or(0.0, |o| o.clamp(0.0, ms.max(0.0)))
                     }
                     None => 0.0,
@@ -816,8 +806,13 @@ impl CopyThread {
                 busy += Duration::from_secs_f64(f64::from((ms - overlap).max(0.0)) / 1e3);
                 timed_bytes += *bytes as u64;
             }
-            self.last_end = Some(Arc::clone(end));
-            self.timing.pop_front();
+            self.last_end = Some(end.clone());
+            if let Some((start, _, _)) = self.timing.pop_front()
+                && self.spare.len() < SPARE_EVENTS
+            {
+                // Read and complete: nothing refers to it, it can be recorded again.
+                self.spare.push(start);
+            }
         }
         if timed_bytes > 0 {
             let mut c = self.shared.counters();

@@ -71,11 +71,21 @@ impl Device {
                 what: format!("no device with ordinal {ordinal}: this machine has {count}"),
             });
         }
+        // cudarc's event tracking stays as the context has it (on, for a new `CudaContext`):
+        // gpufeed's own memory is ordered by its own fences and does not depend on it, and a
+        // user's `CudaSlice` on this context is sound only with it. Its one cost, a context
+        // synchronisation when the context's first stream is created, falls here, at open.
         let ctx = CudaContext::new(ordinal).map_err(cuda_err("open the device's context"))?;
-        // SAFETY: gpufeed never uses cudarc's CudaSlice, whose safety depends on event
-        // tracking; all ordering of gpufeed's memory goes through its own events (EventFence,
-        // DeviceBatch). Disabling it also keeps `new_stream` from synchronising the context.
-        unsafe { ctx.disable_event_tracking() };
+        Device::from_context(ctx)
+    }
+
+    /// Uses a context the caller already has (candle's, a `CudaContext` of its own): gpufeed
+    /// creates its copy stream on it and changes none of its settings. Creating a context
+    /// costs hundreds of milliseconds on a warm machine (`benches/RESULTS.md`); sharing one
+    /// pays it once.
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<Device> {
+        ctx.bind_to_thread()
+            .map_err(cuda_err("make the context current"))?;
         let copy_stream = ctx
             .new_stream()
             .map_err(cuda_err("create the copy stream"))?;
@@ -115,12 +125,15 @@ impl Device {
         self.inner.sm_count
     }
 
-    /// The cudarc context (the device's primary context, shared with PyTorch and others).
+    /// The cudarc context (the device's primary context, shared with PyTorch and others). Its
+    /// event tracking is on (gpufeed never changes a context's settings), so `CudaSlice`s made
+    /// on it order themselves across streams as cudarc intends.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.inner.ctx
     }
 
-    /// The stream every host-to-device copy of this device's loaders goes on.
+    /// The stream every host-to-device copy of this device's loaders goes on. Work you enqueue
+    /// on it delays the copies (tests use that to hold it busy).
     pub fn copy_stream(&self) -> &Arc<CudaStream> {
         &self.inner.copy_stream
     }

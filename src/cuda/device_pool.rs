@@ -1,86 +1,63 @@
-//! [`DevicePool`]: a caching allocator of device memory, like PyTorch's CUDA caching allocator.
+//! [`DevicePool`]: the caching allocator of device memory (the crate's one pool, over
+//! `cuMemAlloc`), like PyTorch's CUDA caching allocator; [`DeviceBuffer`]: a block of it.
 //!
 //! A block freed by its user goes to a free list keyed by size and is reused by the next request
-//! that fits (a block of at least the size asked for and at most twice it); blocks are never
-//! returned to the driver on the hot path. A buffer can be released behind events (the streams
-//! that still use it): it is reused only once all have completed. When `cuMemAlloc` runs out of
-//! memory, the pool waits for its pending blocks, gives its cached blocks back and tries once
-//! more. Stats follow `torch.cuda.memory_allocated / memory_reserved / max_memory_allocated`.
+//! that fits (at least the size asked for, at most twice it); blocks are never returned to the
+//! driver on the hot path. Every asynchronous operation a `DeviceBuffer` enqueues is first
+//! ordered after the buffer's uses on other streams (`cuStreamWaitEvent`, no host wait), then
+//! records its fence on the buffer (an event on its stream; a later one on the same stream
+//! replaces the earlier). A dropped buffer's block is reused only once all its fences have
+//! completed, and freed (`trim`, out of memory, the pool's drop) only after the pool has waited
+//! for them. When `cuMemAlloc` runs out of memory, the pool waits for its pending blocks, gives
+//! its cached blocks back and tries once more.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
-use serde::Serialize;
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
 
 use super::Device;
 use super::cuda_err;
+use super::fence::{EventFence, StreamUse};
 use crate::error::{Error, Result};
-use crate::memory::human_bytes;
+use crate::memory::{Backing, Buffer, Pool, PoolStats};
 
-/// What a device pool holds and has done.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct DevicePoolStats {
-    /// Bytes in blocks handed out now (`torch.cuda.memory_allocated`).
-    pub allocated_bytes: u64,
-    /// Bytes held from the driver: handed out, cached or pending (`memory_reserved`).
-    pub reserved_bytes: u64,
-    /// The most `allocated_bytes` has been (`max_memory_allocated`).
-    pub peak_allocated_bytes: u64,
-    /// The most `reserved_bytes` has been (`max_memory_reserved`).
-    pub peak_reserved_bytes: u64,
-    /// Blocks obtained from `cuMemAlloc`.
-    pub allocations: u64,
-    /// Requests served from the free list.
-    pub reuses: u64,
-    /// Blocks released behind events that had not completed when last looked at.
-    pub pending_blocks: u64,
+/// Device memory of one context, from `cuMemAlloc`.
+pub(crate) struct DeviceMemory {
+    ctx: Arc<CudaContext>,
 }
 
-impl std::fmt::Display for DevicePoolStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "allocated {} (peak {}), reserved {} (peak {}); {} allocations, {} reuses, {} pending",
-            human_bytes(self.allocated_bytes),
-            human_bytes(self.peak_allocated_bytes),
-            human_bytes(self.reserved_bytes),
-            human_bytes(self.peak_reserved_bytes),
-            self.allocations,
-            self.reuses,
-            self.pending_blocks
-        )
+impl DeviceMemory {
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("make the context current"))
     }
 }
 
-struct Pending {
-    ptr: sys::CUdeviceptr,
-    size: usize,
-    fences: Vec<Arc<CudaEvent>>,
-}
+// SAFETY: `cuMemAlloc` returns device memory of at least `bytes` bytes, aligned to at least 256,
+// that nobody else uses, valid until `cuMemFree`, which `free` calls once per block; the address
+// is a plain integer. The context (and so the allocation) outlives the backing, which holds an
+// Arc of it.
+unsafe impl Backing for DeviceMemory {
+    type Addr = sys::CUdeviceptr;
 
-struct State {
-    free: BTreeMap<usize, Vec<sys::CUdeviceptr>>,
-    pending: Vec<Pending>,
-    stats: DevicePoolStats,
-}
+    fn name(&self) -> &'static str {
+        "device"
+    }
 
-struct Inner {
-    ctx: Arc<CudaContext>,
-    state: Mutex<State>,
-}
+    fn allocate(&self, bytes: usize) -> Result<sys::CUdeviceptr> {
+        self.bind()?;
+        // SAFETY: a plain allocation of `bytes` (> 0) bytes in the current context.
+        unsafe { result::malloc_sync(bytes) }
+            .map_err(cuda_err("allocate device memory (cuMemAlloc)"))
+    }
 
-/// A caching allocator of device memory on one device. Cheap to clone (shared).
-#[derive(Clone)]
-pub struct DevicePool {
-    inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for DevicePool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DevicePool")
-            .field("stats", &self.stats())
-            .finish()
+    unsafe fn free(&self, addr: sys::CUdeviceptr, _bytes: usize) {
+        let _ = self.bind();
+        // SAFETY: `addr` came from `allocate` (cuMemAlloc) and is freed once, with no use
+        // afterwards: the pool frees a block only when no buffer holds it and its fences (every
+        // operation enqueued on it) have completed.
+        let _ = unsafe { result::free_sync(addr) };
     }
 }
 
@@ -94,308 +71,244 @@ fn block_size(bytes: usize) -> usize {
     }
 }
 
-fn complete(e: &CudaEvent) -> bool {
-    // Any error other than "not ready" is a broken context: nothing will use the block again.
-    e.try_is_complete().unwrap_or(true)
+/// A caching allocator of device memory on one device, with no budget. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct DevicePool {
+    pool: Pool<DeviceMemory, StreamUse>,
+}
+
+impl std::fmt::Debug for DevicePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevicePool")
+            .field("stats", &self.stats())
+            .finish()
+    }
 }
 
 impl DevicePool {
     /// An empty pool on `device`.
     pub fn new(device: &Device) -> DevicePool {
-        DevicePool {
-            inner: Arc::new(Inner {
-                ctx: Arc::clone(device.context()),
-                state: Mutex::new(State {
-                    free: BTreeMap::new(),
-                    pending: Vec::new(),
-                    stats: DevicePoolStats::default(),
-                }),
-            }),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn bind(&self) -> Result<()> {
-        self.inner
-            .ctx
-            .bind_to_thread()
-            .map_err(cuda_err("make the context current"))
-    }
-
-    /// A buffer of at least `bytes` bytes of device memory (its contents are whatever the
-    /// block last held). Never waits for the device, except after an out-of-memory error.
-    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
-        let size = block_size(bytes);
-        self.bind()?;
-        {
-            let mut state = self.lock();
-            collect(&mut state);
-            if let Some((ptr, found)) = take_free(&mut state, size) {
-                state.stats.reuses += 1;
-                return Ok(self.hand_out(&mut state, ptr, found, bytes));
-            }
-        }
-        // SAFETY: a plain allocation of `size` bytes in the current context.
-        let ptr = match unsafe { result::malloc_sync(size) } {
-            Ok(p) => p,
-            Err(_) => {
-                // Out of memory (or another failure): wait for pending blocks, give every
-                // cached block back, and try once more.
-                self.drain_pending();
-                self.trim();
-                // SAFETY: as above.
-                unsafe { result::malloc_sync(size) }
-                    .map_err(cuda_err("allocate device memory (cuMemAlloc)"))?
-            }
+        let memory = DeviceMemory {
+            ctx: Arc::clone(device.context()),
         };
-        let mut state = self.lock();
-        state.stats.allocations += 1;
-        state.stats.reserved_bytes += size as u64;
-        state.stats.peak_reserved_bytes = state
-            .stats
-            .peak_reserved_bytes
-            .max(state.stats.reserved_bytes);
-        Ok(self.hand_out(&mut state, ptr, size, bytes))
-    }
-
-    fn hand_out(
-        &self,
-        state: &mut State,
-        ptr: sys::CUdeviceptr,
-        size: usize,
-        len: usize,
-    ) -> DeviceBuffer {
-        state.stats.allocated_bytes += size as u64;
-        state.stats.peak_allocated_bytes = state
-            .stats
-            .peak_allocated_bytes
-            .max(state.stats.allocated_bytes);
-        DeviceBuffer {
-            ptr,
-            size,
-            len,
-            fences: Vec::new(),
-            pool: self.clone(),
+        DevicePool {
+            pool: Pool::new(memory, None, block_size),
         }
     }
 
-    fn release(&self, ptr: sys::CUdeviceptr, size: usize, fences: Vec<Arc<CudaEvent>>) {
-        let mut state = self.lock();
-        state.stats.allocated_bytes -= size as u64;
-        let _ = self.inner.ctx.bind_to_thread();
-        if fences.iter().all(|e| complete(e)) {
-            state.free.entry(size).or_default().push(ptr);
-        } else {
-            state.pending.push(Pending { ptr, size, fences });
+    /// A buffer of at least `bytes` bytes of device memory (its contents are whatever the block
+    /// last held). Never waits for the device, except after an out-of-memory error.
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        match self.pool.acquire(bytes, || false)? {
+            Some(buf) => Ok(DeviceBuffer { buf }),
+            // Only a cancelled or closed pool gives none; this one is neither.
+            None => Err(Error::Shutdown),
         }
-        state.stats.pending_blocks = state.pending.len() as u64;
     }
 
-    /// Waits (blocking the host) for every pending block's events, and caches the blocks.
-    fn drain_pending(&self) {
-        let pending = std::mem::take(&mut self.lock().pending);
-        for p in &pending {
-            for e in &p.fences {
-                let _ = e.synchronize();
-            }
-        }
-        let mut state = self.lock();
-        for p in pending {
-            state.free.entry(p.size).or_default().push(p.ptr);
-        }
-        state.stats.pending_blocks = state.pending.len() as u64;
+    /// The pool's figures now (`budget_bytes` is `None`: device pools have no budget).
+    pub fn stats(&self) -> PoolStats {
+        self.pool.stats()
     }
 
-    /// The pool's figures now.
-    pub fn stats(&self) -> DevicePoolStats {
-        let _ = self.inner.ctx.bind_to_thread();
-        let mut state = self.lock();
-        collect(&mut state);
-        state.stats
-    }
-
-    /// Gives every cached free block back to the driver (blocks in use or pending stay).
+    /// Gives every cached block back to the driver (blocks in use or pending stay).
     pub fn trim(&self) {
-        let _ = self.inner.ctx.bind_to_thread();
-        let mut state = self.lock();
-        collect(&mut state);
-        let free = std::mem::take(&mut state.free);
-        for (size, ptrs) in free {
-            for ptr in ptrs {
-                state.stats.reserved_bytes -= size as u64;
-                // SAFETY: the block came from cuMemAlloc, is in no one's hands and no pending
-                // work uses it (its fences completed before it reached the free list).
-                let _ = unsafe { result::free_sync(ptr) };
-            }
-        }
+        self.pool.trim()
     }
 }
 
-/// Moves pending blocks whose events have all completed to the free list.
-fn collect(state: &mut State) {
-    if state.pending.is_empty() {
-        return;
-    }
-    let mut i = 0;
-    while i < state.pending.len() {
-        if state.pending[i].fences.iter().all(|e| complete(e)) {
-            let p = state.pending.swap_remove(i);
-            state.free.entry(p.size).or_default().push(p.ptr);
-        } else {
-            i += 1;
-        }
-    }
-    state.stats.pending_blocks = state.pending.len() as u64;
-}
-
-/// The smallest cached block of at least `size` bytes and at most twice that, with its size.
-fn take_free(state: &mut State, size: usize) -> Option<(sys::CUdeviceptr, usize)> {
-    let (&found, _) = state.free.range(size..=size.saturating_mul(2)).next()?;
-    let list = state.free.get_mut(&found)?;
-    let ptr = list.pop();
-    if list.is_empty() {
-        state.free.remove(&found);
-    }
-    ptr.map(|p| (p, found))
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for p in std::mem::take(&mut state.pending) {
-            for e in &p.fences {
-                let _ = e.synchronize();
-            }
-            // SAFETY: the block's last users (its fences) have completed; every DeviceBuffer
-            // holds a clone of the pool, so none is in anyone's hands when the pool drops.
-            let _ = unsafe { result::free_sync(p.ptr) };
-        }
-        for ptr in std::mem::take(&mut state.free).into_values().flatten() {
-            // SAFETY: a cached block: in no one's hands, no pending work.
-            let _ = unsafe { result::free_sync(ptr) };
-        }
-    }
-}
-
-/// A block of device memory from a [`DevicePool`]; returns to it on drop, behind the events
-/// given to [`DeviceBuffer::release_after`].
+/// A block of device memory from a [`DevicePool`]. Returns to it on drop, reused only once every
+/// operation enqueued on it has completed (each records its fence on the buffer).
 pub struct DeviceBuffer {
-    ptr: sys::CUdeviceptr,
-    size: usize,
-    len: usize,
-    fences: Vec<Arc<CudaEvent>>,
-    pool: DevicePool,
+    buf: Buffer<DeviceMemory, StreamUse>,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceBuffer")
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("len", &self.len)
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
             .finish()
     }
 }
 
 impl DeviceBuffer {
-    /// The device address of its first byte (aligned to at least 256 bytes).
-    pub fn ptr(&self) -> sys::CUdeviceptr {
-        self.ptr
-    }
-
     /// Bytes requested (the block may be larger).
     pub fn len(&self) -> usize {
-        self.len
+        self.buf.len()
     }
 
     /// True for a zero-length buffer.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.buf.len() == 0
     }
 
-    /// Keeps the block from reuse until `event` has completed (in addition to earlier ones).
-    pub fn release_after(&mut self, event: Arc<CudaEvent>) {
-        self.fences.push(event);
+    /// The device address of its first byte (aligned to at least 256 bytes).
+    ///
+    /// # Safety
+    ///
+    /// Getting the address is harmless; the caller takes on the contract for every use of it.
+    /// It addresses `len()` bytes that are this buffer's while it lives, no longer. Work that
+    /// gpufeed did not enqueue is not fenced: for every stream on which you enqueue work that
+    /// uses the address, call [`DeviceBuffer::release_on`] after that work and before the
+    /// buffer drops (or synchronise the stream), else the block may be reused or freed under
+    /// it. Order your work after the buffer's own operations on other streams yourself.
+    pub unsafe fn ptr(&self) -> sys::CUdeviceptr {
+        self.buf.addr()
     }
 
-    /// Records an event on `stream` now and keeps the block from reuse until it completes:
-    /// call it after the last work on `stream` that uses the buffer (PyTorch's `record_stream`).
-    pub fn release_on(&mut self, stream: &CudaStream) -> Result<()> {
-        let event = stream
-            .record_event(None)
-            .map_err(cuda_err("record an event (cuEventRecord)"))?;
-        self.fences.push(Arc::new(event));
-        Ok(())
+    /// The address, for the crate's own fenced operations.
+    pub(crate) fn addr(&self) -> sys::CUdeviceptr {
+        self.buf.addr()
     }
 
-    /// Copies `data` into the buffer from `offset` on, waiting for the copy (blocking the host;
-    /// for setup and tests, not the hot path). The copy is ordered after all work on `stream`.
-    pub fn upload_sync(&mut self, stream: &CudaStream, offset: usize, data: &[u8]) -> Result<()> {
-        self.check(offset, data.len())?;
-        self.pool.bind()?;
-        // SAFETY: the range is inside the block (checked); `data` stays borrowed until the
-        // stream synchronisation below has waited for the copy.
-        unsafe { result::memcpy_htod_async(self.ptr + offset as u64, data, stream.cu_stream()) }
-            .map_err(cuda_err("copy to the device (cuMemcpyHtoDAsync)"))?;
-        stream
-            .synchronize()
-            .map_err(cuda_err("synchronize a stream"))
+    /// Records a fence on `stream` now: the block is not reused before `stream` has passed this
+    /// point (PyTorch's `record_stream`). Call it after the last work you enqueued on `stream`
+    /// that uses the buffer. Does not wait (unless the event cannot be recorded: then it
+    /// synchronises `stream` and returns the error).
+    pub fn release_on(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.record_use(stream)
     }
 
-    /// Copies `out.len()` bytes from `offset` on into `out`, ordered after all work on `stream`,
-    /// and waits for it (blocking the host; for tests and inspection).
-    pub fn download_sync(&self, stream: &CudaStream, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check(offset, out.len())?;
-        self.pool.bind()?;
-        // SAFETY: the range is inside the block (checked); `out` stays borrowed until the
-        // synchronisation below has waited for the copy.
-        unsafe { result::memcpy_dtoh_async(out, self.ptr + offset as u64, stream.cu_stream()) }
-            .map_err(cuda_err("copy to the host (cuMemcpyDtoHAsync)"))?;
-        stream
-            .synchronize()
-            .map_err(cuda_err("synchronize a stream"))
-    }
-
-    /// Fills `len` bytes from `offset` with `byte`, on `stream`, without waiting.
+    /// Fills `len` bytes from `offset` with `byte`, on `stream`, without waiting. Ordered after
+    /// the buffer's operations on other streams; the block is not reused before it completes.
     pub fn fill_async(
         &mut self,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         offset: usize,
         len: usize,
         byte: u8,
     ) -> Result<()> {
         self.check(offset, len)?;
-        self.pool.bind()?;
-        // SAFETY: the range is inside the block (checked); device memory only.
-        unsafe { result::memset_d8_async(self.ptr + offset as u64, byte, len, stream.cu_stream()) }
-            .map_err(cuda_err("fill device memory (cuMemsetD8Async)"))
+        self.bind()?;
+        self.order_on(stream)?;
+        // SAFETY: the range is inside this buffer's block (checked), device memory only; the
+        // block is not reused or freed before the memset completes: its fence is recorded just
+        // below (or, failing that, the stream is synchronised).
+        unsafe {
+            result::memset_d8_async(self.addr() + offset as u64, byte, len, stream.cu_stream())
+        }
+        .map_err(cuda_err("fill device memory (cuMemsetD8Async)"))?;
+        self.record_use(stream)
+    }
+
+    /// Copies `data` into the buffer from `offset` on, on `stream` after its earlier work (and
+    /// after the buffer's operations on other streams), and waits for the copy (blocking the
+    /// host; for setup and tests, not the hot path).
+    pub fn upload_sync(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<()> {
+        self.check(offset, data.len())?;
+        self.bind()?;
+        self.order_on(stream)?;
+        // SAFETY: the range is inside this buffer's block (checked); the block is fenced below;
+        // `data` stays borrowed until the stream synchronisation below has waited for the copy
+        // (if that fails, the context is broken and runs nothing more).
+        unsafe { result::memcpy_htod_async(self.addr() + offset as u64, data, stream.cu_stream()) }
+            .map_err(cuda_err("copy to the device (cuMemcpyHtoDAsync)"))?;
+        let fenced = self.record_use(stream);
+        stream
+            .synchronize()
+            .map_err(cuda_err("synchronize a stream"))?;
+        fenced
+    }
+
+    /// Copies `out.len()` bytes from `offset` on into `out`, on `stream` after its earlier work
+    /// (and after the buffer's operations on other streams), and waits for it (blocking the
+    /// host; for tests and inspection).
+    pub fn download_sync(
+        &self,
+        stream: &Arc<CudaStream>,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.check(offset, out.len())?;
+        self.bind()?;
+        self.order_on(stream)?;
+        // SAFETY: the range is inside this buffer's block (checked); the block is fenced below;
+        // `out` stays borrowed until the stream synchronisation below has waited for the copy
+        // (if that fails, the context is broken and runs nothing more).
+        unsafe { result::memcpy_dtoh_async(out, self.addr() + offset as u64, stream.cu_stream()) }
+            .map_err(cuda_err("copy to the host (cuMemcpyDtoHAsync)"))?;
+        let fenced = self.record_use(stream);
+        stream
+            .synchronize()
+            .map_err(cuda_err("synchronize a stream"))?;
+        fenced
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.buf.pool().backing().bind()
+    }
+
+    /// Makes `stream`'s later work wait, on the device, for the buffer's uses on other streams.
+    pub(crate) fn order_on(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let uses = self.buf.fences();
+        for u in uses.iter().filter(|u| !Arc::ptr_eq(&u.stream, stream)) {
+            u.fence.order(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Records a fence on `stream` behind the work enqueued on it so far, as a use of the block.
+    /// If no event can be recorded, synchronises `stream` (so the block is never reused under
+    /// that work) and returns the error.
+    pub(crate) fn record_use(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        // Recording under the lock keeps the fences of one stream in the order of their records,
+        // so the replacement in `put` only ever puts a later fence in place of an earlier one.
+        let mut uses = self.buf.fences();
+        match EventFence::record(stream) {
+            Ok(fence) => {
+                put(&mut uses, stream, fence);
+                Ok(())
+            }
+            Err(e) => {
+                drop(uses);
+                // If this fails too, the context is broken and runs nothing more.
+                let _ = stream.synchronize();
+                Err(e)
+            }
+        }
+    }
+
+    /// Adds `fence`, already recorded on `stream` behind every use of the buffer on `stream`
+    /// registered so far, as a use of the block (the copy thread's `ready` event).
+    pub(crate) fn add_use(&self, stream: &Arc<CudaStream>, fence: EventFence) {
+        put(&mut self.buf.fences(), stream, fence);
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
+            Some(end) if end <= self.len() => Ok(()),
             _ => Err(Error::config(
                 "range",
                 format!(
                     "bytes {offset}..{offset}+{len} are outside a device buffer of {} bytes",
-                    self.len
+                    self.len()
                 ),
             )),
         }
     }
 
-    /// The pool it returns to.
-    pub fn pool(&self) -> &DevicePool {
-        &self.pool
+    /// The pool it returns to (a handle to it).
+    pub fn pool(&self) -> DevicePool {
+        DevicePool {
+            pool: self.buf.pool().clone(),
+        }
     }
 }
 
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        let fences = std::mem::take(&mut self.fences);
-        self.pool.release(self.ptr, self.size, fences);
+/// Registers `fence` as the latest use of the block on `stream`: it replaces an earlier fence of
+/// the same stream, which completes before it (stream order).
+fn put(uses: &mut Vec<StreamUse>, stream: &Arc<CudaStream>, fence: EventFence) {
+    match uses.iter_mut().find(|u| Arc::ptr_eq(&u.stream, stream)) {
+        Some(u) => u.fence = fence,
+        None => uses.push(StreamUse {
+            stream: Arc::clone(stream),
+            fence,
+        }),
     }
 }

@@ -7,7 +7,7 @@
 //!     ▼
 //!  copy thread ── cuMemcpyHtoDAsync (whole batch buffer, one copy) on the COPY STREAM
 //!     │           into a DevicePool buffer; [optional convert kernel]; record an event;
-//!     │           host buffer.release_after(event): it is reused only once the copy is done
+//!     │           host buffer released behind it: reused only once the copy is done
 //!     ▼ bounded channel (depth)
 //!  consumer: DeviceBatch ── wait_on(stream): cuStreamWaitEvent, no host synchronisation
 //!            drop ── the device buffer returns to its pool behind an event recorded on every
@@ -19,29 +19,49 @@
 //! | module | owns |
 //! |---|---|
 //! | `device` | [`Device`]: the context, the copy stream, the embedded kernels |
-//! | `pinned` | [`PinnedBacking`] (page-locked host memory for [`HostPool`](crate::memory::HostPool)) and [`EventFence`] |
-//! | `device_pool` | [`DevicePool`]: a caching device allocator with torch-like stats |
-//! | `copy` | [`DeviceLoader`], [`DeviceBatch`]: the copy stage |
+//! | `pinned` | [`PinnedBacking`]: page-locked host memory for [`HostPool`](crate::memory::HostPool) |
+//! | `fence` | [`EventFence`]: a CUDA event nobody outside the crate can record, as a pool fence |
+//! | `device_pool` | [`DevicePool`], [`DeviceBuffer`]: the crate's caching pool over device memory |
+//! | `batch` | [`DeviceBatch`] and its field views, [`DeviceField`] |
+//! | `copy` | [`DeviceLoader`]: the copy stage |
 //! | `convert` | [`Convert`], [`Converter`]: u8 images to normalised f32/f16/bf16 CHW on the device |
 //! | `bench` | [`pinned_copy_ceiling`], [`bench_device`], [`bench_images_device`] |
 //!
 //! Nothing here calls the driver before checking that it can be loaded: without a driver every
 //! entry point returns [`Error::NoGpu`] instead of panicking (cudarc
 //! panics when its library is missing). No function here ever synchronises the host on the hot
-//! path; those that do (`*_sync`, `to_host`, benchmarks) say so.
+//! path; those that do (`*_sync`, `field_to_host`, benchmarks) say so. gpufeed never changes a
+//! context's settings: cudarc's event tracking stays on, so a `CudaSlice` made on
+//! [`Device::context`] is as sound as anywhere else, and gpufeed's own memory is ordered by its
+//! own fences, whatever the setting.
 //!
 //! [`Error::NoGpu`]: crate::Error::NoGpu
 //!
 //! # The rule for device memory
 //!
-//! A [`DeviceBatch`]'s memory is valid until the batch is dropped *and* every stream registered
-//! with [`DeviceBatch::wait_on`] or [`DeviceBatch::release_on`] has passed the point where the
-//! batch was dropped: on drop, an event is recorded on each registered stream and the device
-//! buffer is reused only once those events (and the copy) have completed. So: call
-//! `wait_on(stream)` before enqueueing work that reads the batch on `stream`; call
-//! `release_on(other)` for any other stream you use it on (PyTorch's `record_stream`); then drop
-//! the batch whenever you like, without synchronising. Raw addresses
-//! ([`DeviceField::ptr`]) do not extend this.
+//! Device memory is owned, borrowed and fenced as host memory is owned and borrowed:
+//!
+//! - A [`DeviceBatch`] owns its device buffer. Its fields are [`DeviceField`] views that borrow
+//!   the batch (cudarc's `CudaView<'_, T>` model): no view outlives its batch.
+//! - Before enqueueing work that reads a batch on `stream`, call
+//!   [`wait_on(stream)`](DeviceBatch::wait_on): the stream waits for the copy on the device
+//!   (`cuStreamWaitEvent`, no host synchronisation) and is registered as a user. Register any
+//!   other stream that uses the batch with [`release_on`](DeviceBatch::release_on) (PyTorch's
+//!   `record_stream`). Then drop the batch whenever you like: a fence is recorded on every
+//!   registered stream, and the buffer is reused only once those fences and the copy have
+//!   completed.
+//! - cudarc calls that take the view as a [`DevicePtr`](cudarc_driver::DevicePtr) follow the
+//!   rule by themselves: on a registered stream they are fenced by the drop; on any other
+//!   stream they synchronise that stream once the read is enqueued.
+//! - A raw address ([`DeviceField::ptr`], [`DeviceBuffer::ptr`]) is an `unsafe` accessor: it is
+//!   valid while its owner lives and under this rule, and you take on the contract for every
+//!   use of it (register the streams that use it, order reads after `wait_on`).
+//! - Every operation gpufeed enqueues on a [`DeviceBuffer`] (fills, uploads, downloads,
+//!   [`Converter::launch`]) records its fence on the buffer and is ordered after the buffer's
+//!   uses on other streams; a dropped buffer's block is reused only once those fences have
+//!   completed, and the pool waits for them before it frees a block.
+//! - The events behind these fences never leave the crate ([`EventFence`]): nobody can record
+//!   them again and make a fence read as complete before its work is.
 //!
 //! # Conversion on the device
 //!
@@ -56,19 +76,23 @@
 //! that is `(in * scale - mean) / std`, torchvision's `ToTensor` + `Normalize`, rounded to
 //! nearest-even into f16 or bf16; PCIe carries u8 and the GPU does the arithmetic.
 
+mod batch;
 mod bench;
 mod convert;
 mod copy;
 mod device;
 mod device_pool;
+mod fence;
 mod pinned;
 
+pub use batch::{DeviceBatch, DeviceField};
 pub use bench::{DeviceBenchReport, bench_device, bench_images_device, pinned_copy_ceiling};
 pub use convert::{Convert, Converter, ImageLayout};
-pub use copy::{DeviceBatch, DeviceField, DeviceLoader, DeviceLoaderOptions, DeviceStats};
+pub use copy::{DeviceLoader, DeviceLoaderOptions, DeviceStats};
 pub use device::{Device, driver_present};
-pub use device_pool::{DeviceBuffer, DevicePool, DevicePoolStats};
-pub use pinned::{EventFence, PinnedBacking};
+pub use device_pool::{DeviceBuffer, DevicePool};
+pub use fence::EventFence;
+pub use pinned::PinnedBacking;
 
 /// cudarc's driver API, re-exported so that users name the same types (`CudaStream`,
 /// `CudaEvent`, `sys::CUdeviceptr`) without a version mismatch.

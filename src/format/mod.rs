@@ -22,4 +22,7 @@ mod writer;
 pub use layout::{FOOTER_MAGIC, MAGIC, VERSION_MAJOR, VERSION_MINOR};
 pub use reader::{ReadOptions, RecordFile};
 pub use schema::{Codec, DType, Field, FieldKind, Schema};
-pub use writer::{PackSummary, RecordWriter, default_record_align};
+pub use writer::{
+    PackSummary, RecordWriter, TEMPORARY_MARKER, default_record_align, remove_stale_temporaries,
+    remove_unfinished_temporaries,
+};

@@ -1,14 +1,20 @@
 //! [`RecordWriter`]: writes a packed record file, atomically.
 //!
-//! Records stream to a temporary file beside the destination (`NAME.tmp-PID`); the offset and
-//! checksum tables are kept in memory (16 bytes a record) and written after the data, then the
-//! footer, then the file is synced and renamed over the destination. A writer that is dropped
-//! before [`RecordWriter::finish`] removes its temporary file, so a half-written file never
-//! carries the destination's name.
+//! Records stream to a temporary file beside the destination, `NAME.gpufeed-tmp-PID-NONCE`,
+//! created exclusively (never an existing file, never another writer's) and locked (`flock`)
+//! while the writer lives; the offset and checksum tables are kept in memory (16 bytes a
+//! record) and written after the data, then the footer, then the file is synced, renamed (or
+//! linked, for [`RecordWriter::create_new`]) to the destination, and the directory synced. A
+//! writer that is dropped before [`RecordWriter::finish`] removes its temporary file, so a
+//! half-written file never carries the destination's name; a process killed outright (SIGKILL)
+//! leaves its temporary, which [`remove_stale_temporaries`] (called by `gpufeed pack` before it
+//! writes) removes once that process is gone. [`remove_unfinished_temporaries`] is for signal handlers.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -47,6 +53,8 @@ pub struct PackSummary {
 pub struct RecordWriter {
     path: PathBuf,
     tmp: PathBuf,
+    /// False for [`RecordWriter::create_new`]: never replace an existing destination.
+    replace: bool,
     out: Option<BufWriter<File>>,
     schema: Schema,
     schema_bytes: Vec<u8>,
@@ -60,9 +68,19 @@ pub struct RecordWriter {
 
 impl RecordWriter {
     /// Starts a packed file at `path`, with records aligned as [`default_record_align`] chooses.
+    /// [`finish`](Self::finish) replaces whatever regular file `path` names then.
     pub fn create(path: impl AsRef<Path>, schema: Schema) -> Result<RecordWriter> {
         let align = default_record_align(&schema);
-        RecordWriter::with_record_align(path, schema, align)
+        RecordWriter::open(path.as_ref(), schema, align, true)
+    }
+
+    /// Starts a packed file at `path` that must not exist: fails now if it does, and
+    /// [`finish`](Self::finish) fails, replacing nothing, if another writer created it in the
+    /// meantime (as `File::create_new`). Of several writers racing to one new file, exactly
+    /// one succeeds.
+    pub fn create_new(path: impl AsRef<Path>, schema: Schema) -> Result<RecordWriter> {
+        let align = default_record_align(&schema);
+        RecordWriter::open(path.as_ref(), schema, align, false)
     }
 
     /// Starts a packed file whose records each start at a multiple of `record_align` bytes
@@ -72,17 +90,39 @@ impl RecordWriter {
         schema: Schema,
         record_align: usize,
     ) -> Result<RecordWriter> {
+        RecordWriter::open(path.as_ref(), schema, record_align, true)
+    }
+
+    fn open(
+        path: &Path,
+        schema: Schema,
+        record_align: usize,
+        replace: bool,
+    ) -> Result<RecordWriter> {
         if !record_align.is_power_of_two() || !(8..=4096).contains(&record_align) {
             return Err(Error::config(
                 "record_align",
                 format!("{record_align} is not a power of two from 8 to 4096"),
             ));
         }
-        let path = path.as_ref().to_path_buf();
-        let mut name = path.file_name().unwrap_or_default().to_os_string();
-        name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = path.with_file_name(name);
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
+        let path = path.to_path_buf();
+        if path.file_name().is_none() {
+            return Err(Error::io(
+                &path,
+                "create",
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
+            ));
+        }
+        if !replace && std::fs::symlink_metadata(&path).is_ok() {
+            return Err(Error::io(
+                &path,
+                "create",
+                std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            ));
+        }
+        let (tmp, file) = create_temporary(&path)?;
+        // From here on, dropping `guard` removes the temporary (on an error below).
+        let guard = Temporary(tmp);
         let mut out = BufWriter::with_capacity(8 << 20, file);
         let data_offset = align_up(BLOCK, record_align) as u64;
         let header = Header {
@@ -94,13 +134,15 @@ impl RecordWriter {
         .encode();
         let mut zeros = vec![0u8; 4096];
         out.write_all(&header)
-            .map_err(|e| Error::io(&tmp, "write", e))?;
+            .map_err(|e| Error::io(&path, WRITE, e))?;
         out.write_all(&zeros[..data_offset as usize - BLOCK])
-            .map_err(|e| Error::io(&tmp, "write", e))?;
+            .map_err(|e| Error::io(&path, WRITE, e))?;
         zeros.truncate(record_align);
+        let tmp = guard.keep();
         Ok(RecordWriter {
             path,
             tmp,
+            replace,
             out: Some(out),
             schema_bytes: schema.encode(),
             schema,
@@ -233,8 +275,8 @@ impl RecordWriter {
             Err(e) => {
                 // The file's contents are unknown now: refuse further appends.
                 self.out = None;
-                let _ = std::fs::remove_file(&self.tmp);
-                return Err(Error::io(&self.tmp, "write", e));
+                discard(&self.tmp);
+                return Err(Error::io(&self.path, WRITE, e));
             }
         };
         self.pos += padded as u64;
@@ -243,22 +285,27 @@ impl RecordWriter {
         Ok(())
     }
 
-    /// Writes the schema, the tables and the footer, syncs, and renames the file into place.
+    /// Writes the schema, the tables and the footer, syncs, moves the file into place
+    /// (renamed over the destination; linked to it, replacing nothing, for
+    /// [`create_new`](Self::create_new)) and syncs the directory. On an error the temporary
+    /// file is removed and the destination is as it was.
     pub fn finish(mut self) -> Result<PackSummary> {
         let Some(out) = self.out.take() else {
-            return Err(Error::mismatch("finish after a failed write"));
+            return Err(Error::mismatch(format!(
+                "{}: finish after a failed write",
+                self.path.display()
+            )));
         };
         let result = self.write_tail(out);
-        if result.is_err() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
+        // Placed or failed: either way the temporary name is gone or must go.
+        discard(&self.tmp);
         result
     }
 
     fn write_tail(&mut self, mut out: BufWriter<File>) -> Result<PackSummary> {
-        let tmp = self.tmp.clone();
+        let path = self.path.clone();
         let w = |out: &mut BufWriter<File>, b: &[u8]| {
-            out.write_all(b).map_err(|e| Error::io(&tmp, "write", e))
+            out.write_all(b).map_err(|e| Error::io(&path, WRITE, e))
         };
         let data_end = self.pos;
         let schema_offset = data_end;
@@ -289,12 +336,14 @@ impl RecordWriter {
         w(&mut out, &footer)?;
         let file = out
             .into_inner()
-            .map_err(|e| Error::io(&self.tmp, "write", e.into_error()))?;
+            .map_err(|e| Error::io(&self.path, WRITE, e.into_error()))?;
         file.sync_all()
-            .map_err(|e| Error::io(&self.tmp, "sync", e))?;
+            .map_err(|e| Error::io(&self.path, "sync (its temporary file)", e))?;
         let file_bytes = checksums_offset + 8 * self.checksums.len() as u64 + BLOCK as u64;
+        self.place()?;
+        // The lock goes with the file, once it is in place.
         drop(file);
-        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, "rename", e))?;
+        sync_parent(&self.path)?;
         Ok(PackSummary {
             path: self.path.clone(),
             records: self.checksums.len() as u64,
@@ -341,12 +390,292 @@ fn record_pieces<'a>(
     put(&zeros[..padded - at]);
 }
 
+impl std::fmt::Debug for RecordWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordWriter")
+            .field("path", &self.path)
+            .field("temporary", &self.tmp)
+            .field("records", &self.checksums.len())
+            .finish()
+    }
+}
+
+impl RecordWriter {
+    /// Gives the finished temporary file the destination's name.
+    fn place(&self) -> Result<()> {
+        if self.replace {
+            return std::fs::rename(&self.tmp, &self.path)
+                .map_err(|e| Error::io(&self.path, "rename (its temporary file) to", e));
+        }
+        // A hard link fails, atomically, if the name exists: of two writers racing to one new
+        // file, one gets it and the other an error, never a file replaced behind its back.
+        match std::fs::hard_link(&self.tmp, &self.path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(Error::io(
+                &self.path,
+                "create (another writer created it while this one wrote; nothing was replaced)",
+                e,
+            )),
+            // A file system without hard links: check, then rename (a race is possible here).
+            Err(_) => {
+                if std::fs::symlink_metadata(&self.path).is_ok() {
+                    return Err(Error::io(
+                        &self.path,
+                        "create (another writer created it while this one wrote; nothing was replaced)",
+                        std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+                    ));
+                }
+                std::fs::rename(&self.tmp, &self.path)
+                    .map_err(|e| Error::io(&self.path, "rename (its temporary file) to", e))
+            }
+        }
+    }
+}
+
 impl Drop for RecordWriter {
     fn drop(&mut self) {
         if self.out.take().is_some() {
             // Not finished: the temporary file must not outlive the writer.
-            let _ = std::fs::remove_file(&self.tmp);
+            discard(&self.tmp);
         }
+    }
+}
+
+/// What a failed write is called in errors (which name the destination, not the temporary).
+const WRITE: &str = "write (its temporary file)";
+
+/// What the names of temporary files have after the destination's name:
+/// `NAME.gpufeed-tmp-PID-NONCE`.
+pub const TEMPORARY_MARKER: &str = ".gpufeed-tmp-";
+
+/// The temporary files of this process's unfinished writers.
+static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A temporary file not yet owned by a writer: removed on drop.
+struct Temporary(PathBuf);
+
+impl Temporary {
+    /// Hands the file over to a writer, which removes it from now on.
+    fn keep(mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for Temporary {
+    fn drop(&mut self) {
+        if !self.0.as_os_str().is_empty() {
+            discard(&self.0);
+        }
+    }
+}
+
+/// Removes a temporary file and forgets it.
+fn discard(tmp: &Path) {
+    let _ = std::fs::remove_file(tmp);
+    live().retain(|p| p != tmp);
+}
+
+/// Creates a new temporary file beside `path`, exclusively, under a name no other writer (in
+/// this process, another, or another machine sharing the directory) uses, locks it, and
+/// records it for [`remove_unfinished_temporaries`].
+fn create_temporary(path: &Path) -> Result<(PathBuf, File)> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = path.file_name().unwrap_or_default();
+    let mut last = None;
+    for _ in 0..16 {
+        let nonce = COUNTER.fetch_add(1, Ordering::Relaxed) ^ random_bits();
+        let mut tmp_name = name.to_os_string();
+        tmp_name.push(format!(
+            "{TEMPORARY_MARKER}{}-{:016x}",
+            std::process::id(),
+            nonce
+        ));
+        let tmp = path.with_file_name(tmp_name);
+        // Hold the registry while creating, so that a signal's cleanup never misses it.
+        let mut registry = live();
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(file) => {
+                registry.push(tmp.clone());
+                drop(registry);
+                lock(&file);
+                return Ok((tmp, file));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => {
+                return Err(Error::io(
+                    path,
+                    "create (a temporary file beside it, in its directory)",
+                    e,
+                ));
+            }
+        }
+    }
+    Err(Error::io(
+        path,
+        "create (a temporary file beside it: 16 names taken)",
+        last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::AlreadyExists)),
+    ))
+}
+
+/// 64 bits that differ between processes and calls (std's per-process random hash keys).
+fn random_bits() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Takes an exclusive advisory lock on a writer's temporary file, held until the file is
+/// closed (also when the process is killed): how [`remove_stale_temporaries`] tells a live
+/// writer's file from a dead one's, across processes and machines sharing the directory. A
+/// file system without locks gets none; the pid in the name still protects this machine's
+/// writers.
+#[cfg(unix)]
+fn lock(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor `file` owns and keeps open; no memory is involved.
+    let _ = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+}
+
+#[cfg(not(unix))]
+fn lock(_file: &File) {}
+
+/// True if `path`'s lock can be taken: no live writer holds the file open.
+#[cfg(unix)]
+fn unlocked(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    // SAFETY: as in `lock`; the lock is released when `file` closes, below.
+    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r == 0 {
+        return true;
+    }
+    // No lock support: only the pid, already checked, can tell.
+    let e = std::io::Error::last_os_error().raw_os_error();
+    matches!(e, Some(libc::ENOLCK) | Some(libc::EOPNOTSUPP))
+}
+
+#[cfg(not(unix))]
+fn unlocked(_path: &Path) -> bool {
+    false
+}
+
+/// True if a process with this id runs (on this machine, in this pid namespace).
+#[cfg(unix)]
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: signal 0 only checks that `pid` (> 0: one process, never a group) exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(not(unix))]
+fn process_alive(_pid: u32) -> bool {
+    true
+}
+
+/// The writer's process id in a temporary's name `NAME.gpufeed-tmp-PID-NONCE` (or the
+/// `NAME.tmp-PID` of gpufeed 0.1's writers), if `file_name` is a temporary of `name`'s.
+fn temporary_pid(file_name: &std::ffi::OsStr, name: &std::ffi::OsStr) -> Option<u32> {
+    let rest = file_name
+        .as_encoded_bytes()
+        .strip_prefix(name.as_encoded_bytes())?;
+    let rest = std::str::from_utf8(rest).ok()?;
+    if let Some(r) = rest.strip_prefix(TEMPORARY_MARKER) {
+        let (pid, nonce) = r.split_once('-')?;
+        if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        return pid.parse().ok();
+    }
+    let pid = rest.strip_prefix(".tmp-")?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Removes the temporary files that writers to `path` killed outright (SIGKILL, a power
+/// cut) left beside it: those whose process is gone and that no process holds locked. A live
+/// writer's file, in this process or another, is never touched. Returns the files removed and
+/// their sizes. Writers do not call this themselves (it lists the directory); `gpufeed pack`
+/// does, before it writes.
+pub fn remove_stale_temporaries(path: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    let Some(name) = path.file_name() else {
+        return Ok(Vec::new());
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(dir, "list (for stale temporary files)", e)),
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = temporary_pid(&entry.file_name(), name) else {
+            continue;
+        };
+        let tmp = entry.path();
+        if pid == std::process::id() || process_alive(pid) || !unlocked(&tmp) {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(&tmp) else {
+            continue;
+        };
+        if meta.is_file() && std::fs::remove_file(&tmp).is_ok() {
+            removed.push((tmp, meta.len()));
+        }
+    }
+    Ok(removed)
+}
+
+/// Removes the temporary file of every unfinished [`RecordWriter`] of this process, so that a
+/// process about to die of a signal leaves none behind; returns how many it removed. For a
+/// signal-handling thread (such as `signal-hook`'s iterator), not for a signal handler itself
+/// (it takes a lock and allocates). Those writers then fail at [`RecordWriter::finish`].
+pub fn remove_unfinished_temporaries() -> usize {
+    let mut registry = live();
+    let n = registry.len();
+    for tmp in registry.drain(..) {
+        let _ = std::fs::remove_file(tmp);
+    }
+    n
+}
+
+/// Syncs the directory that holds `path`, so that the rename that put it there survives a
+/// crash. File systems that cannot sync a directory (EINVAL) are taken at their word.
+fn sync_parent(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let d = File::open(dir).map_err(|e| Error::io(dir, "open (to sync the directory)", e))?;
+    match d.sync_all() {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
+        Err(e) => Err(Error::io(dir, "sync (the directory, after the rename)", e)),
     }
 }
 

@@ -6,8 +6,8 @@
 //! returns its buffer to the pool.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::budget::BatchPermit;
 use crate::error::{Error, Result};
 use crate::format::DType;
 use crate::memory::HostBuffer;
@@ -90,21 +90,25 @@ impl BatchLayout {
     }
 }
 
-/// A primitive element type a batch field can be viewed as.
+/// An element type a batch field can be viewed as: the primitive numbers, and `half`'s `f16`
+/// and `bf16`.
 ///
-/// # Safety
-///
-/// Implemented only for plain-old-data types for which every bit pattern is a valid value and
-/// whose size is `DTYPE.size()`.
-pub unsafe trait Element: Copy + Send + Sync + 'static {
+/// Sealed: only types without padding, valid for every bit pattern and of their dtype's size
+/// implement it, so that viewing a field's bytes as `&[T]` is sound.
+pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
     /// The dtypes this type can view.
     fn matches(dtype: DType) -> bool;
 }
 
+mod sealed {
+    /// Implemented only below, for types with no padding that are valid for every bit pattern.
+    pub trait Sealed {}
+}
+
 macro_rules! element {
     ($t:ty, $($d:path),+) => {
-        // SAFETY: a primitive number: every bit pattern is valid, size equals the dtype's.
-        unsafe impl Element for $t {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
             fn matches(dtype: DType) -> bool {
                 matches!(dtype, $($d)|+)
             }
@@ -122,6 +126,8 @@ element!(u64, DType::U64);
 element!(i64, DType::I64);
 element!(f32, DType::F32);
 element!(f64, DType::F64);
+element!(half::f16, DType::F16);
+element!(half::bf16, DType::BF16);
 
 /// Views `bytes` as a slice of `T`, checking alignment and length.
 pub(crate) fn cast_slice<T: Element>(bytes: &[u8]) -> Option<&[T]> {
@@ -131,8 +137,9 @@ pub(crate) fn cast_slice<T: Element>(bytes: &[u8]) -> Option<&[T]> {
     {
         return None;
     }
-    // SAFETY: alignment and length are checked above; `T: Element` is valid for every bit
-    // pattern; the result borrows `bytes`, so it cannot outlive or alias a writer.
+    // SAFETY: alignment and length are checked above; `T: Element` (sealed) is a type without
+    // padding that is valid for every bit pattern; the result borrows `bytes`, so it cannot
+    // outlive or alias a writer.
     Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
 }
 
@@ -151,29 +158,18 @@ pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
 }
 
 /// A collated batch: `len()` samples, each field one contiguous slice of shape `[len, ...]`.
+///
+/// A batch holds one of the loader's batch buffers until it is dropped; see
+/// [`LoaderBuilder::pool_budget`](super::LoaderBuilder::pool_budget).
 pub struct Batch {
     pub(crate) buffer: HostBuffer,
     pub(crate) layout: Arc<BatchLayout>,
     pub(crate) indices: Vec<u64>,
+    pub(crate) padding: usize,
     pub(crate) epoch: u64,
     pub(crate) number: u64,
-    pub(crate) held: Option<HeldToken>,
-}
-
-/// Counts a batch as held by the caller until it is dropped.
-pub(crate) struct HeldToken(Arc<AtomicUsize>);
-
-impl HeldToken {
-    pub(crate) fn new(counter: &Arc<AtomicUsize>) -> HeldToken {
-        counter.fetch_add(1, Ordering::AcqRel);
-        HeldToken(Arc::clone(counter))
-    }
-}
-
-impl Drop for HeldToken {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
+    /// The batch's share of the loader's budget, given back when the batch drops.
+    pub(crate) permit: Option<BatchPermit>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -200,6 +196,20 @@ impl Batch {
     /// The dataset indices of its samples, in batch order.
     pub fn indices(&self) -> &[u64] {
         &self.indices
+    }
+
+    /// Slots that are padding, not samples of their own (only with
+    /// [`LoaderBuilder::evaluation`](super::LoaderBuilder::evaluation)): always the last
+    /// `padding()` slots of the batch. They hold a repeated sample, so a model can run on them;
+    /// metrics must skip them.
+    pub fn padding(&self) -> usize {
+        self.padding
+    }
+
+    /// Per slot, true for a real sample and false for padding (see [`Batch::padding`]).
+    pub fn mask(&self) -> Vec<bool> {
+        let real = self.len() - self.padding.min(self.len());
+        (0..self.len()).map(|k| k < real).collect()
     }
 
     /// The epoch it belongs to.

@@ -5,13 +5,14 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
 use super::BatchHook;
 use super::batch::{Batch, BatchLayout};
+use super::budget::BatchPermit;
 use super::stats::StageTimes;
 use crate::error::{Error, Result};
 use crate::memory::HostPool;
@@ -29,15 +30,14 @@ pub(crate) struct Shared {
     /// Bumped when an epoch is abandoned; tasks of older generations are skipped.
     pub generation: AtomicU64,
     pub times: StageTimes,
-    /// Batches delivered to the caller and not dropped yet.
-    pub held: Arc<AtomicUsize>,
 }
 
-/// Make batch `number` of `order`.
+/// Make batch `number` of `order`, in a buffer that `permit` reserves.
 pub(crate) struct Task {
     pub generation: u64,
     pub order: Order,
     pub number: u64,
+    pub permit: BatchPermit,
 }
 
 /// A finished task: `None` when it was skipped (its generation is over) or abandoned midway.
@@ -52,15 +52,17 @@ pub(crate) struct Done {
 pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) {
     let mut indices = Vec::new();
     while let Ok(task) = tasks.recv() {
-        let result = if shared.generation.load(Ordering::Acquire) == task.generation {
-            make_batch(shared, &task, &mut indices)
+        let (generation, epoch, number) = (task.generation, task.order.epoch(), task.number);
+        // The permit goes into the batch, or is given back here (skipped or failed tasks).
+        let result = if shared.generation.load(Ordering::Acquire) == generation {
+            make_batch(shared, task, &mut indices)
         } else {
             None
         };
         let message = Done {
-            generation: task.generation,
-            epoch: task.order.epoch(),
-            number: task.number,
+            generation,
+            epoch,
+            number,
             result,
         };
         if done.send(message).is_err() {
@@ -70,7 +72,7 @@ pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) 
 }
 
 /// Makes one batch; `None` if the task's generation ended while it was being made.
-fn make_batch(shared: &Shared, task: &Task, indices: &mut Vec<u64>) -> Option<Result<Batch>> {
+fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Result<Batch>> {
     task.order.batch(task.number, indices);
     let t0 = Instant::now();
     let abandoned = || shared.generation.load(Ordering::Acquire) != task.generation;
@@ -86,9 +88,10 @@ fn make_batch(shared: &Shared, task: &Task, indices: &mut Vec<u64>) -> Option<Re
         buffer,
         layout: Arc::clone(&shared.layout),
         indices: Vec::new(),
+        padding: task.order.batch_padding(task.number),
         epoch: task.order.epoch(),
         number: task.number,
-        held: None,
+        permit: None,
     };
     let acquired = Instant::now();
     shared.times.add_collate(acquired - t0);
@@ -152,6 +155,7 @@ fn make_batch(shared: &Shared, task: &Task, indices: &mut Vec<u64>) -> Option<Re
     }
     shared.times.add_collate(t1.elapsed());
     shared.times.add_batch();
+    batch.permit = Some(task.permit);
     Some(Ok(batch))
 }
 

@@ -67,4 +67,9 @@ impl<D: Dataset> Dataset for Concat<D> {
         let start = if k == 0 { 0 } else { self.ends[k - 1] };
         part.get(index - start)
     }
+
+    /// Each part is a shard.
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        Some(self.parts.iter().map(|p| p.len()).collect())
+    }
 }

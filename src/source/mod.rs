@@ -44,6 +44,13 @@ pub trait Dataset: Send + Sync {
 
     /// Sample `index`, or an error naming the file and record at fault.
     fn get(&self, index: u64) -> Result<Sample<'_>>;
+
+    /// Samples per shard, in order, for a data set made of shards (files, objects) that are
+    /// best read a few at a time; `None` (the default) for one undivided data set. The
+    /// loader's [`shuffle_blocks`](crate::LoaderBuilder::shuffle_blocks) needs it.
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        None
+    }
 }
 
 impl<D: Dataset + ?Sized> Dataset for Arc<D> {
@@ -56,6 +63,9 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     fn get(&self, index: u64) -> Result<Sample<'_>> {
         (**self).get(index)
     }
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        (**self).shard_sizes()
+    }
 }
 
 impl<D: Dataset + ?Sized> Dataset for Box<D> {
@@ -67,6 +77,9 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     }
     fn get(&self, index: u64) -> Result<Sample<'_>> {
         (**self).get(index)
+    }
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        (**self).shard_sizes()
     }
 }
 

@@ -1,4 +1,5 @@
-//! Helpers shared by the GPU tests: open a device or skip, fresh random data, `.npy` files.
+//! Helpers shared by the GPU tests: open a device or skip, fresh random data, `.npy` files,
+//! checking copied rows.
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -70,4 +71,21 @@ pub fn write_npy(
         .expect("write header");
     f.write_all(&data).expect("write data");
     (path, data)
+}
+
+/// Checks every sample of a field's bytes `got` (samples `indices`, `row` bytes each) against
+/// the source rows `data`.
+pub fn check_rows(got: &[u8], indices: &[u64], data: &[u8], row: usize, what: &str) {
+    assert_eq!(got.len(), indices.len() * row, "{what}: field size");
+    for (pos, &i) in indices.iter().enumerate() {
+        let want = &data[i as usize * row..(i as usize + 1) * row];
+        let have = &got[pos * row..(pos + 1) * row];
+        if have != want {
+            let first = have.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+            panic!(
+                "{what}: sample {i} at position {pos}: byte {first} is {:#x}, want {:#x}",
+                have[first], want[first]
+            );
+        }
+    }
 }

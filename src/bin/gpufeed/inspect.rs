@@ -45,6 +45,8 @@ struct Sizes {
 /// Runs `gpufeed inspect`.
 pub fn run(args: Args) -> Result<()> {
     let path = args.file.as_path();
+    // A FIFO or a device would block or never end: only regular files are inspected.
+    crate::pack::check_inputs(&[path], "inspect reads packed files and .npy arrays")?;
     let report = if is_npy(path)? {
         inspect_npy(path, args.verify)?
     } else {
@@ -59,9 +61,9 @@ pub fn run(args: Args) -> Result<()> {
         if let Some(e) = &fault {
             json["error"] = Value::String(e.to_string());
         }
-        println!("{json}");
+        crate::out(json)?;
     } else {
-        print!("{text}");
+        crate::out(text.trim_end_matches('\n'))?;
     }
     match fault {
         Some(e) => Err(e),

@@ -3,13 +3,20 @@
 mod bench;
 #[cfg(feature = "cuda")]
 mod bench_cuda;
+mod checks;
+mod cleanup;
 mod images;
 mod inspect;
+mod messages;
 mod pack;
 
-use clap::{Parser, Subcommand};
+use std::io::Write;
 
-/// Feeds training loops: pack, inspect and benchmark data sets.
+use clap::{Parser, Subcommand};
+use gpufeed::{Error, Result};
+
+/// Feeds training loops: pack data sets (.npy arrays, raw records, ImageFolder directories of
+/// JPEG/PNG images) into packed record files, inspect them, and benchmark the loader.
 #[derive(Parser)]
 #[command(name = "gpufeed", version, about)]
 struct Cli {
@@ -19,15 +26,39 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Write a packed record file from .npy arrays or raw fixed-size records.
+    /// Write a packed record file from .npy arrays, raw fixed-size records or an ImageFolder
+    /// directory (--from npy|raw|imagefolder).
     Pack(pack::Args),
     /// Print the header, schema, record count and sizes of a packed file or a .npy file.
     Inspect(inspect::Args),
-    /// Measure the loader end to end (on an embedded default data set unless one is named).
+    /// Measure the loader end to end (on an embedded default data set unless one is named),
+    /// or the image pipeline (--images DIR|PACKED).
     Bench(bench::Args),
 }
 
+/// Writes `text` and a newline to standard output. A closed pipe (`gpufeed ... | head -1`)
+/// is an error that `main` ends the command on quietly, after the usual cleanup.
+pub fn out(text: impl std::fmt::Display) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{text}")
+        .and_then(|()| stdout.flush())
+        .map_err(|source| Error::Io {
+            path: "standard output".into(),
+            op: "write",
+            source,
+        })
+}
+
+/// True for the error [`out`] returns when the reader of standard output has gone.
+fn is_closed_stdout(e: &Error) -> bool {
+    matches!(e, Error::Io { op: "write", source, path }
+        if source.kind() == std::io::ErrorKind::BrokenPipe && path.as_os_str() == "standard output")
+}
+
 fn main() -> std::process::ExitCode {
+    if let Err(e) = cleanup::install() {
+        let _ = writeln!(std::io::stderr(), "gpufeed: warning: {e}");
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Pack(args) => pack::run(args),
@@ -36,8 +67,14 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // As Unix tools do when the reader stops reading: quietly.
+        Err(e) if is_closed_stdout(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpufeed: error: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "gpufeed: error: {}",
+                messages::describe(&e)
+            );
             std::process::ExitCode::FAILURE
         }
     }

@@ -10,8 +10,9 @@
 //!   with WebDataset's key rules, an index of members cached on disk) and [`mds`] (MosaicML
 //!   Streaming's MDS directories);
 //! - [`ShardStore`]: where shards' bytes come from ([`LocalDir`]: files, memory-mapped);
-//! - [`ShardedSource`]: what a streaming order needs of any sharded dataset (shard sizes, the
-//!   mapping from a global index to its shard), as a trait object;
+//! - [`ShardedSource`]: what a streaming order needs of any sharded dataset (shard names, the
+//!   mapping from a global index to its shard; the sizes are [`Dataset::shard_sizes`], which
+//!   the loader's `shuffle_blocks` reads), as a trait object;
 //! - [`open`](open()): whichever of these a path or pattern names.
 //!
 //! Opening a dataset reads its index only: no shard is opened or mapped until a sample of it is
@@ -301,14 +302,16 @@ impl<F: ShardFormat> Dataset for ShardedDataset<F> {
         let at = self.locate(index)?;
         self.get_in_shard(at.shard, at.index)
     }
+
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        Some(self.sizes.clone())
+    }
 }
 
-/// What a streaming order needs of a sharded dataset, whatever its format: a [`Dataset`] plus
-/// its shards' sizes and the mapping from a global index to a shard.
+/// What a streaming order needs of a sharded dataset, whatever its format: a [`Dataset`]
+/// (whose [`Dataset::shard_sizes`] gives the samples in each shard) plus the shards' names
+/// and the mapping from a global index to a shard.
 pub trait ShardedSource: Dataset {
-    /// Samples in each shard, in index order.
-    fn shard_sizes(&self) -> &[u64];
-
     /// Shard names, in index order.
     fn shard_names(&self) -> &[String];
 
@@ -326,9 +329,6 @@ pub trait ShardedSource: Dataset {
 }
 
 impl<F: ShardFormat> ShardedSource for ShardedDataset<F> {
-    fn shard_sizes(&self) -> &[u64] {
-        ShardedDataset::shard_sizes(self)
-    }
     fn shard_names(&self) -> &[String] {
         ShardedDataset::shard_names(self)
     }

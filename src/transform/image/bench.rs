@@ -36,6 +36,14 @@ pub struct ImageBenchConfig {
     pub seed: u64,
     /// Skip bad images instead of failing.
     pub skip_bad: bool,
+    /// Shuffle (with `seed`) or read in order.
+    pub shuffle: bool,
+    /// Batches in flight (`None`: the loader's default, twice the workers).
+    pub prefetch: Option<usize>,
+    /// Stop each epoch after this many batches; `None`: every epoch to its end.
+    pub max_batches: Option<u64>,
+    /// The field of encoded images (`None`: `image`, as packed image folders name it).
+    pub image_field: Option<String>,
 }
 
 impl Default for ImageBenchConfig {
@@ -50,6 +58,10 @@ impl Default for ImageBenchConfig {
             limit: None,
             seed: 0,
             skip_bad: false,
+            shuffle: true,
+            prefetch: None,
+            max_batches: None,
+            image_field: None,
         }
     }
 }
@@ -173,6 +185,13 @@ impl ImageBenchSetup {
             (source::open(path)?, "packed")
         };
         let mut t = ImageTransform::train(cfg.size).dtype(dtype);
+        if let Some(field) = &cfg.image_field {
+            t = t.image_field(field.as_str());
+        }
+        // A bench needs no labels: unlabelled packed files are read as they are.
+        if dataset.schema().index_of("label").is_none() {
+            t = t.label_field(None);
+        }
         if dtype != DType::U8 {
             t = t.normalize(super::Normalize::IMAGENET);
         }
@@ -181,13 +200,18 @@ impl ImageBenchSetup {
         }
         let t = t.build()?;
         let stats = t.stats();
-        let builder = Loader::builder(dataset)
+        let mut builder = Loader::builder(dataset)
             .transform(t)
             .batch_size(cfg.batch_size)
-            .shuffle(cfg.seed)
             .drop_last(cfg.drop_last)
             .workers(cfg.workers)
             .shard(0, 1);
+        if cfg.shuffle {
+            builder = builder.shuffle(cfg.seed);
+        }
+        if let Some(prefetch) = cfg.prefetch {
+            builder = builder.prefetch(prefetch);
+        }
         Ok(ImageBenchSetup {
             builder,
             kind,
@@ -229,8 +253,9 @@ pub(crate) struct EpochTimes {
 }
 
 impl EpochTimes {
-    /// Runs up to `cfg.epochs` epochs of `source`, until `cfg.limit` images; times each epoch
-    /// and the whole, the first epoch and the whole from `started` (when the source was made).
+    /// Runs up to `cfg.epochs` epochs of `source` (each cut after `cfg.max_batches` batches),
+    /// until `cfg.limit` images; times each epoch and the whole, the first epoch and the whole
+    /// from `started` (when the source was made).
     pub fn measure(
         cfg: &ImageBenchConfig,
         started: Instant,
@@ -243,9 +268,13 @@ impl EpochTimes {
             }
             epochs += 1;
             let begin = if epoch == 0 { started } else { Instant::now() };
-            let mut n = 0u64;
-            while let Some(batch) = source.next_batch() {
+            let (mut n, mut batches) = (0u64, 0u64);
+            while cfg.max_batches.is_none_or(|m| batches < m) {
+                let Some(batch) = source.next_batch() else {
+                    break;
+                };
                 n += batch?;
+                batches += 1;
                 if cfg.limit.is_some_and(|l| images + n >= l) {
                     source.end_epoch()?;
                     images += n;

@@ -1,0 +1,131 @@
+//! What the command removes when it stops early: the temporary files of unfinished packed-file
+//! writers (the library keeps their list) and the command's own temporary directories (the
+//! data set `bench` generates), on every exit path: errors and panics drop a [`TempDir`], and
+//! SIGINT, SIGTERM and SIGHUP are caught by a thread that removes everything, then lets the
+//! signal end the process as it would have (exit status 128 + signal for the shell).
+//!
+//! SIGXFSZ (a write past the file-size limit, `ulimit -f`) is caught too, so that the write
+//! fails with "File too large" instead of killing the process: the writer's error path then
+//! removes its temporary and the command says which file it could not write. SIGKILL cannot be
+//! caught: what it leaves, `gpufeed pack` removes before it next writes to the same output.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use gpufeed::{Error, Result};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGXFSZ};
+
+/// The command's temporary directories that exist now.
+static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn dirs() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    DIRS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Removes every temporary file and directory this process made and has not removed yet.
+fn remove_everything() {
+    gpufeed::format::remove_unfinished_temporaries();
+    for dir in dirs().drain(..) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Installs the signal handling described in the module docs. Call it first thing.
+pub fn install() -> Result<()> {
+    let fail = |e: std::io::Error| Error::user(format!("cannot install signal handlers: {e}"));
+    // A caught SIGXFSZ makes the write that exceeds the limit fail with EFBIG.
+    signal_hook::flag::register(SIGXFSZ, std::sync::Arc::new(AtomicBool::new(false)))
+        .map_err(fail)?;
+    // A signal ignored when the command started stays ignored (`nohup` ignores SIGHUP, a
+    // shell ignores SIGINT for the background jobs of a script), as POSIX tools do.
+    let caught: Vec<i32> = [SIGINT, SIGTERM, SIGHUP]
+        .into_iter()
+        .filter(|&s| !ignored(s))
+        .collect();
+    let mut signals = signal_hook::iterator::Signals::new(caught).map_err(fail)?;
+    std::thread::Builder::new()
+        .name("gpufeed-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                remove_everything();
+                // Die of the signal, as without a handler, so that the caller sees it.
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
+                std::process::exit(128 + signal);
+            }
+        })
+        .map_err(fail)?;
+    Ok(())
+}
+
+/// True if `signal`'s disposition is "ignore" (inherited from the parent).
+fn ignored(signal: i32) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one into `old`, a
+    // zeroed sigaction that lives across the call.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// A directory of the command's own under the system's temporary directory, created
+/// exclusively under a unique name, removed (with its contents) on drop or on a signal.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates `$TMPDIR/gpufeed-PURPOSE-PID-N`.
+    pub fn new(purpose: &str) -> Result<TempDir> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir();
+        let mut last = None;
+        for _ in 0..64 {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let path = base.join(format!("gpufeed-{purpose}-{}-{n}", std::process::id()));
+            // The list stays locked while the directory is made, so that a signal's cleanup,
+            // which waits for it, never misses the directory (nor removes another's).
+            let mut list = dirs();
+            match std::fs::create_dir(&path) {
+                Ok(()) => {
+                    list.push(path.clone());
+                    return Ok(TempDir { path });
+                }
+                Err(e) => {
+                    if e.kind() != std::io::ErrorKind::AlreadyExists {
+                        return Err(Error::Io {
+                            path,
+                            op: "create directory",
+                            source: e,
+                        });
+                    }
+                    last = Some((path, e));
+                }
+            }
+        }
+        let (path, source) = last.unwrap_or_else(|| {
+            (
+                base.clone(),
+                std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            )
+        });
+        Err(Error::Io {
+            path,
+            op: "create directory (64 names taken)",
+            source,
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+        dirs().retain(|p| p != &self.path);
+    }
+}
