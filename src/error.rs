@@ -159,6 +159,31 @@ pub enum Error {
         /// The driver's message.
         what: String,
     },
+
+    /// A member of a tar shard breaks WebDataset's rules (no extension, an extension repeated
+    /// within one sample, a member type that cannot be read in place, ...).
+    #[error("{shard}: member `{member}` (header at byte {offset}): {what}")]
+    BadMember {
+        /// The shard concerned.
+        shard: PathBuf,
+        /// The member's name as stored.
+        member: String,
+        /// Where the member's header starts in the shard.
+        offset: u64,
+        /// What is wrong.
+        what: String,
+    },
+
+    /// A sample of a sharded dataset lacks a field of the dataset's schema.
+    #[error("{shard}: sample `{key}` has no field `{field}`")]
+    MissingField {
+        /// The shard concerned.
+        shard: PathBuf,
+        /// The sample's key (WebDataset's `__key__`) or its index within the shard.
+        key: String,
+        /// The field it lacks.
+        field: String,
+    },
 }
 
 impl Error {

@@ -7,7 +7,6 @@ use cli_common::{gpufeed, s, stderr, write_npy};
 use gpufeed::format::{DType, RecordFile};
 use serde_json::Value;
 
-
 #[test]
 fn pack_npy_with_labels_then_inspect_json() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,9 @@
 //! - [`RecordFile`]: a packed record file;
 //! - [`NpyArray`]: a `.npy` array, memory-mapped in place, one row a sample;
 //! - [`ImageFolder`]: a directory of class subdirectories of JPEG/PNG files (torchvision's);
-//! - [`Concat`]: several sources of one schema as one dataset (shards);
+//! - [`Concat`]: several sources of one schema as one dataset (a few files, all opened);
+//! - [`shards`]: sharded datasets (packed shards, WebDataset tar shards, MosaicML MDS), each
+//!   shard opened on first use, a bounded number open at once;
 //! - [`open`]: whichever of these a path names.
 //!
 //! A source never copies a sample: [`Dataset::get`] returns a view into its mapping, and the
@@ -13,6 +15,7 @@
 mod concat;
 mod image_folder;
 mod npy;
+pub mod shards;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -94,6 +97,12 @@ pub struct Sample<'a> {
 enum SampleBytes<'a> {
     Borrowed(&'a [u8]),
     Owned(Vec<u8>),
+    /// One range of `data` per field, in schema order; `data` keeps its buffer (a shard's
+    /// mapping) alive, so the sample outlives the shard's place in a cache of open shards.
+    Shared {
+        data: bytes::Bytes,
+        fields: Vec<std::ops::Range<usize>>,
+    },
 }
 
 impl<'a> Sample<'a> {
@@ -126,9 +135,57 @@ impl<'a> Sample<'a> {
         })
     }
 
+    /// A sample whose fields are separate ranges of one shared buffer: `fields[k]` is field
+    /// `k`'s bytes within `data` (in schema order). No byte is copied: `data` is a reference
+    /// counted view (of a shard's mapping, say) that the sample keeps alive.
+    ///
+    /// For containers whose fields are not laid out as a packed record (tar members, MDS
+    /// columns). Checked here: one range per field, each inside `data`, and each tensor
+    /// field's range exactly its schema's size. Tensor fields need not be aligned in memory.
+    pub fn shared_fields(
+        data: bytes::Bytes,
+        fields: Vec<std::ops::Range<usize>>,
+        schema: &'a Schema,
+    ) -> Result<Sample<'a>> {
+        if fields.len() != schema.fields().len() {
+            return Err(Error::mismatch(format!(
+                "{} field ranges for a schema of {} fields",
+                fields.len(),
+                schema.fields().len()
+            )));
+        }
+        for (k, (range, field)) in fields.iter().zip(schema.fields()).enumerate() {
+            if range.start > range.end || range.end > data.len() {
+                return Err(Error::mismatch(format!(
+                    "field `{}`: range {}..{} is outside the sample's {} bytes",
+                    field.name,
+                    range.start,
+                    range.end,
+                    data.len()
+                )));
+            }
+            if let Some(want) = schema.fixed_range(k).map(|r| r.len())
+                && range.len() != want
+            {
+                return Err(Error::mismatch(format!(
+                    "field `{}` has {} bytes, its schema says {want}",
+                    field.name,
+                    range.len()
+                )));
+            }
+        }
+        Ok(Sample {
+            bytes: SampleBytes::Shared { data, fields },
+            schema,
+        })
+    }
+
     /// The bytes of field `k` (in schema order), or `None` if there is no such field.
     pub fn field(&self, k: usize) -> Option<&[u8]> {
-        self.schema.field_in(self.bytes(), k)
+        match &self.bytes {
+            SampleBytes::Shared { data, fields } => data.get(fields.get(k)?.clone()),
+            _ => self.schema.field_in(self.bytes(), k),
+        }
     }
 
     /// The bytes of the field called `name`.
@@ -136,11 +193,14 @@ impl<'a> Sample<'a> {
         self.field(self.schema.index_of(name)?)
     }
 
-    /// The record's bytes as stored (fields, length table, padding).
+    /// The record's bytes as stored (fields, length table, padding). For a sample made by
+    /// [`Sample::shared_fields`], the bytes that hold it in its container (its fields and
+    /// whatever the container puts between them, such as tar headers).
     pub fn bytes(&self) -> &[u8] {
         match &self.bytes {
             SampleBytes::Borrowed(b) => b,
             SampleBytes::Owned(v) => v,
+            SampleBytes::Shared { data, .. } => data,
         }
     }
 
@@ -162,9 +222,16 @@ impl std::fmt::Debug for Sample<'_> {
 /// Any source a path can name, behind one type.
 pub type AnySource = Box<dyn Dataset>;
 
-/// Opens `path` as a dataset: a `.npy` array (by its magic bytes) or a packed record file.
+/// Opens `path` as a dataset: a shard directory, `.tar` file or brace pattern of them (see
+/// [`shards::open`]), a `.npy` array (by its magic bytes) or a packed record file.
 pub fn open(path: impl AsRef<Path>) -> Result<AnySource> {
     let path = path.as_ref();
+    if let Some(spec) = path.to_str()
+        && shards::is_shard_spec(spec)
+    {
+        let sharded: Box<dyn Dataset> = shards::open(spec)?;
+        return Ok(sharded);
+    }
     let mut magic = [0u8; 8];
     {
         use std::io::Read;

@@ -1,0 +1,728 @@
+//! MosaicML Streaming's MDS directories (`index.json` and `shard.NNNNN.mds` files), read in
+//! place: [`MdsDataset`].
+//!
+//! The layout, from mosaicml-streaming's `MDSWriter` and `MDSReader`
+//! (`streaming/base/format/mds/`):
+//!
+//! ```text
+//! index.json      {"version": 2, "shards": [{"format": "mds", "version": 2, "samples": n,
+//!                   "column_names": [...], "column_encodings": [...], "column_sizes": [...],
+//!                   "compression": null, "hashes": [...], "size_limit": ...,
+//!                   "raw_data": {"basename": "shard.00000.mds", "bytes": b, "hashes": {...}},
+//!                   "zip_data": null}, ...]}
+//! shard file      u32 n | u32 offsets[n + 1] (absolute) | the shard's config as JSON |
+//!                 samples: u32 size of each variable-size column, in column order, then
+//!                 each column's bytes, in column order
+//! ```
+//!
+//! (all integers little-endian; columns sorted by name, as the writer sorts them). Each column
+//! becomes one field of the schema:
+//!
+//! | MDS encoding | field |
+//! |---|---|
+//! | `int` | tensor i64 `[]` |
+//! | `uint8` … `int64`, `float16`, `float32`, `float64` | tensor of that dtype, `[]` |
+//! | `ndarray:DTYPE:D0,D1,...` (fixed dtype and shape) | tensor of that dtype and shape |
+//! | `bytes`, `pil`, `pkl`, `list[...]`, `jpeg_array`, `ndarray`, `ndarray:DTYPE` | bytes, raw (a variable `ndarray`'s header is kept: [`decode_ndarray`]) |
+//! | `str`, `str_int`, `str_float`, `str_decimal`, `json` | bytes, utf8 |
+//! | `jpeg`, `png` | bytes, jpeg / png (the encoded image) |
+//!
+//! Fields are views of the shard's mapping (tensor fields are not aligned in memory). A shard
+//! is checked when opened against its index entry (its size, sample count, the offset table,
+//! its own copy of the column layout) and each sample when read (its offsets, and that its
+//! column sizes fill it exactly): each fault is a typed error naming the shard (and sample).
+//! The index's hashes of a shard (`xxh64`, `xxh3_64`, `xxh3_128`/`xxh128`, `xxh32`; others
+//! are not checked) are checked under [`ShardOptions::verify`] and by
+//! [`ShardedDataset::verify`]. Compressed shards are read from their raw (decompressed) file
+//! when it is there, as Streaming leaves it in its local cache, else refused with an error
+//! naming the file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::{
+    LocalDir, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset, check_shard_name,
+};
+use crate::error::{Error, Result};
+use crate::format::{Codec, DType, Field, FieldKind, Schema};
+use crate::source::Sample;
+
+/// The index file's name in an MDS directory.
+pub const MDS_INDEX_FILE: &str = "index.json";
+
+/// A file of an MDS shard, as its index describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct MdsFileInfo {
+    /// Its name in the directory.
+    pub basename: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Hex digests by algorithm.
+    #[serde(default)]
+    pub hashes: BTreeMap<String, String>,
+}
+
+/// One shard's entry in an MDS `index.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct MdsShardInfo {
+    /// `"mds"`.
+    pub format: String,
+    /// 2.
+    pub version: u32,
+    /// Samples in the shard.
+    pub samples: u64,
+    /// Column names, sorted.
+    pub column_names: Vec<String>,
+    /// Each column's encoding.
+    pub column_encodings: Vec<String>,
+    /// Each column's fixed size, or `null` for a variable one.
+    pub column_sizes: Vec<Option<u64>>,
+    /// `null`, or the compression of `zip_data` (`zstd`, `zstd:7`, ...).
+    #[serde(default)]
+    pub compression: Option<String>,
+    /// Hash algorithms applied to shard files.
+    #[serde(default)]
+    pub hashes: Vec<String>,
+    /// The uncompressed shard file.
+    pub raw_data: MdsFileInfo,
+    /// The compressed shard file, if any.
+    #[serde(default)]
+    pub zip_data: Option<MdsFileInfo>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MdsIndexFile {
+    version: u32,
+    shards: Vec<serde_json::Value>,
+}
+
+/// The encoding of one MDS column, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MdsEncoding {
+    /// A fixed-size column: a tensor.
+    Tensor {
+        /// Its element type.
+        dtype: DType,
+        /// Its shape (`[]` for a scalar).
+        shape: Vec<u64>,
+    },
+    /// A variable-size column: bytes with this codec.
+    Bytes(Codec),
+}
+
+fn numpy_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "uint8" => DType::U8,
+        "int8" => DType::I8,
+        "uint16" => DType::U16,
+        "int16" => DType::I16,
+        "float16" => DType::F16,
+        "uint32" => DType::U32,
+        "int32" => DType::I32,
+        "float32" => DType::F32,
+        "uint64" => DType::U64,
+        "int64" => DType::I64,
+        "float64" => DType::F64,
+        _ => return None,
+    })
+}
+
+impl MdsEncoding {
+    /// Parses an MDS encoding name, as `streaming`'s `_get_coder` does.
+    pub fn parse(encoding: &str) -> Result<MdsEncoding, String> {
+        let (name, config) = match encoding.find(':') {
+            Some(i) => (&encoding[..i], Some(&encoding[i + 1..])),
+            None => (encoding, None),
+        };
+        if let Some(config) = config {
+            if name != "ndarray" {
+                return Err(format!("encoding `{encoding}` takes no arguments"));
+            }
+            let args: Vec<&str> = if config.is_empty() {
+                Vec::new()
+            } else {
+                config.split(':').collect()
+            };
+            return match args.as_slice() {
+                [] => Ok(MdsEncoding::Bytes(Codec::Raw)),
+                [dtype] => numpy_dtype(dtype)
+                    .map(|_| MdsEncoding::Bytes(Codec::Raw))
+                    .ok_or_else(|| format!("`{encoding}`: unknown dtype `{dtype}`")),
+                [dtype, shape] => {
+                    let dtype = numpy_dtype(dtype)
+                        .ok_or_else(|| format!("`{encoding}`: unknown dtype `{dtype}`"))?;
+                    let shape = shape
+                        .split(',')
+                        .map(|d| d.trim().parse::<u64>().ok().filter(|&d| d >= 1))
+                        .collect::<Option<Vec<u64>>>()
+                        .ok_or_else(|| format!("`{encoding}`: a bad shape"))?;
+                    Ok(MdsEncoding::Tensor { dtype, shape })
+                }
+                _ => Err(format!("`{encoding}`: too many arguments")),
+            };
+        }
+        if let Some(dtype) = numpy_dtype(name) {
+            return Ok(MdsEncoding::Tensor {
+                dtype,
+                shape: Vec::new(),
+            });
+        }
+        Ok(match name {
+            "int" => MdsEncoding::Tensor {
+                dtype: DType::I64,
+                shape: Vec::new(),
+            },
+            "str" | "str_int" | "str_float" | "str_decimal" | "json" => {
+                MdsEncoding::Bytes(Codec::Utf8)
+            }
+            "jpeg" => MdsEncoding::Bytes(Codec::Jpeg),
+            "png" => MdsEncoding::Bytes(Codec::Png),
+            "bytes" | "ndarray" | "pil" | "pkl" | "jpeg_array" | "jpegarray" | "list[pil]"
+            | "list[jpeg]" | "list[png]" => MdsEncoding::Bytes(Codec::Raw),
+            _ => return Err(format!("unknown MDS encoding `{encoding}`")),
+        })
+    }
+
+    /// The fixed size in bytes, `None` for a variable-size column.
+    pub fn size(&self) -> Option<u64> {
+        match self {
+            MdsEncoding::Tensor { dtype, shape } => Some(
+                shape
+                    .iter()
+                    .try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d))
+                    .unwrap_or(u64::MAX),
+            ),
+            MdsEncoding::Bytes(_) => None,
+        }
+    }
+}
+
+/// A variable-size MDS `ndarray` value, decoded in place: its dtype, its shape and its values'
+/// bytes (C order, little-endian).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NdArrayView<'a> {
+    /// The element type.
+    pub dtype: DType,
+    /// The shape.
+    pub shape: Vec<u64>,
+    /// The values.
+    pub values: &'a [u8],
+}
+
+/// Decodes a value of a column encoded `ndarray` or `ndarray:DTYPE` (streaming's `NDArray`:
+/// `[dtype code: 1 byte, if not in the encoding] [ndim << 2 | shape dtype: 1 byte]
+/// [shape: ndim uints] [values]`).
+pub fn decode_ndarray<'a>(encoding: &str, bytes: &'a [u8]) -> Result<NdArrayView<'a>, String> {
+    let fixed = match encoding.strip_prefix("ndarray") {
+        Some("") => None,
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(d) if !d.contains(':') => {
+                Some(numpy_dtype(d).ok_or_else(|| format!("unknown dtype `{d}`"))?)
+            }
+            _ => {
+                return Err(format!(
+                    "`{encoding}` is not a variable-size ndarray encoding"
+                ));
+            }
+        },
+        None => return Err(format!("`{encoding}` is not an ndarray encoding")),
+    };
+    let mut at = 0usize;
+    let byte = |at: usize| bytes.get(at).copied().ok_or("truncated ndarray header");
+    let dtype = match fixed {
+        Some(d) => d,
+        None => {
+            let code = byte(at)?;
+            at += 1;
+            match code {
+                8 => DType::U8,
+                9 => DType::I8,
+                16 => DType::U16,
+                17 => DType::I16,
+                18 => DType::F16,
+                32 => DType::U32,
+                33 => DType::I32,
+                34 => DType::F32,
+                64 => DType::U64,
+                65 => DType::I64,
+                66 => DType::F64,
+                c => return Err(format!("unknown ndarray dtype code {c}")),
+            }
+        }
+    };
+    let b = byte(at)?;
+    at += 1;
+    let ndim = (b >> 2) as usize;
+    let width = 1usize << (b & 3);
+    let mut shape = Vec::with_capacity(ndim);
+    for _ in 0..ndim {
+        let d = bytes.get(at..at + width).ok_or("truncated ndarray shape")?;
+        let mut v = [0u8; 8];
+        v[..width].copy_from_slice(d);
+        shape.push(u64::from_le_bytes(v));
+        at += width;
+    }
+    let values = &bytes[at..];
+    let want = shape
+        .iter()
+        .try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d));
+    if want != Some(values.len() as u64) {
+        return Err(format!(
+            "shape {shape:?} of {dtype} needs {want:?} bytes, the value has {}",
+            values.len()
+        ));
+    }
+    Ok(NdArrayView {
+        dtype,
+        shape,
+        values,
+    })
+}
+
+/// Reads MDS shards for [`ShardedDataset`].
+#[derive(Debug)]
+pub struct MdsShards {
+    index_path: PathBuf,
+    infos: Vec<MdsShardInfo>,
+    /// Each column's fixed size (`None`: variable), in column order.
+    sizes: Vec<Option<u64>>,
+}
+
+/// A dataset of MDS shards.
+pub type MdsDataset = ShardedDataset<MdsShards>;
+
+/// An open MDS shard: its bytes and where its samples start.
+pub struct MdsShard {
+    bytes: ShardBytes,
+    samples: u64,
+    data_start: u64,
+}
+
+impl ShardedDataset<MdsShards> {
+    /// Opens the MDS directory `dir` (its `index.json`); opens no shard.
+    pub fn open(dir: impl AsRef<Path>) -> Result<MdsDataset> {
+        MdsDataset::open_with(dir, ShardOptions::default())
+    }
+
+    /// Opens the MDS directory `dir` with these settings.
+    pub fn open_with(dir: impl AsRef<Path>, options: ShardOptions) -> Result<MdsDataset> {
+        let dir = dir.as_ref();
+        let path = dir.join(MDS_INDEX_FILE);
+        let text = std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?;
+        MdsDataset::from_index(Arc::new(LocalDir::new(dir)), &path, &text, options)
+    }
+
+    /// A dataset whose index (read from `index_path`) is `text`, with its shards in `store`.
+    pub fn from_index(
+        store: Arc<dyn ShardStore>,
+        index_path: &Path,
+        text: &[u8],
+        options: ShardOptions,
+    ) -> Result<MdsDataset> {
+        let bad = |what: String| Error::Malformed {
+            path: index_path.to_path_buf(),
+            format: "MDS index",
+            what,
+        };
+        let file: MdsIndexFile =
+            serde_json::from_slice(text).map_err(|e| bad(format!("not a valid index: {e}")))?;
+        if file.version != 2 {
+            return Err(bad(format!(
+                "version {} (this reader knows version 2)",
+                file.version
+            )));
+        }
+        if file.shards.is_empty() {
+            return Err(bad("no shard".into()));
+        }
+        let mut infos = Vec::with_capacity(file.shards.len());
+        for (k, v) in file.shards.into_iter().enumerate() {
+            let info: MdsShardInfo = serde_json::from_value(v)
+                .map_err(|e| bad(format!("shard {k}: not a valid entry: {e}")))?;
+            if info.format != "mds" {
+                return Err(bad(format!(
+                    "shard {k}: format `{}` (this reader reads `mds`)",
+                    info.format
+                )));
+            }
+            check_shard_name(index_path, "MDS index", &info.raw_data.basename)?;
+            if let Some(z) = &info.zip_data {
+                check_shard_name(index_path, "MDS index", &z.basename)?;
+            }
+            infos.push(info);
+        }
+        let first = &infos[0];
+        let n = first.column_names.len();
+        if n == 0 || first.column_encodings.len() != n || first.column_sizes.len() != n {
+            return Err(bad(format!(
+                "shard 0: {} column names, {} encodings, {} sizes",
+                n,
+                first.column_encodings.len(),
+                first.column_sizes.len()
+            )));
+        }
+        let mut fields = Vec::with_capacity(n);
+        let mut sizes = Vec::with_capacity(n);
+        for ((name, enc), &size) in first
+            .column_names
+            .iter()
+            .zip(&first.column_encodings)
+            .zip(&first.column_sizes)
+        {
+            let e = MdsEncoding::parse(enc).map_err(|e| bad(format!("column `{name}`: {e}")))?;
+            if e.size() != size {
+                return Err(bad(format!(
+                    "column `{name}` ({enc}) has size {size:?} in the index, its encoding gives {:?}",
+                    e.size()
+                )));
+            }
+            sizes.push(size);
+            fields.push(match e {
+                MdsEncoding::Tensor { dtype, shape } => Field::tensor(name.clone(), dtype, &shape),
+                MdsEncoding::Bytes(codec) => Field::bytes(name.clone(), codec),
+            });
+        }
+        for (k, info) in infos.iter().enumerate().skip(1) {
+            if info.column_names != first.column_names
+                || info.column_encodings != first.column_encodings
+                || info.column_sizes != first.column_sizes
+            {
+                return Err(bad(format!(
+                    "shard {k} ({}) has other columns than shard 0",
+                    info.raw_data.basename
+                )));
+            }
+        }
+        let schema = Schema::new(fields).map_err(|e| bad(format!("columns: {e}")))?;
+        let shards = infos
+            .iter()
+            .map(|i| (i.raw_data.basename.clone(), i.samples))
+            .collect();
+        let format = MdsShards {
+            index_path: index_path.to_path_buf(),
+            infos,
+            sizes,
+        };
+        ShardedDataset::from_parts(format, store, shards, schema, options)
+    }
+}
+
+impl MdsShards {
+    /// Shard `k`'s entry in the index.
+    pub fn info(&self, k: usize) -> Option<&MdsShardInfo> {
+        self.infos.get(k)
+    }
+
+    fn disagrees(&self, path: &Path, what: String) -> Error {
+        Error::Malformed {
+            path: path.to_path_buf(),
+            format: "MDS shard",
+            what: format!("{what} (index {})", self.index_path.display()),
+        }
+    }
+
+    /// Checks the hashes the index gives for the raw file that we know how to compute.
+    fn check_hashes(&self, k: usize, bytes: &ShardBytes) -> Result<()> {
+        let info = &self.infos[k];
+        let all = bytes.all()?;
+        for (algo, want) in &info.raw_data.hashes {
+            let got = match algo.as_str() {
+                "xxh64" => format!("{:016x}", xxhash_rust::xxh64::xxh64(all, 0)),
+                "xxh3_64" => format!("{:016x}", xxhash_rust::xxh3::xxh3_64(all)),
+                "xxh3_128" | "xxh128" => format!("{:032x}", xxhash_rust::xxh3::xxh3_128(all)),
+                "xxh32" => format!("{:08x}", xxhash_rust::xxh32::xxh32(all, 0)),
+                _ => continue,
+            };
+            if !got.eq_ignore_ascii_case(want) {
+                return Err(self.disagrees(
+                    bytes.path(),
+                    format!("{algo} of the file is {got}, the index says {want}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn u32_at(bytes: &ShardBytes, at: u64) -> Result<u32> {
+        let b = bytes.get(at..at + 4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// The byte range of sample `i` (below the shard's count), checked.
+    fn sample_range(shard: &MdsShard, i: u64) -> Result<(u64, u64)> {
+        let start = u64::from(MdsShards::u32_at(&shard.bytes, 4 + 4 * i)?);
+        let end = u64::from(MdsShards::u32_at(&shard.bytes, 8 + 4 * i)?);
+        if start < shard.data_start || start > end || end > shard.bytes.len() {
+            return Err(Error::BadRecord {
+                path: shard.bytes.path().to_path_buf(),
+                record: i,
+                what: format!(
+                    "offsets {start}..{end} are decreasing or outside the samples' bytes {}..{}",
+                    shard.data_start,
+                    shard.bytes.len()
+                ),
+            });
+        }
+        Ok((start, end))
+    }
+
+    /// Where each column of a sample lies within `sample` (its bytes), or what is wrong.
+    fn columns(&self, sample: &[u8]) -> Result<Vec<std::ops::Range<usize>>, String> {
+        let var = self.sizes.iter().filter(|s| s.is_none()).count();
+        let head = 4 * var;
+        if sample.len() < head {
+            return Err(format!(
+                "{} bytes cannot hold the sizes of its {var} variable columns",
+                sample.len()
+            ));
+        }
+        let mut at = head as u64;
+        let mut v = 0;
+        let mut out = Vec::with_capacity(self.sizes.len());
+        for s in &self.sizes {
+            let size = match s {
+                Some(s) => *s,
+                None => {
+                    let b = &sample[4 * v..4 * v + 4];
+                    v += 1;
+                    u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                }
+            };
+            let end = at
+                .checked_add(size)
+                .filter(|&e| e <= sample.len() as u64)
+                .ok_or_else(|| {
+                    format!(
+                        "its columns run past its {} bytes (a column of {size} bytes at {at})",
+                        sample.len()
+                    )
+                })?;
+            out.push(at as usize..end as usize);
+            at = end;
+        }
+        if at != sample.len() as u64 {
+            return Err(format!(
+                "its columns take {at} bytes, the sample has {}",
+                sample.len()
+            ));
+        }
+        Ok(out)
+    }
+}
+
+impl ShardFormat for MdsShards {
+    type Shard = MdsShard;
+
+    fn name(&self) -> &'static str {
+        "MDS"
+    }
+
+    fn open_shard(
+        &self,
+        store: &dyn ShardStore,
+        k: usize,
+        name: &str,
+        samples: u64,
+        _schema: &Schema,
+        options: &ShardOptions,
+    ) -> Result<MdsShard> {
+        let info = &self.infos[k];
+        let bytes = match store.open(name) {
+            Ok(b) => b,
+            Err(Error::Io { path, source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && info.zip_data.is_some() =>
+            {
+                return Err(Error::Malformed {
+                    path,
+                    format: "MDS shard",
+                    what: format!(
+                        "missing; the shard is compressed ({}) and gpufeed reads the uncompressed file: decompress {} first",
+                        info.compression.as_deref().unwrap_or("?"),
+                        info.zip_data.as_ref().map_or("", |z| z.basename.as_str())
+                    ),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let path = bytes.path().to_path_buf();
+        if bytes.len() != info.raw_data.bytes {
+            return Err(self.disagrees(
+                &path,
+                format!(
+                    "the shard is {} bytes, the index says {}",
+                    bytes.len(),
+                    info.raw_data.bytes
+                ),
+            ));
+        }
+        if options.verify {
+            self.check_hashes(k, &bytes)?;
+        }
+        let n = u64::from(MdsShards::u32_at(&bytes, 0)?);
+        if n != samples {
+            return Err(self.disagrees(
+                &path,
+                format!("the shard's header says {n} samples, the index says {samples}"),
+            ));
+        }
+        let table_end = 4 + 4 * (n + 1);
+        if table_end > bytes.len() {
+            return Err(self.disagrees(
+                &path,
+                format!(
+                    "an offset table of {} entries does not fit in {} bytes: truncated",
+                    n + 1,
+                    bytes.len()
+                ),
+            ));
+        }
+        let first = u64::from(MdsShards::u32_at(&bytes, 4)?);
+        let last = u64::from(MdsShards::u32_at(&bytes, 4 + 4 * n)?);
+        if first < table_end || first > last || last != bytes.len() {
+            return Err(self.disagrees(
+                &path,
+                format!(
+                    "samples span {first}..{last}; they must start after the offset table ({table_end}) and end at the end of the file ({})",
+                    bytes.len()
+                ),
+            ));
+        }
+        // The shard's own copy of its columns, between the table and the samples.
+        let config = bytes.get(table_end..first)?;
+        if let Ok(c) = serde_json::from_slice::<serde_json::Value>(config) {
+            let same = |key: &str, want: &serde_json::Value| c.get(key).is_none_or(|v| v == want);
+            let names = serde_json::to_value(&info.column_names).unwrap_or_default();
+            let encs = serde_json::to_value(&info.column_encodings).unwrap_or_default();
+            if !same("column_names", &names) || !same("column_encodings", &encs) {
+                return Err(self.disagrees(
+                    &path,
+                    "the shard's own column layout is not the index's".into(),
+                ));
+            }
+        } else if !config.is_empty() {
+            return Err(self.disagrees(
+                &path,
+                format!("bytes {table_end}..{first} (the shard's config) are not JSON: corrupt"),
+            ));
+        }
+        Ok(MdsShard {
+            bytes,
+            samples: n,
+            data_start: first,
+        })
+    }
+
+    fn sample<'s>(
+        &'s self,
+        shard: &MdsShard,
+        _k: usize,
+        index: u64,
+        schema: &'s Schema,
+        _options: &ShardOptions,
+    ) -> Result<Sample<'s>> {
+        if index >= shard.samples {
+            return Err(Error::OutOfRange {
+                index,
+                len: shard.samples,
+            });
+        }
+        let (start, end) = MdsShards::sample_range(shard, index)?;
+        let columns =
+            self.columns(shard.bytes.get(start..end)?)
+                .map_err(|what| Error::BadRecord {
+                    path: shard.bytes.path().to_path_buf(),
+                    record: index,
+                    what,
+                })?;
+        Sample::shared_fields(shard.bytes.share(start..end)?, columns, schema)
+    }
+
+    fn verify_shard(
+        &self,
+        store: &dyn ShardStore,
+        k: usize,
+        name: &str,
+        samples: u64,
+        schema: &Schema,
+    ) -> Result<()> {
+        let options = ShardOptions {
+            verify: true,
+            ..ShardOptions::default()
+        };
+        let shard = self.open_shard(store, k, name, samples, schema, &options)?;
+        for i in 0..samples {
+            let s = self.sample(&shard, k, i, schema, &options)?;
+            for (c, f) in schema.fields().iter().enumerate() {
+                let enc = &self.infos[k].column_encodings[c];
+                if let FieldKind::Bytes { .. } = f.kind
+                    && enc.starts_with("ndarray")
+                {
+                    decode_ndarray(enc, s.field(c).unwrap_or_default()).map_err(|what| {
+                        Error::BadRecord {
+                            path: shard.bytes.path().to_path_buf(),
+                            record: i,
+                            what: format!("column `{}`: {what}", f.name),
+                        }
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_map_to_fields() {
+        let t = |d, s: &[u64]| MdsEncoding::Tensor {
+            dtype: d,
+            shape: s.to_vec(),
+        };
+        assert_eq!(MdsEncoding::parse("int"), Ok(t(DType::I64, &[])));
+        assert_eq!(MdsEncoding::parse("uint16"), Ok(t(DType::U16, &[])));
+        assert_eq!(MdsEncoding::parse("float16"), Ok(t(DType::F16, &[])));
+        assert_eq!(
+            MdsEncoding::parse("ndarray:float32:3,4"),
+            Ok(t(DType::F32, &[3, 4]))
+        );
+        assert_eq!(
+            MdsEncoding::parse("ndarray:int8"),
+            Ok(MdsEncoding::Bytes(Codec::Raw))
+        );
+        assert_eq!(
+            MdsEncoding::parse("str"),
+            Ok(MdsEncoding::Bytes(Codec::Utf8))
+        );
+        assert_eq!(
+            MdsEncoding::parse("jpeg"),
+            Ok(MdsEncoding::Bytes(Codec::Jpeg))
+        );
+        assert!(MdsEncoding::parse("ndarray:complex64").is_err());
+        assert!(MdsEncoding::parse("ndarray:uint8:0").is_err());
+        assert!(MdsEncoding::parse("str:x").is_err());
+        assert!(MdsEncoding::parse("nothing").is_err());
+        assert_eq!(t(DType::F32, &[3, 4]).size(), Some(48));
+    }
+
+    #[test]
+    fn dynamic_ndarrays_decode_in_place() {
+        // int16, shape (2, 3) in uint8 dims: code 17, (2 << 2) | 0, 2, 3, values.
+        let mut b = vec![17u8, 2 << 2, 2, 3];
+        b.extend((0..6i16).flat_map(|v| v.to_le_bytes()));
+        let v = decode_ndarray("ndarray", &b).unwrap();
+        assert_eq!(
+            (v.dtype, v.shape.clone(), v.values.len()),
+            (DType::I16, vec![2, 3], 12)
+        );
+        let v = decode_ndarray("ndarray:int16", &b[1..]).unwrap();
+        assert_eq!(v.shape, vec![2, 3]);
+        assert!(decode_ndarray("ndarray", &b[..5]).is_err());
+        assert!(decode_ndarray("ndarray:int16:2,3", &b).is_err());
+    }
+}

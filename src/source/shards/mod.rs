@@ -1,0 +1,416 @@
+//! Sharded datasets: many shard files, each with a sample count known from an index, presented
+//! as one map-style [`Dataset`].
+//!
+//! - [`ShardedDataset`]: the shards of one dataset behind [`Dataset`]: sample `i` of the whole
+//!   is found by a binary search over the shards' cumulative counts ([`ShardedDataset::locate`]),
+//!   its shard opened on first use and kept in a bounded set of open shards (`lru`), the sample
+//!   handed out as a zero-copy view that keeps its shard's bytes alive;
+//! - [`ShardFormat`]: what a format supplies (open one shard, cut one sample out of it);
+//!   [`packed`] (gpufeed's packed record files and an `index.json`), [`webdataset`] (tar shards
+//!   with WebDataset's key rules, an index of members cached on disk) and [`mds`] (MosaicML
+//!   Streaming's MDS directories);
+//! - [`ShardStore`]: where shards' bytes come from ([`LocalDir`]: files, memory-mapped);
+//! - [`ShardedSource`]: what a streaming order needs of any sharded dataset (shard names, the
+//!   mapping from a global index to its shard; the sizes are [`Dataset::shard_sizes`], which
+//!   the loader's `shuffle_blocks` reads), as a trait object;
+//! - [`open`](open()): whichever of these a path or pattern names.
+//!
+//! Opening a dataset reads its index only: no shard is opened or mapped until a sample of it is
+//! asked for (a dataset of 10,000 shards opens in the time it takes to parse its index).
+
+mod lru;
+pub mod mds;
+mod open;
+pub mod packed;
+mod store;
+pub mod tar;
+pub mod webdataset;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use lru::OpenShardStats;
+pub use open::{expand_braces, is_shard_spec, open, open_with};
+pub use store::{LocalDir, MemoryStore, ShardArrival, ShardBytes, ShardStat, ShardStore};
+
+use crate::error::{Error, Result};
+use crate::format::Schema;
+use crate::source::{Dataset, Sample};
+use lru::OpenShards;
+
+/// How many shards a dataset keeps open (mapped, with their headers or indexes read) at once,
+/// unless told otherwise. A mapping is one entry of the kernel's per-process map count (65,530
+/// by default on Linux) and holds no file descriptor; mapping a shard again costs about as much
+/// as copying its bytes when they are in the page cache (`benches/RESULTS.md`, "Streaming"),
+/// so the set is generous: a streaming order touches a window of shards at a time.
+pub const DEFAULT_MAX_OPEN_SHARDS: usize = 1024;
+
+/// Where a sample of a sharded dataset is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SampleLocation {
+    /// The shard's number (its position in the dataset's index).
+    pub shard: usize,
+    /// The sample's index within that shard.
+    pub index: u64,
+}
+
+/// Settings common to every sharded format.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardOptions {
+    /// The most shards open at once (at least 1): see [`DEFAULT_MAX_OPEN_SHARDS`].
+    pub max_open_shards: usize,
+    /// Check each shard against its index's checksums when it is opened (costs one pass over
+    /// the shard's bytes per open), and each sample's own checksum where the format has one
+    /// (packed records). Tar shards, which have no checksums, are indexed again from their
+    /// bytes instead of from the cache.
+    pub verify: bool,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions {
+            max_open_shards: DEFAULT_MAX_OPEN_SHARDS,
+            verify: false,
+        }
+    }
+}
+
+/// What a shard format supplies to [`ShardedDataset`]: how to open shard `k`, and how to cut
+/// sample `i` out of an open shard.
+///
+/// The format holds whatever per-shard facts its index gave (column layouts, checksums); the
+/// dataset holds the names and counts and the set of open shards.
+pub trait ShardFormat: Send + Sync + 'static {
+    /// An open shard: its bytes and whatever was read from its header or index.
+    type Shard: Send + Sync + 'static;
+
+    /// The format's name in messages (`packed`, `webdataset tar`, `MDS`).
+    fn name(&self) -> &'static str;
+
+    /// Opens shard `k` (called `name` in the index), which the index says holds `samples`
+    /// samples of `schema`; a shard that disagrees with its index is an error naming it.
+    fn open_shard(
+        &self,
+        store: &dyn ShardStore,
+        k: usize,
+        name: &str,
+        samples: u64,
+        schema: &Schema,
+        options: &ShardOptions,
+    ) -> Result<Self::Shard>;
+
+    /// Sample `index` of open shard `k`, as a view that owns a reference to the shard's bytes
+    /// (the shard may be closed while the sample lives). `index` is below the shard's count.
+    fn sample<'s>(
+        &'s self,
+        shard: &Self::Shard,
+        k: usize,
+        index: u64,
+        schema: &'s Schema,
+        options: &ShardOptions,
+    ) -> Result<Sample<'s>>;
+
+    /// Checks shard `k` completely: its checksums where the index has them, and every sample.
+    fn verify_shard(
+        &self,
+        store: &dyn ShardStore,
+        k: usize,
+        name: &str,
+        samples: u64,
+        schema: &Schema,
+    ) -> Result<()>;
+}
+
+/// The shards of one dataset, as one [`Dataset`] (see the [module](self) documentation).
+pub struct ShardedDataset<F: ShardFormat> {
+    format: F,
+    store: Arc<dyn ShardStore>,
+    names: Vec<String>,
+    sizes: Vec<u64>,
+    /// `ends[k]` = samples in shards `0..=k`.
+    ends: Vec<u64>,
+    schema: Schema,
+    options: ShardOptions,
+    open: OpenShards<F::Shard>,
+}
+
+impl<F: ShardFormat> std::fmt::Debug for ShardedDataset<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedDataset")
+            .field("format", &self.format.name())
+            .field("shards", &self.names.len())
+            .field("samples", &self.len())
+            .field("schema", &self.schema.to_string())
+            .finish()
+    }
+}
+
+impl<F: ShardFormat> ShardedDataset<F> {
+    /// A dataset of the shards `shards` (name, sample count) in `store`, read by `format`,
+    /// whose samples have `schema`. Opens nothing.
+    pub fn from_parts(
+        format: F,
+        store: Arc<dyn ShardStore>,
+        shards: Vec<(String, u64)>,
+        schema: Schema,
+        options: ShardOptions,
+    ) -> Result<ShardedDataset<F>> {
+        if options.max_open_shards == 0 {
+            return Err(Error::config(
+                "max_open_shards",
+                "at least one shard must be allowed open",
+            ));
+        }
+        let mut total = 0u64;
+        let mut ends = Vec::with_capacity(shards.len());
+        for (name, n) in &shards {
+            total = total.checked_add(*n).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "shard `{name}`: the sample counts add up past 2^64"
+                ))
+            })?;
+            ends.push(total);
+        }
+        let open = OpenShards::new(shards.len(), options.max_open_shards);
+        let (names, sizes) = shards.into_iter().unzip();
+        Ok(ShardedDataset {
+            format,
+            store,
+            names,
+            sizes,
+            ends,
+            schema,
+            options,
+            open,
+        })
+    }
+
+    /// The format reader.
+    pub fn format(&self) -> &F {
+        &self.format
+    }
+
+    /// Where the shards are.
+    pub fn store(&self) -> &dyn ShardStore {
+        &*self.store
+    }
+
+    /// The number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Samples in each shard, in index order.
+    pub fn shard_sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
+    /// Shard names, in index order.
+    pub fn shard_names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The global index of shard `k`'s first sample (`len()` for `k == shard_count()`).
+    pub fn shard_start(&self, k: usize) -> Option<u64> {
+        match k {
+            0 => Some(0),
+            k => self.ends.get(k - 1).copied(),
+        }
+    }
+
+    /// Where sample `index` is: its shard and its index within the shard (O(log shards)).
+    pub fn locate(&self, index: u64) -> Result<SampleLocation> {
+        let shard = self.ends.partition_point(|&end| end <= index);
+        if shard >= self.ends.len() {
+            return Err(Error::OutOfRange {
+                index,
+                len: self.len(),
+            });
+        }
+        let start = if shard == 0 { 0 } else { self.ends[shard - 1] };
+        Ok(SampleLocation {
+            shard,
+            index: index - start,
+        })
+    }
+
+    /// What the set of open shards has done.
+    pub fn open_stats(&self) -> OpenShardStats {
+        self.open.stats()
+    }
+
+    /// The settings this dataset reads with.
+    pub fn options(&self) -> &ShardOptions {
+        &self.options
+    }
+
+    /// Shard `k`, opened unless it is open already.
+    pub fn shard(&self, k: usize) -> Result<Arc<F::Shard>> {
+        let (Some(name), Some(&samples)) = (self.names.get(k), self.sizes.get(k)) else {
+            return Err(Error::config(
+                "shard",
+                format!("shard {k} of a dataset of {}", self.names.len()),
+            ));
+        };
+        self.open.get_or_open(k, || {
+            self.format
+                .open_shard(&*self.store, k, name, samples, &self.schema, &self.options)
+        })
+    }
+
+    /// Sample `index` within shard `k`.
+    pub fn get_in_shard(&self, k: usize, index: u64) -> Result<Sample<'_>> {
+        let shard = self.shard(k)?;
+        let samples = self.sizes[k];
+        if index >= samples {
+            return Err(Error::OutOfRange {
+                index,
+                len: samples,
+            });
+        }
+        self.format
+            .sample(&shard, k, index, &self.schema, &self.options)
+    }
+
+    /// Checks every shard completely (checksums where the index has them, every sample),
+    /// calling `progress` with the number of shards checked. Stops at the first fault.
+    pub fn verify(&self, mut progress: impl FnMut(usize)) -> Result<()> {
+        for (k, (name, &n)) in self.names.iter().zip(&self.sizes).enumerate() {
+            self.format
+                .verify_shard(&*self.store, k, name, n, &self.schema)?;
+            progress(k + 1);
+        }
+        Ok(())
+    }
+
+    /// Where shard `k` is (for messages).
+    pub fn shard_path(&self, k: usize) -> Option<PathBuf> {
+        self.names.get(k).map(|n| self.store.locate(n))
+    }
+}
+
+impl<F: ShardFormat> Dataset for ShardedDataset<F> {
+    fn len(&self) -> u64 {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        let at = self.locate(index)?;
+        self.get_in_shard(at.shard, at.index)
+    }
+
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        Some(self.sizes.clone())
+    }
+}
+
+/// What a streaming order needs of a sharded dataset, whatever its format: a [`Dataset`]
+/// (whose [`Dataset::shard_sizes`] gives the samples in each shard) plus the shards' names
+/// and the mapping from a global index to a shard.
+pub trait ShardedSource: Dataset {
+    /// Shard names, in index order.
+    fn shard_names(&self) -> &[String];
+
+    /// Where sample `index` is.
+    fn locate(&self, index: u64) -> Result<SampleLocation>;
+
+    /// The global index of shard `k`'s first sample.
+    fn shard_start(&self, k: usize) -> Option<u64>;
+
+    /// What the set of open shards has done.
+    fn open_stats(&self) -> OpenShardStats;
+
+    /// Checks every shard completely; `progress` gets the number of shards checked.
+    fn verify(&self, progress: &mut dyn FnMut(usize)) -> Result<()>;
+}
+
+impl<F: ShardFormat> ShardedSource for ShardedDataset<F> {
+    fn shard_names(&self) -> &[String] {
+        ShardedDataset::shard_names(self)
+    }
+    fn locate(&self, index: u64) -> Result<SampleLocation> {
+        ShardedDataset::locate(self, index)
+    }
+    fn shard_start(&self, k: usize) -> Option<u64> {
+        ShardedDataset::shard_start(self, k)
+    }
+    fn open_stats(&self) -> OpenShardStats {
+        ShardedDataset::open_stats(self)
+    }
+    fn verify(&self, progress: &mut dyn FnMut(usize)) -> Result<()> {
+        ShardedDataset::verify(self, progress)
+    }
+}
+
+/// Where the on-disk caches (tar indexes) go unless told otherwise: `$XDG_CACHE_HOME/gpufeed`,
+/// else `$HOME/.cache/gpufeed`, else the temporary directory's `gpufeed-cache`.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("gpufeed");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(h).join(".cache").join("gpufeed");
+    }
+    std::env::temp_dir().join("gpufeed-cache")
+}
+
+/// Writes `bytes` to `path` by a temporary name beside it (unique to this process and call)
+/// and a rename, so that `path` is never seen half written.
+pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}-{n}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
+        f.write_all(bytes)
+            .map_err(|e| Error::io(&tmp, "write", e))?;
+        f.sync_all().map_err(|e| Error::io(&tmp, "sync", e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, "rename", e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Refuses a shard name from an index that could reach outside the dataset's directory: an
+/// empty name, an absolute path, or one with a `..` component.
+pub(crate) fn check_shard_name(
+    index: &std::path::Path,
+    format: &'static str,
+    name: &str,
+) -> Result<()> {
+    let p = std::path::Path::new(name);
+    let bad = name.is_empty()
+        || p.is_absolute()
+        || p.components().any(|c| {
+            matches!(
+                c,
+                std::path::Component::ParentDir
+                    | std::path::Component::RootDir
+                    | std::path::Component::Prefix(_)
+            )
+        });
+    if bad {
+        return Err(Error::Malformed {
+            path: index.to_path_buf(),
+            format,
+            what: format!(
+                "shard name `{name}` is empty, absolute or goes up a directory: shards must be inside the dataset's directory"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The xxh3-64 of a byte slice, as the lower-case hex string indexes store.
+pub(crate) fn xxh3_hex(bytes: &[u8]) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+}

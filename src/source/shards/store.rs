@@ -1,0 +1,291 @@
+//! Where a shard's bytes come from: the [`ShardStore`] trait, [`ShardBytes`] (a shard's bytes,
+//! complete or still arriving) and [`LocalDir`] (files on a local disk, memory-mapped).
+//!
+//! The format readers (packed, tar, MDS) see a shard only through [`ShardBytes`]: they ask for
+//! a byte range and get a reference-counted view of it. A local file is mapped whole and every
+//! range is there at once; a store that downloads (an object store filling a local cache file)
+//! hands out [`ShardBytes::arriving`], whose reads wait until their range has arrived, so
+//! samples can be served from a shard that is still downloading without the readers knowing.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use memmap2::Mmap;
+
+use crate::error::{Error, Result};
+
+/// What a store knows about a shard without reading it: the keys of on-disk index caches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardStat {
+    /// Size in bytes.
+    pub bytes: u64,
+    /// When it last changed (a file's mtime), if the store knows.
+    pub modified: Option<SystemTime>,
+    /// An opaque version the store gives (an object store's ETag), if any.
+    pub tag: Option<String>,
+}
+
+/// Where the shards of a dataset are: a local directory today, an object store's cache later.
+///
+/// Shards are named by the strings the dataset's index holds (`shard-000000.gfd`,
+/// `shard.00000.mds`, or a tar file's path). Implementations are shared by worker threads.
+pub trait ShardStore: Send + Sync {
+    /// Where shard `name` is, for error messages and cache keys (a path or a URL as a path).
+    fn locate(&self, name: &str) -> PathBuf;
+
+    /// The shard's size and modification time, without reading it.
+    fn stat(&self, name: &str) -> Result<ShardStat>;
+
+    /// The shard's bytes, complete or arriving.
+    fn open(&self, name: &str) -> Result<ShardBytes>;
+
+    /// A complete local file holding the shard, for readers that need a file (packed record
+    /// files are opened by path). A store that downloads waits until the shard is complete.
+    fn local_file(&self, name: &str) -> Result<PathBuf>;
+}
+
+/// Told when byte ranges of a shard that is still arriving are there to read.
+pub trait ShardArrival: Send + Sync {
+    /// Returns once `range` of the shard has arrived, or an error if it never will (the
+    /// download failed): the error names the shard.
+    fn wait_for(&self, range: Range<u64>) -> Result<()>;
+}
+
+/// The bytes of one shard: a reference-counted buffer (a mapping, usually) and, for a shard
+/// still arriving, what to wait on before reading a range.
+#[derive(Clone)]
+pub struct ShardBytes {
+    path: PathBuf,
+    bytes: Bytes,
+    arrival: Option<Arc<dyn ShardArrival>>,
+}
+
+impl std::fmt::Debug for ShardBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardBytes")
+            .field("path", &self.path)
+            .field("bytes", &self.bytes.len())
+            .field("arriving", &self.arrival.is_some())
+            .finish()
+    }
+}
+
+impl ShardBytes {
+    /// A complete shard held in `bytes` (named `path` in errors).
+    pub fn new(path: impl Into<PathBuf>, bytes: Bytes) -> ShardBytes {
+        ShardBytes {
+            path: path.into(),
+            bytes,
+            arrival: None,
+        }
+    }
+
+    /// A shard whose buffer has its final size but whose ranges arrive over time: every read
+    /// first waits on `arrival` for its range.
+    pub fn arriving(
+        path: impl Into<PathBuf>,
+        bytes: Bytes,
+        arrival: Arc<dyn ShardArrival>,
+    ) -> ShardBytes {
+        ShardBytes {
+            path: path.into(),
+            bytes,
+            arrival: Some(arrival),
+        }
+    }
+
+    /// Maps the file at `path` (read-only) as a complete shard.
+    pub fn map_file(path: &Path) -> Result<ShardBytes> {
+        let file = File::open(path).map_err(|e| Error::io(path, "open shard", e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io(path, "stat shard", e))?
+            .len();
+        if len == 0 {
+            // An empty file cannot be mapped; its bytes are nothing.
+            return Ok(ShardBytes::new(path, Bytes::new()));
+        }
+        // SAFETY: the mapping is read-only. Shards are written under a temporary name and
+        // renamed into place (ShardWriter, webdataset's and MosaicML's writers write whole
+        // files), so a shard in use is not rewritten by them; every read of the mapping is
+        // bounds-checked against its length taken here, so changed bytes give wrong data or a
+        // typed error. Truncation by another process (SIGBUS) is the one hazard left, as with
+        // every memory-mapped reader.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "map shard", e))?;
+        Ok(ShardBytes::new(path, Bytes::from_owner(map)))
+    }
+
+    /// Where the shard is (a path, or a URL as a path), for error messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The shard's size in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    /// True for a shard of no byte.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    fn check(&self, range: &Range<u64>) -> Result<Range<usize>> {
+        if range.start > range.end || range.end > self.len() {
+            return Err(Error::Malformed {
+                path: self.path.clone(),
+                format: "shard",
+                what: format!(
+                    "bytes {}..{} are past the end of the shard's {} bytes: truncated?",
+                    range.start,
+                    range.end,
+                    self.len()
+                ),
+            });
+        }
+        if let Some(arrival) = &self.arrival {
+            arrival.wait_for(range.clone())?;
+        }
+        Ok(range.start as usize..range.end as usize)
+    }
+
+    /// Bytes `range` of the shard, borrowed (after waiting for them to arrive). A range past
+    /// the end is [`Error::Malformed`] naming the shard.
+    pub fn get(&self, range: Range<u64>) -> Result<&[u8]> {
+        let r = self.check(&range)?;
+        Ok(&self.bytes[r])
+    }
+
+    /// Bytes `range` of the shard as a view that keeps the buffer alive (after waiting for
+    /// them to arrive). No byte is copied.
+    pub fn share(&self, range: Range<u64>) -> Result<Bytes> {
+        let r = self.check(&range)?;
+        Ok(self.bytes.slice(r))
+    }
+
+    /// The whole shard, once it has all arrived.
+    pub fn all(&self) -> Result<&[u8]> {
+        self.get(0..self.len())
+    }
+}
+
+/// Shards as files under a local directory (or anywhere, for absolute names), memory-mapped
+/// when opened.
+#[derive(Clone, Debug)]
+pub struct LocalDir {
+    root: PathBuf,
+}
+
+impl LocalDir {
+    /// Shards named relative to `root` (absolute names are used as they are).
+    pub fn new(root: impl Into<PathBuf>) -> LocalDir {
+        LocalDir { root: root.into() }
+    }
+
+    /// The directory names are relative to.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+impl ShardStore for LocalDir {
+    fn locate(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    fn stat(&self, name: &str) -> Result<ShardStat> {
+        let path = self.locate(name);
+        let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, "stat shard", e))?;
+        Ok(ShardStat {
+            bytes: meta.len(),
+            modified: meta.modified().ok(),
+            tag: None,
+        })
+    }
+
+    fn open(&self, name: &str) -> Result<ShardBytes> {
+        ShardBytes::map_file(&self.locate(name))
+    }
+
+    fn local_file(&self, name: &str) -> Result<PathBuf> {
+        Ok(self.locate(name))
+    }
+}
+
+/// Shards held in memory, by name: for tests, fuzzing and data made on the fly. Counts how
+/// often each kind of call is made, so tests can check what a dataset opened.
+#[derive(Default)]
+pub struct MemoryStore {
+    shards: std::collections::HashMap<String, Bytes>,
+    opens: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    /// Adds (or replaces) shard `name`.
+    pub fn insert(&mut self, name: impl Into<String>, bytes: impl Into<Bytes>) {
+        self.shards.insert(name.into(), bytes.into());
+    }
+
+    /// How many times [`ShardStore::open`] has been called.
+    pub fn opens(&self) -> u64 {
+        self.opens.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn shard(&self, name: &str) -> Result<&Bytes> {
+        self.shards.get(name).ok_or_else(|| Error::Io {
+            path: self.locate(name),
+            op: "open shard",
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        })
+    }
+}
+
+impl ShardStore for MemoryStore {
+    fn locate(&self, name: &str) -> PathBuf {
+        Path::new("memory:").join(name)
+    }
+
+    fn stat(&self, name: &str) -> Result<ShardStat> {
+        let bytes = self.shard(name)?;
+        Ok(ShardStat {
+            bytes: bytes.len() as u64,
+            modified: None,
+            // The content's hash: shards replaced in memory get new cache keys.
+            tag: Some(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))),
+        })
+    }
+
+    fn open(&self, name: &str) -> Result<ShardBytes> {
+        self.opens
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(ShardBytes::new(
+            self.locate(name),
+            self.shard(name)?.clone(),
+        ))
+    }
+
+    fn local_file(&self, name: &str) -> Result<PathBuf> {
+        self.shard(name)?;
+        Err(Error::config(
+            "store",
+            format!("shard `{name}` is in memory, not in a local file"),
+        ))
+    }
+}
