@@ -32,7 +32,9 @@ use crate::memory::Backing;
 /// Registered blocks are multiples of this (a transparent huge page).
 const HUGE_PAGE: usize = 2 << 20;
 
-/// Pinned (page-locked, portable, not write-combined) host memory; see the [module docs](self).
+/// Pinned (page-locked, portable, not write-combined) host memory. Blocks are populated huge
+/// pages registered with `cuMemHostRegister` where the kernel gives transparent huge pages on
+/// request (workers make their buffers in parallel), else `cuMemHostAlloc` blocks.
 #[derive(Clone)]
 pub struct PinnedBacking {
     ctx: Arc<CudaContext>,

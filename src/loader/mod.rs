@@ -437,7 +437,7 @@ impl LoaderBuilder {
 const PREFETCH_BYTES: u64 = 64 << 20;
 
 /// The default number of batches in flight: one per worker plus two ready, so that every
-/// worker is busy; more for small batches (up to 4 per worker, about [`PREFETCH_BYTES`]), so
+/// worker is busy; more for small batches (up to 4 per worker, about 64 MiB), so
 /// that per-batch costs downstream (a channel, a device copy) overlap. Large batches get no
 /// more than they need: every buffer of the budget is pinned memory that a first epoch must
 /// allocate (`benches/RESULTS.md`, issue 12).

@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
 use super::permutation::{Permutation, mix, splitmix};
 use crate::error::{Error, Result};
 
-/// How a sharded data set is shuffled in two levels; see the [module docs](self).
+/// How a sharded data set is shuffled in two levels: the shards in a shuffled order, cut
+/// into windows of `window` shards; within a window, blocks of `block` consecutive samples
+/// in a shuffled order. A pure function of (seed, epoch, shard sizes, window, block).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BlockShuffle {
     /// Samples per shard, in the data set's order (not serialized: `shards_digest` stands for
