@@ -881,3 +881,47 @@ fn a_two_level_shuffle_reads_shards_a_window_at_a_time() {
         })
     ));
 }
+
+#[test]
+fn a_dataset_that_asks_hears_every_sample_ahead_in_order() {
+    use std::sync::Mutex;
+    struct Listening {
+        inner: Numbers,
+        heard: Mutex<Vec<u64>>,
+    }
+    impl Dataset for Listening {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn schema(&self) -> &Schema {
+            self.inner.schema()
+        }
+        fn get(&self, index: u64) -> Result<Sample<'_>> {
+            self.inner.get(index)
+        }
+        fn read_ahead_batches(&self) -> usize {
+            3
+        }
+        fn read_ahead(&self, indices: &[u64]) {
+            self.heard.lock().unwrap().extend_from_slice(indices);
+        }
+    }
+    let data = Arc::new(Listening {
+        inner: Numbers::new(95),
+        heard: Mutex::new(Vec::new()),
+    });
+    let mut l = Loader::builder_shared(data.clone())
+        .batch_size(10)
+        .shuffle(8)
+        .workers(2)
+        .prefetch(2)
+        .prefetch_across_epochs(false)
+        .build()
+        .unwrap();
+    let order: Vec<u64> = l
+        .by_ref()
+        .flat_map(|b| b.unwrap().indices().to_vec())
+        .collect();
+    // Every sample announced once, in the order it is read.
+    assert_eq!(*data.heard.lock().unwrap(), order);
+}

@@ -363,6 +363,7 @@ impl LoaderBuilder {
             }
             None => (spec.epoch(self.epoch), 0, false),
         };
+        let read_ahead = self.dataset.read_ahead_batches();
         let pool = match self.backing {
             Some(make) => make(budget),
             None => HostPool::with_backing(HeapBacking, budget),
@@ -414,6 +415,9 @@ impl LoaderBuilder {
             next_batch: next,
             next_dispatch: next,
             resumed,
+            read_ahead,
+            announced: 0,
+            scratch: Vec::new(),
             ready: BTreeMap::new(),
             ahead: None,
             ahead_dispatch: 0,
@@ -561,6 +565,12 @@ pub struct Loader {
     /// Set by a resume or `load_state`, until the next batch or `set_epoch`: a `set_epoch` of
     /// the current epoch then keeps the position.
     resumed: bool,
+    /// Batches ahead of those dispatched that the dataset wants announced (0: none).
+    read_ahead: usize,
+    /// The next batch of this epoch to announce.
+    announced: u64,
+    /// Indices of the batch being announced.
+    scratch: Vec<u64>,
     /// Finished batches, by (epoch, number), waiting for their turn.
     ready: BTreeMap<(u64, u64), Result<Batch>>,
     /// The next epoch's order, once its batches are being made ahead of time.
@@ -672,6 +682,7 @@ impl Loader {
                 self.order = ahead;
                 self.next_batch = 0;
                 self.next_dispatch = std::mem::take(&mut self.ahead_dispatch);
+                self.announced = 0;
             }
             _ => {
                 self.abandon();
@@ -726,6 +737,7 @@ impl Loader {
     }
 
     fn abandon(&mut self) {
+        self.announced = 0;
         // Workers skip tasks of older generations; results that arrive late are dropped.
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         self.shared.pool.wake_waiters();
@@ -748,6 +760,7 @@ impl Loader {
 
     /// Puts batches in flight, up to `prefetch` and while the budget has permits; never waits.
     fn dispatch(&mut self) -> Result<()> {
+        self.announce();
         let generation = self.shared.generation.load(Ordering::Acquire);
         while self.next_dispatch < self.order.batches() && self.in_flight() < self.prefetch as u64 {
             let Some(permit) = self.budget.try_acquire() else {
@@ -787,6 +800,24 @@ impl Loader {
             }
         }
         Ok(())
+    }
+
+    /// Tells the dataset which samples come next, up to its `read_ahead_batches` beyond the
+    /// batches in flight (see [`Dataset::read_ahead`]).
+    fn announce(&mut self) {
+        if self.read_ahead == 0 {
+            return;
+        }
+        let until = self
+            .next_dispatch
+            .saturating_add(self.read_ahead as u64)
+            .min(self.order.batches());
+        self.announced = self.announced.max(self.next_dispatch);
+        while self.announced < until {
+            self.order.batch(self.announced, &mut self.scratch);
+            self.shared.dataset.read_ahead(&self.scratch);
+            self.announced += 1;
+        }
     }
 
     /// The next batch's result, or `None` if `deadline` passed first. The outer error is the

@@ -72,4 +72,33 @@ impl<D: Dataset> Dataset for Concat<D> {
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         Some(self.parts.iter().map(|p| p.len()).collect())
     }
+
+    fn read_ahead_batches(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|p| p.read_ahead_batches())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Each run of indices that falls in one part goes to that part, in order.
+    fn read_ahead(&self, indices: &[u64]) {
+        let mut run: Vec<u64> = Vec::new();
+        let mut current = None;
+        for &index in indices {
+            let k = self.ends.partition_point(|&end| end <= index);
+            if current != Some(k) {
+                if let Some(part) = current.and_then(|c| self.parts.get(c)) {
+                    part.read_ahead(&run);
+                }
+                run.clear();
+                current = Some(k);
+            }
+            let start = if k == 0 { 0 } else { self.ends[k - 1] };
+            run.push(index - start);
+        }
+        if let Some(part) = current.and_then(|c| self.parts.get(c)) {
+            part.read_ahead(&run);
+        }
+    }
 }

@@ -51,6 +51,22 @@ pub trait Dataset: Send + Sync {
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         None
     }
+
+    /// How many batches ahead of those being made the loader should announce with
+    /// [`read_ahead`](Dataset::read_ahead); 0 (the default) for data sets that read on demand
+    /// well enough (a mapping). Sources that fetch from slow storage say how far ahead they
+    /// want to start fetching.
+    fn read_ahead_batches(&self) -> usize {
+        0
+    }
+
+    /// The loader will ask for these samples soon, in this order (one batch's indices, batch
+    /// after batch, up to [`read_ahead_batches`](Dataset::read_ahead_batches) batches ahead of
+    /// the workers). A hint: called from the loader's thread, it must not block; it never
+    /// changes what `get` returns. Default: nothing.
+    fn read_ahead(&self, indices: &[u64]) {
+        let _ = indices;
+    }
 }
 
 impl<D: Dataset + ?Sized> Dataset for Arc<D> {
@@ -66,6 +82,12 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         (**self).shard_sizes()
     }
+    fn read_ahead_batches(&self) -> usize {
+        (**self).read_ahead_batches()
+    }
+    fn read_ahead(&self, indices: &[u64]) {
+        (**self).read_ahead(indices)
+    }
 }
 
 impl<D: Dataset + ?Sized> Dataset for Box<D> {
@@ -80,6 +102,12 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     }
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         (**self).shard_sizes()
+    }
+    fn read_ahead_batches(&self) -> usize {
+        (**self).read_ahead_batches()
+    }
+    fn read_ahead(&self, indices: &[u64]) {
+        (**self).read_ahead(indices)
     }
 }
 
