@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use gpufeed::Error;
 use gpufeed::format::DType;
 use gpufeed::transform::SampleContext;
-use gpufeed::transform::image::decode::{decode_rgb8, probe};
+use gpufeed::transform::image::decode::{DecodeLimits, decode_rgb8, probe};
 use gpufeed::transform::image::{ImageTransform, Normalize};
 use libfuzzer_sys::fuzz_target;
 
@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
     let name = "fuzz.img";
     image_error_or_ok(probe(data, name));
     let (mut out, mut scratch) = (Vec::new(), Vec::new());
-    if let Ok(d) = decode_rgb8(data, name, &mut out, &mut scratch) {
+    if let Ok(d) = decode_rgb8(data, name, &DecodeLimits::default(), &mut out, &mut scratch) {
         assert_eq!(out.len(), d.width as usize * d.height as usize * 3);
     }
     for (k, t) in transforms().iter().enumerate() {
