@@ -76,6 +76,20 @@ pub enum Error {
         computed: u64,
     },
 
+    /// A file changed on disk after a source opened it: replaced by another file, removed,
+    /// truncated, extended or written in place. Found by
+    /// [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) (at each epoch's
+    /// start) or by a read that ends early ([`ReadMode::Pread`](crate::source::ReadMode)).
+    #[error(
+        "{path}: the file changed after it was opened: {what}; reopen it to read the new data, and replace data files in use only by writing a new file and renaming it over the old one"
+    )]
+    FileChanged {
+        /// The file concerned.
+        path: PathBuf,
+        /// What changed, with the values at open and now.
+        what: String,
+    },
+
     /// A `.npy` array that gpufeed cannot read in place (Fortran order, object dtype, ...).
     #[error("{path}: unsupported .npy array: {what}")]
     UnsupportedNpy {

@@ -144,6 +144,7 @@ fn exercise_packed(path: &Path, len: usize) {
         ReadOptions::default(),
         ReadOptions {
             verify_checksums: true,
+            ..Default::default()
         },
     ] {
         let Ok(f) = RecordFile::open_with(path, options) else {
@@ -155,10 +156,10 @@ fn exercise_packed(path: &Path, len: usize) {
         let idx = (0..n.min(64)).chain([n.saturating_sub(1), n, n + 1, u64::MAX]);
         for i in idx {
             if let Ok(s) = f.get(i) {
-                assert!(s.bytes().len() as u64 <= f.data_bytes());
+                assert!(s.len() as u64 <= f.data_bytes());
                 for k in 0..=fields {
                     if let Some(v) = s.field(k) {
-                        assert!(v.len() <= s.bytes().len());
+                        assert!(v.len() <= s.len());
                     }
                 }
             }
@@ -180,7 +181,7 @@ fn exercise_npy(path: &Path) {
         let n = a.len();
         for i in (0..n.min(16)).chain([n.saturating_sub(1), n, u64::MAX]) {
             if let Ok(s) = a.get(i) {
-                assert_eq!(s.bytes().len(), a.row_bytes());
+                assert_eq!(s.len(), a.row_bytes());
                 assert_eq!(s.field(0).map(<[u8]>::len), Some(a.row_bytes()));
             }
         }

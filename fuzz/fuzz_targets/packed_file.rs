@@ -55,6 +55,7 @@ fn exercise(data: &[u8]) {
         ReadOptions::default(),
         ReadOptions {
             verify_checksums: true,
+            ..Default::default()
         },
     ] {
         let Ok(file) = RecordFile::open_with(&path, options) else {

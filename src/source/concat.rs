@@ -67,4 +67,9 @@ impl<D: Dataset> Dataset for Concat<D> {
         let start = if k == 0 { 0 } else { self.ends[k - 1] };
         part.get(index - start)
     }
+
+    /// Checks every part, in order; the first change found is the error.
+    fn check_unchanged(&self) -> Result<()> {
+        self.parts.iter().try_for_each(Dataset::check_unchanged)
+    }
 }

@@ -186,7 +186,9 @@ impl<T: SampleTransform + ?Sized> SampleTransform for Arc<T> {
     }
 }
 
-/// The default transform: copies tensor fields as they are stored (all of them, or those named).
+/// The default transform: copies tensor fields as they are stored (all of them, or those named),
+/// each with [`Sample::copy_field_into`]: one copy from a mapping, or one `pread` straight into
+/// the batch slot from a file opened with [`ReadMode::Pread`](crate::source::ReadMode).
 #[derive(Clone, Debug, Default)]
 pub struct CopyFields {
     names: Option<Vec<String>>,
@@ -258,18 +260,9 @@ impl SampleTransform for CopyFields {
             return Err(Error::user("CopyFields::apply before output"));
         };
         for (slot, &k) in picked.iter().enumerate() {
-            let src = sample
-                .field(k)
-                .ok_or_else(|| Error::mismatch(format!("sample has no field {k}")))?;
-            let dst = slots.field(slot)?;
-            if src.len() != dst.len() {
-                return Err(Error::mismatch(format!(
-                    "field {k} has {} bytes, its batch slot {}",
-                    src.len(),
-                    dst.len()
-                )));
-            }
-            crate::memory::copy_to_batch(dst, src);
+            // From a mapping, one copy; from a file opened with ReadMode::Pread, one read
+            // straight into the slot.
+            sample.copy_field_into(k, slots.field(slot)?)?;
         }
         Ok(())
     }

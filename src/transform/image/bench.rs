@@ -36,6 +36,10 @@ pub struct ImageBenchConfig {
     pub seed: u64,
     /// Skip bad images instead of failing.
     pub skip_bad: bool,
+    /// Check every record of a packed file against its checksum as it is read
+    /// ([`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums)); an
+    /// image folder has no checksums, and refuses it.
+    pub verify_checksums: bool,
 }
 
 impl Default for ImageBenchConfig {
@@ -50,6 +54,7 @@ impl Default for ImageBenchConfig {
             limit: None,
             seed: 0,
             skip_bad: false,
+            verify_checksums: false,
         }
     }
 }
@@ -168,9 +173,22 @@ impl ImageBenchSetup {
             });
         }
         let (dataset, kind): (AnySource, _) = if path.is_dir() {
+            if cfg.verify_checksums {
+                return Err(Error::config(
+                    "verify_checksums",
+                    format!(
+                        "{} is an image folder, which has no checksums to verify (packed files do)",
+                        path.display()
+                    ),
+                ));
+            }
             (Box::new(ImageFolder::open(path)?), "imagefolder")
         } else {
-            (source::open(path)?, "packed")
+            let options = crate::format::ReadOptions {
+                verify_checksums: cfg.verify_checksums,
+                ..Default::default()
+            };
+            (source::open_with(path, options)?, "packed")
         };
         let mut t = ImageTransform::train(cfg.size).dtype(dtype);
         if dtype != DType::U8 {
