@@ -76,6 +76,10 @@ pub struct Args {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Check every record of a packed file against its stored checksum as it is read (a record
+    /// whose bytes changed is an error, never data); measures what verification costs.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// What `gpufeed bench --json` prints.
@@ -269,7 +273,11 @@ pub fn run(args: Args) -> Result<()> {
         0.0
     };
     warm_page_cache(&path)?;
-    let dataset: Arc<dyn Dataset> = Arc::from(source::open(&path)?);
+    let options = gpufeed::format::ReadOptions {
+        verify_checksums: args.verify,
+        ..Default::default()
+    };
+    let dataset: Arc<dyn Dataset> = Arc::from(source::open_with(&path, options)?);
     let workers = args.workers.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map_or(2, |n| n.get())
@@ -370,6 +378,7 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         drop_last: args.drop_last,
         limit: args.limit,
         seed: args.seed,
+        verify_checksums: args.verify,
         ..Default::default()
     };
     #[cfg(feature = "cuda")]
