@@ -80,9 +80,7 @@ pub enum Error {
     /// truncated, extended or written in place. Found by
     /// [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) (at each epoch's
     /// start) or by a read that ends early ([`ReadMode::Pread`](crate::source::ReadMode)).
-    #[error(
-        "{path}: the file changed after it was opened: {what}; reopen it to read the new data, and replace data files in use only by writing a new file and renaming it over the old one"
-    )]
+    #[error("{path}: the file changed after it was opened: {what}")]
     FileChanged {
         /// The file concerned.
         path: PathBuf,

@@ -202,7 +202,8 @@ pub(crate) fn pread_exact(
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::FileChanged {
             path: path.to_path_buf(),
             what: format!(
-                "it ends before byte {} (it had {len} bytes when it was opened): it was truncated",
+                "it ends before byte {} (it had {len} bytes when it was opened): it was truncated \
+                 while open",
                 at + dst.len() as u64
             ),
         }),
@@ -275,7 +276,9 @@ impl FileIdentity {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::FileChanged {
                     path: path.to_path_buf(),
-                    what: "it was removed or renamed: no file has this name any more".into(),
+                    what: "it was removed or renamed: no file has this name any more (the source \
+                           still reads the file it opened)"
+                        .into(),
                 });
             }
             Err(e) => return Err(Error::io(path, "stat", e)),
@@ -286,11 +289,14 @@ impl FileIdentity {
                 what,
             })
         };
+        const RENAME: &str =
+            "to change data under a running job, write a new file and rename it over the old one";
         if let (Some(was), Some(is)) = (self.id, now.id)
             && was != is
         {
             return changed(format!(
-                "it was replaced by another file (device:inode {}:{} when opened, {}:{} now; {} bytes then, {} now)",
+                "it was replaced by another file (device:inode {}:{} when opened, {}:{} now; {} bytes then, {} now); \
+                 the source still reads the file it opened: reopen the path to read the new one",
                 was.0, was.1, is.0, is.1, self.len, now.len
             ));
         }
@@ -301,13 +307,15 @@ impl FileIdentity {
                 "extended"
             };
             return changed(format!(
-                "it was {how} in place from {} to {} bytes",
+                "it was {how} in place from {} to {} bytes (reading a mapping past a truncation \
+                 kills the process with SIGBUS); {RENAME}",
                 self.len, now.len
             ));
         }
         if now.modified != self.modified {
             return changed(format!(
-                "it was written in place (same size, modification time {} when opened, {} now)",
+                "it was written in place (same size; modification time {} when opened, {} now): \
+                 samples may mix old and new bytes; {RENAME}",
                 describe_time(self.modified),
                 describe_time(now.modified)
             ));
