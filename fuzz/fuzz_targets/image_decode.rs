@@ -1,6 +1,6 @@
 //! cargo-fuzz target: any bytes as an encoded image: probed, decoded to RGB8, and run through
-//! the train (RandomResizedCrop + flip, u8) and eval (Resize + CenterCrop, f16 normalised)
-//! transforms.
+//! the train (RandomResizedCrop + flip, u8; and with a 4096-pixel `max_pixels`) and eval
+//! (Resize + CenterCrop, f16 normalised) transforms.
 //!
 //! `cargo +nightly fuzz run image_decode corpus/image_decode`. Every call must return a value
 //! or an `Error::Image`, never panic. Seed the corpus with small JPEGs and PNGs.
@@ -24,7 +24,9 @@ fn transforms() -> &'static [ImageTransform] {
             .dtype(DType::F16)
             .normalize(Normalize::IMAGENET)
             .build();
-        [train, eval].into_iter().flatten().collect()
+        // A small pixel limit, so that inputs reach the limit's refusal too.
+        let small = ImageTransform::train(8).max_pixels(4096).build();
+        [train, eval, small].into_iter().flatten().collect()
     })
 }
 
