@@ -37,7 +37,7 @@ fn dataset(dir: &std::path::Path) -> Arc<RecordFile> {
     let f = Arc::new(RecordFile::open(&path).expect("open"));
     // Warm the page cache and the page tables, as for every epoch after the first.
     for i in 0..f.len() {
-        std::hint::black_box(f.get(i).expect("get").bytes()[0]);
+        std::hint::black_box(f.get(i).expect("get").bytes().expect("bytes")[0]);
     }
     f
 }

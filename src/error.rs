@@ -76,6 +76,18 @@ pub enum Error {
         computed: u64,
     },
 
+    /// A file changed on disk after a source opened it: replaced by another file, removed,
+    /// truncated, extended or written in place. Found by
+    /// [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) (at each epoch's
+    /// start) or by a read that ends early ([`ReadMode::Pread`](crate::source::ReadMode)).
+    #[error("{path}: the file changed after it was opened: {what}")]
+    FileChanged {
+        /// The file concerned.
+        path: PathBuf,
+        /// What changed, with the values at open and now.
+        what: String,
+    },
+
     /// A `.npy` array that gpufeed cannot read in place (Fortran order, object dtype, ...).
     #[error("{path}: unsupported .npy array: {what}")]
     UnsupportedNpy {

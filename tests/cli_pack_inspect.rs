@@ -278,3 +278,55 @@ fn inspect_refuses_malformed_files_naming_them() {
         assert!(stderr(&o).contains(s(&p)), "{}", stderr(&o));
     }
 }
+
+/// Issue 9, item 7: a 128-byte `.npy` of zero-byte rows and a huge first axis made `pack` loop
+/// until it ran out of memory and `bench` spin forever. Both refuse it at open, naming it.
+#[test]
+fn pack_and_bench_refuse_zero_byte_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = gpufeed::source::npy_header(DType::U8, &[u64::MAX, 0]).unwrap();
+    b.resize(128, b' ');
+    let p = dir.path().join("empty_rows.npy");
+    std::fs::write(&p, &b).unwrap();
+    let out = dir.path().join("out.gfd");
+    for args in [
+        &["pack", "--from", "npy", s(&p), "-o", s(&out)][..],
+        &["bench", s(&p), "--epochs", "1", "--json"][..],
+    ] {
+        let o = gpufeed(args);
+        assert!(!o.status.success(), "{args:?}");
+        let e = stderr(&o);
+        assert!(
+            e.contains("empty_rows.npy") && e.contains("no bytes"),
+            "{e}"
+        );
+    }
+    assert!(!out.exists());
+}
+
+/// `bench --verify` checks every record as it reads it; a `.npy` array has no checksums.
+#[test]
+fn bench_verify_reads_packed_files_and_refuses_npy() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = gpufeed(&[
+        "bench",
+        "--records",
+        "64",
+        "--record-bytes",
+        "1024",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "2",
+        "--verify",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["records"], 64);
+    let a = write_npy(&dir.path().join("a.npy"), DType::U8, &[4, 2], &[0; 8]);
+    let o = gpufeed(&["bench", s(&a), "--verify", "--json"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("verify_checksums") && e.contains("a.npy"), "{e}");
+}

@@ -231,6 +231,61 @@ fn decreasing_or_repeated_offsets_are_bad_records() {
     assert!(matches!(f.get(2), Err(Error::BadRecord { record: 2, .. })));
 }
 
+/// Issue 9, item 7: in a file of fixed-size records, offsets that moved by a whole stride
+/// (still increasing, still aligned, still inside the data) made `get(2)` return record 3.
+#[test]
+fn moved_offset_in_a_fixed_size_file_is_a_bad_record_not_another_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_fixed(dir.path(), 6);
+    let b = std::fs::read(&path).unwrap();
+    let [_, _, _, _, oo, _] = footer(&b);
+    let o = |i: usize| u64_at(&b, oo as usize + 8 * i);
+    let stride = o(1) - o(0);
+    // Entries 2 to 4 move one record on: record 1 swallows record 2, record 2 is record 3's
+    // bytes, and only record 5 (now empty) is out of order.
+    let p = patched(&path, |b| {
+        for i in 2..=4 {
+            put_u64(b, oo as usize + 8 * i, o(i) + stride);
+        }
+    });
+    let f = RecordFile::open(&p).unwrap();
+    assert_eq!(f.get(0).unwrap().field(0), Some(&[0u8; 16][..]));
+    for i in 1..=3u64 {
+        let got = f.get(i).map(|s| s.field(0).map(<[u8]>::to_vec));
+        let e = got.expect_err(&format!("record {i} was read from a moved offset"));
+        assert!(
+            matches!(&e, Error::BadRecord { record, what, .. } if *record == i && what.contains("fixed-size")),
+            "{e}"
+        );
+        assert_names(&e, &p);
+        assert!(matches!(f.get_bytes(i), Err(Error::BadRecord { .. })));
+    }
+    // Record 4 now starts where record 5 does: empty.
+    assert!(matches!(f.get(4), Err(Error::BadRecord { record: 4, .. })));
+    // Through the checksum-verifying path too, and verify() names the first moved record.
+    let e = f.verify(|_| {}).unwrap_err();
+    assert!(matches!(e, Error::BadRecord { record: 1, .. }), "{e}");
+}
+
+/// A fixed-size schema whose data region is not a whole number of records is refused at open.
+#[test]
+fn fixed_size_records_that_do_not_tile_the_data_fail_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_fixed(dir.path(), 6);
+    let b = std::fs::read(&path).unwrap();
+    let [_, _, _, _, oo, _] = footer(&b);
+    let o = |i: usize| u64_at(&b, oo as usize + 8 * i);
+    // Record 0 made one alignment unit longer (and record 1 shorter): still increasing and
+    // aligned, but 6 records of record 0's size no longer fill the data region.
+    let p = patched(&path, |b| put_u64(b, oo as usize + 8, o(1) + 8));
+    let e = RecordFile::open(&p).unwrap_err();
+    assert!(
+        matches!(&e, Error::Malformed { what, .. } if what.contains("fixed-size")),
+        "{e}"
+    );
+    assert_names(&e, &p);
+}
+
 #[test]
 fn first_or_last_offset_off_the_data_region_fails_at_open() {
     let dir = tempfile::tempdir().unwrap();
@@ -361,6 +416,7 @@ fn checksum_mismatch_is_found_on_demand() {
         &p,
         ReadOptions {
             verify_checksums: true,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -11,7 +11,9 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use gpufeed::format::{Codec, DType, Field, ReadOptions, RecordFile, RecordWriter, Schema};
+use gpufeed::format::{
+    Codec, DType, Field, ReadMode, ReadOptions, RecordFile, RecordWriter, Schema,
+};
 use gpufeed::source::npy_header;
 use gpufeed::{Dataset, NpyArray};
 use proptest::prelude::*;
@@ -68,6 +70,9 @@ enum Mutation {
     FooterField { field: usize, value: u64 },
     /// Append bytes.
     Append(Vec<u8>),
+    /// Move offset table entry `entry` (modulo the table) by `by` record alignments (8 bytes):
+    /// still aligned, often still increasing; what the stride check is for.
+    MoveOffset { entry: usize, by: i8 },
 }
 
 fn interesting_u64() -> impl Strategy<Value = u64> {
@@ -91,6 +96,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         (0usize..7, interesting_u64())
             .prop_map(|(field, value)| Mutation::FooterField { field, value }),
         proptest::collection::vec(any::<u8>(), 1..70).prop_map(Mutation::Append),
+        (any::<usize>(), -8i8..8).prop_map(|(entry, by)| Mutation::MoveOffset { entry, by }),
     ]
 }
 
@@ -116,6 +122,23 @@ fn apply(b: &mut Vec<u8>, m: &Mutation) {
             }
         }
         Mutation::Append(extra) => b.extend_from_slice(extra),
+        Mutation::MoveOffset { entry, by } => {
+            if n < 128 {
+                return;
+            }
+            let u = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+            let (records, table) = (u(b, n - 56), u(b, n - 24));
+            let Some(at) = records
+                .checked_add(1)
+                .map(|entries| table.wrapping_add((*entry as u64 % entries).wrapping_mul(8)))
+                .and_then(|at| usize::try_from(at).ok())
+                .filter(|&at| at.checked_add(8).is_some_and(|end| end <= n))
+            else {
+                return;
+            };
+            let moved = u(b, at).wrapping_add_signed(8 * i64::from(*by));
+            b[at..at + 8].copy_from_slice(&moved.to_le_bytes());
+        }
     }
 }
 
@@ -138,37 +161,83 @@ fn reseal(b: &mut [u8]) {
     b[f + 56..f + 64].copy_from_slice(&sum.to_le_bytes());
 }
 
-/// Opens and reads everything in a (possibly broken) packed file; panics only on a reader bug.
-fn exercise_packed(path: &Path, len: usize) {
-    for options in [
-        ReadOptions::default(),
-        ReadOptions {
-            verify_checksums: true,
-        },
-    ] {
-        let Ok(f) = RecordFile::open_with(path, options) else {
-            continue;
-        };
-        assert!(f.file_bytes() == len as u64);
-        let n = f.len();
-        let fields = f.schema().fields().len();
-        let idx = (0..n.min(64)).chain([n.saturating_sub(1), n, n + 1, u64::MAX]);
-        for i in idx {
-            if let Ok(s) = f.get(i) {
-                assert!(s.bytes().len() as u64 <= f.data_bytes());
+/// What one read gave: the bytes of every field, or the error's message.
+type Outcome = Result<Vec<Vec<u8>>, String>;
+
+/// Everything a packed file says, read every way there is: open, every record (`get` and its
+/// fields, `copy_field_into` for fixed-size fields, `get_bytes`, `verify_record`), `verify`.
+/// Panics only on a reader bug; returns the outcomes, to compare between read modes.
+fn exercise_packed_with(path: &Path, len: usize, options: ReadOptions) -> Vec<Outcome> {
+    let f = match RecordFile::open_with(path, options) {
+        Ok(f) => f,
+        Err(e) => return vec![Err(e.to_string())],
+    };
+    assert!(f.file_bytes() == len as u64);
+    assert!(f.check_unchanged().is_ok());
+    let n = f.len();
+    let fields = f.schema().fields().len();
+    let idx = (0..n.min(64)).chain([n.saturating_sub(1), n, n + 1, u64::MAX]);
+    let mut out = Vec::new();
+    for i in idx {
+        out.push(match f.get(i) {
+            Ok(s) => {
+                assert!(s.len() as u64 <= f.data_bytes());
+                if let Some(stride) = f.stride() {
+                    assert_eq!(s.len() as u64, stride, "record {i} is not one stride");
+                }
+                let mut got = vec![s.bytes().unwrap().to_vec()];
                 for k in 0..=fields {
                     if let Some(v) = s.field(k) {
-                        assert!(v.len() <= s.bytes().len());
+                        assert!(v.len() <= s.len());
+                        if f.schema().is_fixed() {
+                            let mut slot = vec![0u8; v.len()];
+                            f.get(i).unwrap().copy_field_into(k, &mut slot).unwrap();
+                            assert_eq!(slot, v);
+                        }
+                        got.push(v.to_vec());
                     }
                 }
+                Ok(got)
             }
-            if let Ok(b) = f.get_bytes(i) {
+            Err(e) => Err(e.to_string()),
+        });
+        out.push(match f.get_bytes(i) {
+            Ok(b) => {
                 assert!(b.len() as u64 <= f.data_bytes());
+                Ok(vec![b.to_vec()])
             }
-            let _ = f.verify_record(i);
-        }
-        let _ = f.verify(|_| {});
-        let _ = format!("{f:?} {}", f.schema());
+            Err(e) => Err(e.to_string()),
+        });
+        out.push(
+            f.verify_record(i)
+                .map(|()| Vec::new())
+                .map_err(|e| e.to_string()),
+        );
+    }
+    out.push(
+        f.verify(|_| {})
+            .map(|()| Vec::new())
+            .map_err(|e| e.to_string()),
+    );
+    let _ = format!("{f:?} {}", f.schema());
+    out
+}
+
+/// Reads a (possibly broken) packed file with and without checksums, mapped and with `pread`:
+/// the two modes must give the same bytes and the same errors.
+fn exercise_packed(path: &Path, len: usize) {
+    for verify_checksums in [false, true] {
+        let [map, pread] = [ReadMode::Map, ReadMode::Pread].map(|mode| {
+            exercise_packed_with(
+                path,
+                len,
+                ReadOptions {
+                    mode,
+                    verify_checksums,
+                },
+            )
+        });
+        assert_eq!(map, pread, "the read modes disagree");
     }
     if let Ok(d) = gpufeed::source::open(path) {
         let _ = d.get(0);
@@ -176,15 +245,31 @@ fn exercise_packed(path: &Path, len: usize) {
 }
 
 fn exercise_npy(path: &Path) {
-    if let Ok(a) = NpyArray::open(path) {
+    let outcomes = [ReadMode::Map, ReadMode::Pread].map(|mode| {
+        let a = match NpyArray::open_with(path, "data", mode) {
+            Ok(a) => a,
+            Err(e) => return vec![Err(e.to_string())],
+        };
         let n = a.len();
+        let mut out: Vec<Outcome> = Vec::new();
         for i in (0..n.min(16)).chain([n.saturating_sub(1), n, u64::MAX]) {
-            if let Ok(s) = a.get(i) {
-                assert_eq!(s.bytes().len(), a.row_bytes());
-                assert_eq!(s.field(0).map(<[u8]>::len), Some(a.row_bytes()));
-            }
+            out.push(match a.get(i) {
+                Ok(s) => {
+                    assert!(a.row_bytes() > 0);
+                    assert_eq!(s.len(), a.row_bytes());
+                    let v = s.field(0).unwrap().to_vec();
+                    assert_eq!(v.len(), a.row_bytes());
+                    let mut slot = vec![0u8; v.len()];
+                    a.get(i).unwrap().copy_field_into(0, &mut slot).unwrap();
+                    assert_eq!(slot, v);
+                    Ok(vec![v])
+                }
+                Err(e) => Err(e.to_string()),
+            });
         }
-    }
+        out
+    });
+    assert_eq!(outcomes[0], outcomes[1], "the read modes disagree");
     if let Ok(d) = gpufeed::source::open(path) {
         let _ = d.get(0);
     }

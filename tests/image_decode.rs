@@ -5,12 +5,18 @@ mod common;
 
 use common::*;
 use gpufeed::Error;
-use gpufeed::transform::image::decode::{ImageKind, decode_rgb8, probe};
+use gpufeed::transform::image::decode::{DecodeLimits, ImageKind, decode_rgb8, probe};
 use image::ExtendedColorType as E;
 
 fn dec(bytes: &[u8]) -> gpufeed::Result<(u32, u32, Vec<u8>)> {
     let (mut out, mut scratch) = (Vec::new(), Vec::new());
-    let d = decode_rgb8(bytes, "test.img", &mut out, &mut scratch)?;
+    let d = decode_rgb8(
+        bytes,
+        "test.img",
+        &DecodeLimits::default(),
+        &mut out,
+        &mut scratch,
+    )?;
     Ok((d.width, d.height, out))
 }
 
@@ -164,6 +170,149 @@ fn zero_sized_images_are_errors() {
     assert!(matches!(dec(&j), Err(Error::Image { .. })));
 }
 
+/// A PNG chunk: length, type, data, CRC.
+fn png_chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut body = kind.to_vec();
+    body.extend_from_slice(data);
+    let mut c = (data.len() as u32).to_be_bytes().to_vec();
+    c.extend_from_slice(&body);
+    c.extend(crc32(&body).to_be_bytes());
+    c
+}
+
+/// A zlib stream of one stored (uncompressed) deflate block holding `data`.
+fn zlib_stored(data: &[u8]) -> Vec<u8> {
+    let mut z = vec![0x78, 0x01, 0x01];
+    z.extend((data.len() as u16).to_le_bytes());
+    z.extend((!(data.len() as u16)).to_le_bytes());
+    z.extend_from_slice(data);
+    let (mut a, mut b) = (1u32, 0u32);
+    for &x in data {
+        a = (a + u32::from(x)) % 65_521;
+        b = (b + a) % 65_521;
+    }
+    z.extend(((b << 16) | a).to_be_bytes());
+    z
+}
+
+/// A PNG whose header says `w` x `h` of `depth`-bit samples of colour type `color`, followed
+/// by one small IDAT and padding up to `total` bytes (a tEXt chunk).
+fn png_declaring(w: u32, h: u32, depth: u8, color: u8, total: usize) -> Vec<u8> {
+    let mut ihdr = w.to_be_bytes().to_vec();
+    ihdr.extend(h.to_be_bytes());
+    ihdr.extend([depth, color, 0, 0, 0]);
+    let mut b = b"\x89PNG\r\n\x1a\n".to_vec();
+    b.extend(png_chunk(b"IHDR", &ihdr));
+    b.extend(png_chunk(b"IDAT", &zlib_stored(&[0u8; 64])));
+    let end = png_chunk(b"IEND", &[]);
+    let pad = total.saturating_sub(b.len() + end.len() + 12);
+    let mut text = b"pad\0".to_vec();
+    text.resize(pad.max(4), b'x');
+    b.extend(png_chunk(b"tEXt", &text));
+    b.extend(end);
+    b
+}
+
+/// Issue 9, item 7: a 184-byte PNG that declares 13375 x 13375 RGBA16 made every worker
+/// allocate and zero-fill about 2 GB before any pixel data was checked.
+#[test]
+fn png_declaring_more_pixels_than_its_data_can_hold_is_refused_before_allocating() {
+    let b = png_declaring(13375, 13375, 16, 6, 184);
+    assert_eq!(b.len(), 184);
+    let (mut out, mut scratch) = (Vec::new(), Vec::new());
+    let r = decode_rgb8(
+        &b,
+        "test.img",
+        &DecodeLimits::default(),
+        &mut out,
+        &mut scratch,
+    );
+    assert_eq!((out.capacity(), scratch.capacity()), (0, 0), "allocated");
+    assert_image_error(r, "13375x13375");
+}
+
+/// A JPEG baseline image of 16x16 whose frame header now says `w` x `h`, its scan data padded
+/// with zeros to `total` bytes.
+fn jpeg_declaring(w: u16, h: u16, total: usize) -> Vec<u8> {
+    let mut j = jpeg(&smooth_rgb(16, 16), 16, 16, E::Rgb8, 90);
+    let sof = j.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+    j[sof + 5..sof + 7].copy_from_slice(&h.to_be_bytes());
+    j[sof + 7..sof + 9].copy_from_slice(&w.to_be_bytes());
+    let eoi = j.len() - 2;
+    let pad = total.saturating_sub(j.len());
+    j.splice(eoi..eoi, std::iter::repeat_n(0u8, pad));
+    j
+}
+
+/// Issue 9, item 7: a 1,240-byte JPEG declaring 65496 x 226 decoded for 23 s under the fuzzer
+/// (lenient decoding fills what the data lacks).
+#[test]
+fn jpeg_declaring_more_pixels_than_its_data_can_hold_is_refused_before_decoding() {
+    let j = jpeg_declaring(65496, 226, 1240);
+    assert_eq!(j.len(), 1240);
+    let (mut out, mut scratch) = (Vec::new(), Vec::new());
+    let r = decode_rgb8(
+        &j,
+        "test.img",
+        &DecodeLimits::default(),
+        &mut out,
+        &mut scratch,
+    );
+    assert_eq!((out.capacity(), scratch.capacity()), (0, 0), "allocated");
+    assert_image_error(r, "65496x226");
+}
+
+#[test]
+fn images_above_max_pixels_are_refused_naming_the_setting() {
+    let (w, h) = (20, 20);
+    let px = noisy_rgb(w, h, 4);
+    let limits = DecodeLimits { max_pixels: 399 };
+    for bytes in [png(&px, w, h, E::Rgb8), jpeg(&px, w, h, E::Rgb8, 90)] {
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let r = decode_rgb8(&bytes, "test.img", &limits, &mut out, &mut scratch);
+        assert_eq!(out.capacity(), 0, "allocated");
+        assert_image_error(r, "max_pixels");
+        let at = DecodeLimits { max_pixels: 400 };
+        let d = decode_rgb8(&bytes, "test.img", &at, &mut out, &mut scratch).unwrap();
+        assert_eq!((d.width, d.height), (w, h));
+        // Probing reads the header only, and applies no pixel limit.
+        assert_eq!(probe(&bytes, "test.img").unwrap(), (w, h));
+    }
+    assert_eq!(
+        DecodeLimits::default().max_pixels,
+        gpufeed::transform::image::decode::DEFAULT_MAX_PIXELS
+    );
+}
+
+/// The bounds on what the bytes can hold must never refuse a real image: flat images compress
+/// best of all.
+#[test]
+fn flat_images_that_compress_well_still_decode() {
+    let (w, h) = (1024, 768);
+    let gray = vec![128u8; (w * h) as usize];
+    for bytes in [png(&gray, w, h, E::L8), jpeg(&gray, w, h, E::L8, 50)] {
+        assert!(bytes.len() < 20_000, "{} bytes", bytes.len());
+        let (dw, dh, out) = dec(&bytes).unwrap();
+        assert_eq!((dw, dh), (w, h));
+        assert!(out.iter().all(|&v| v.abs_diff(128) <= 1));
+        assert_eq!(probe(&bytes, "x").unwrap(), (w, h));
+    }
+}
+
+/// A header that declares far more than the data holds is refused by `probe` too (so `pack`
+/// refuses such a file instead of writing it).
+#[test]
+fn probe_refuses_declared_sizes_the_data_cannot_hold() {
+    assert_image_error(
+        probe(&png_declaring(13375, 13375, 16, 6, 184), "test.img"),
+        "decompression bomb",
+    );
+    assert_image_error(
+        probe(&jpeg_declaring(65496, 226, 1240), "test.img"),
+        "65496x226",
+    );
+}
+
 /// `decode_rgb8_region` (libjpeg-turbo partial decode) against a full libjpeg-turbo decode at
 /// the same scale, cut to the same block.
 #[cfg(feature = "turbojpeg")]
@@ -215,7 +364,16 @@ mod region {
     /// the block with the full decode: (mean abs diff, max abs diff).
     fn compare(bytes: &[u8], r: Region, denom: u32) -> (f64, u8) {
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
-        let got = decode_rgb8_region(bytes, "test.img", r, denom, &mut out, &mut scratch).unwrap();
+        let got = decode_rgb8_region(
+            bytes,
+            "test.img",
+            r,
+            denom,
+            &DecodeLimits::default(),
+            &mut out,
+            &mut scratch,
+        )
+        .unwrap();
         assert_eq!(got.denom, denom);
         let (bw, bh) = (got.decoded.width as usize, got.decoded.height as usize);
         assert_eq!(out.len(), bw * bh * 3);
@@ -293,7 +451,16 @@ mod region {
         let bytes = jpeg(&gray, w, h, E::L8, 95);
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
         let r = region(9.0, 3.0, 20.0, 10.0);
-        let got = decode_rgb8_region(&bytes, "test.img", r, 1, &mut out, &mut scratch).unwrap();
+        let got = decode_rgb8_region(
+            &bytes,
+            "test.img",
+            r,
+            1,
+            &DecodeLimits::default(),
+            &mut out,
+            &mut scratch,
+        )
+        .unwrap();
         assert_eq!(got.decoded.height, 10);
         assert_eq!(out.len(), (got.decoded.width * 10 * 3) as usize);
         assert!(out.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
@@ -306,7 +473,16 @@ mod region {
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
         let r = region(2.0, 3.0, 10.0, 5.0);
         let bytes = png(&px, w, h, E::Rgb8);
-        let got = decode_rgb8_region(&bytes, "test.img", r, 2, &mut out, &mut scratch).unwrap();
+        let got = decode_rgb8_region(
+            &bytes,
+            "test.img",
+            r,
+            2,
+            &DecodeLimits::default(),
+            &mut out,
+            &mut scratch,
+        )
+        .unwrap();
         assert_eq!(
             (got.decoded.width, got.decoded.height, got.denom),
             (w, h, 1)
@@ -318,7 +494,15 @@ mod region {
     fn dec_region(bytes: &[u8]) -> gpufeed::Result<Vec<u8>> {
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
         let r = region(10.0, 10.0, 30.0, 30.0);
-        decode_rgb8_region(bytes, "test.img", r, 1, &mut out, &mut scratch)?;
+        decode_rgb8_region(
+            bytes,
+            "test.img",
+            r,
+            1,
+            &DecodeLimits::default(),
+            &mut out,
+            &mut scratch,
+        )?;
         Ok(out)
     }
 

@@ -17,7 +17,7 @@ use common::*;
 use gpufeed::Error;
 use gpufeed::format::DType;
 use gpufeed::transform::SampleContext;
-use gpufeed::transform::image::decode::{decode_rgb8, probe};
+use gpufeed::transform::image::decode::{DecodeLimits, decode_rgb8, probe};
 use gpufeed::transform::image::{ImageTransform, Normalize};
 use image::ExtendedColorType as E;
 use proptest::prelude::*;
@@ -169,7 +169,7 @@ proptest! {
         }
         check(probed, "probe")?;
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
-        let decoded = decode_rgb8(&bytes, name, &mut out, &mut scratch);
+        let decoded = decode_rgb8(&bytes, name, &DecodeLimits::default(), &mut out, &mut scratch);
         if let Ok(d) = &decoded {
             prop_assert_eq!(out.len(), d.width as usize * d.height as usize * 3);
         }
@@ -180,7 +180,7 @@ proptest! {
             use gpufeed::transform::image::decode::decode_rgb8_region;
             let r = Region { left: 3.5, top: 2.0, width: 20.0, height: 17.25 };
             for denom in [1, 2, 8] {
-                let got = decode_rgb8_region(&bytes, name, r, denom, &mut out, &mut scratch);
+                let got = decode_rgb8_region(&bytes, name, r, denom, &DecodeLimits::default(), &mut out, &mut scratch);
                 if let Ok(g) = &got {
                     let (bw, bh) = (g.decoded.width as usize, g.decoded.height as usize);
                     prop_assert_eq!(out.len(), bw * bh * 3);
@@ -200,7 +200,7 @@ proptest! {
 fn every_seed_decodes() {
     for (k, s) in seeds().iter().enumerate() {
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
-        let d = decode_rgb8(s, "seed", &mut out, &mut scratch).unwrap();
+        let d = decode_rgb8(s, "seed", &DecodeLimits::default(), &mut out, &mut scratch).unwrap();
         assert_eq!((d.width, d.height), (40, 30), "seed {k}");
     }
 }

@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use gpufeed::format::{DType, RecordFile};
 use gpufeed::source::{Dataset, ImageFolder, pack_image_folder};
+use gpufeed::transform::SampleContext;
 use gpufeed::transform::image::{ImageTransform, Layout, Normalize, OnBadImage};
 use gpufeed::{Error, Loader};
 use image::ExtendedColorType as E;
@@ -286,7 +287,14 @@ fn eval_center_crop_of_a_jpeg_is_its_decoded_centre() {
     std::fs::create_dir(dir.path().join("a")).unwrap();
     std::fs::write(dir.path().join("a/x.jpg"), &bytes).unwrap();
     let (mut full, mut scratch) = (Vec::new(), Vec::new());
-    gpufeed::transform::image::decode::decode_rgb8(&bytes, "x", &mut full, &mut scratch).unwrap();
+    gpufeed::transform::image::decode::decode_rgb8(
+        &bytes,
+        "x",
+        &Default::default(),
+        &mut full,
+        &mut scratch,
+    )
+    .unwrap();
     let t = ImageTransform::eval(32)
         .resize(96)
         .layout(Layout::Hwc)
@@ -354,4 +362,146 @@ fn image_bench_runs_epochs_and_reports_each() {
             ..
         })
     ));
+}
+
+/// RandomResizedCrop with scale (0.08, 0.4) and ratio (2, 3): on a 1x1 image no attempt fits,
+/// and the fallback box (width 1, height round(1 / 2) = 0) is empty.
+fn empty_box_transform(policy: OnBadImage) -> ImageTransform {
+    ImageTransform::train(4)
+        .scale(0.08, 0.4)
+        .ratio(2.0, 3.0)
+        .layout(Layout::Hwc)
+        .on_bad_image(policy)
+        .build()
+        .unwrap()
+}
+
+/// Issue 9, item 7: the empty fallback box made `apply_image` return `Ok` without writing the
+/// slot, so a batch kept an earlier sample's pixels under this sample's label.
+#[test]
+fn an_empty_crop_box_is_an_image_error_not_stale_pixels() {
+    let one = png(&[10, 20, 30], 1, 1, E::Rgb8);
+    let t = empty_box_transform(OnBadImage::Fail);
+    let mut slot = vec![0xABu8; 4 * 4 * 3];
+    for index in 0..32 {
+        let ctx = SampleContext {
+            index,
+            position: 0,
+            batch: 0,
+            epoch: 0,
+            seed: 7,
+        };
+        match t.apply_image(&one, "one.png", &ctx, &mut slot) {
+            Err(Error::Image { source_name, what }) => {
+                assert_eq!(source_name, "one.png");
+                assert!(what.contains("empty"), "{what}");
+            }
+            other => panic!("sample {index}: expected an image error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_empty_crop_box_is_counted_and_skipped_under_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("c")).unwrap();
+    for (i, (w, h)) in [(8, 8), (1, 1), (8, 8)].into_iter().enumerate() {
+        let px = noisy_rgb(w, h, i as u32);
+        std::fs::write(
+            dir.path().join(format!("c/{i}.png")),
+            png(&px, w, h, E::Rgb8),
+        )
+        .unwrap();
+    }
+    let t = empty_box_transform(OnBadImage::Skip);
+    let stats = t.stats();
+    let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(3)
+        .workers(1)
+        .shard(0, 1)
+        .prefetch_across_epochs(false)
+        .build()
+        .unwrap();
+    let b = batches(loader);
+    assert_eq!(b[0].1, [0, -1, 0]);
+    let per = 4 * 4 * 3;
+    assert!(b[0].0[per..2 * per].iter().all(|&x| x == 0));
+    assert_eq!(stats.skipped(), 1);
+    assert_eq!(stats.decoded(), 2);
+    assert!(stats.last_skipped().unwrap().contains("c/1.png"));
+}
+
+#[test]
+fn max_pixels_is_a_setting_of_the_transform() {
+    let px = noisy_rgb(20, 20, 1);
+    let bytes = png(&px, 20, 20, E::Rgb8);
+    let ctx = SampleContext {
+        index: 0,
+        position: 0,
+        batch: 0,
+        epoch: 0,
+        seed: 0,
+    };
+    let mut slot = vec![0u8; 8 * 8 * 3];
+    let small = ImageTransform::train(8).max_pixels(399).build().unwrap();
+    match small.apply_image(&bytes, "big.png", &ctx, &mut slot) {
+        Err(Error::Image { source_name, what }) => {
+            assert_eq!(source_name, "big.png");
+            assert!(what.contains("max_pixels"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let enough = ImageTransform::eval(8).max_pixels(400).build().unwrap();
+    enough
+        .apply_image(&bytes, "big.png", &ctx, &mut slot)
+        .unwrap();
+    let e = ImageTransform::train(8).max_pixels(0).build().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidConfig {
+                setting: "max_pixels",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn skipped_images_are_counted_by_the_batches_that_hold_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    let class = root.join("a");
+    std::fs::create_dir_all(&class).unwrap();
+    for i in 0..6 {
+        let bytes = if i == 3 {
+            b"not an image".to_vec()
+        } else {
+            jpeg(&noisy_rgb(24, 20, i), 24, 20, E::Rgb8, 90)
+        };
+        std::fs::write(class.join(format!("{i:04}.jpg")), bytes).unwrap();
+    }
+    let t = ImageTransform::train(8)
+        .on_bad_image(OnBadImage::Skip)
+        .build()
+        .unwrap();
+    let mut l = Loader::builder(ImageFolder::open(&root).unwrap())
+        .transform(t)
+        .batch_size(2)
+        .workers(2)
+        .build()
+        .unwrap();
+    // Over three epochs, made ahead or not, the delivered batches hold the bad image 3 times.
+    let mut skipped = 0;
+    for epoch in 0..3 {
+        l.set_epoch(epoch);
+        for b in l.by_ref() {
+            let b = b.unwrap();
+            skipped += b.skipped();
+            assert_eq!(b.skipped(), usize::from(b.indices().contains(&3)));
+        }
+    }
+    assert_eq!(skipped, 3);
 }

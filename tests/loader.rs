@@ -925,3 +925,35 @@ fn a_dataset_that_asks_hears_every_sample_ahead_in_order() {
     // Every sample announced once, in the order it is read.
     assert_eq!(*data.heard.lock().unwrap(), order);
 }
+
+#[test]
+fn a_data_file_replaced_between_epochs_fails_the_next_epoch_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.npy");
+    let write = |value: u8| {
+        let mut b = gpufeed::source::npy_header(DType::U8, &[20, 4]).unwrap();
+        b.extend_from_slice(&[value; 80]);
+        let tmp = dir.path().join("x.npy.tmp");
+        std::fs::write(&tmp, b).unwrap();
+        std::fs::rename(&tmp, &path).unwrap(); // as np.save to a temporary then a rename
+    };
+    write(1);
+    let mut l = Loader::builder(gpufeed::NpyArray::open(&path).unwrap())
+        .batch_size(5)
+        .workers(2)
+        .build()
+        .unwrap();
+    assert_eq!(l.by_ref().filter(|b| b.is_ok()).count(), 4);
+    write(2);
+    l.set_epoch(1);
+    for _ in 0..2 {
+        let e = l.next().unwrap().unwrap_err();
+        assert!(matches!(e, Error::FileChanged { .. }), "{e}");
+        assert!(e.to_string().contains("x.npy"), "{e}");
+    }
+    assert_eq!(
+        l.state().next_batch,
+        0,
+        "nothing of the epoch was delivered"
+    );
+}

@@ -179,3 +179,35 @@ fn bad_magic_empty_and_garbled_headers_are_malformed() {
         Err(Error::UnsupportedNpy { .. })
     ));
 }
+
+/// Issue 9, item 7: rows of zero bytes and a huge first axis made a 128-byte file a dataset of
+/// 2^64 - 1 empty samples (`pack` looped until it ran out of memory, `bench` never ended).
+#[test]
+fn zero_byte_rows_are_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    for (descr, shape) in [
+        ("|u1", "(18446744073709551615, 0)"),
+        ("<f4", "(1000000, 3, 0)"),
+        ("<i8", "(5, 0, 7)"),
+    ] {
+        let mut b = header_with(&format!(
+            "{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+        ));
+        b.resize(128, b' ');
+        let p = write(dir.path(), "empty_rows.npy", &b);
+        let e = NpyArray::open(&p).unwrap_err();
+        assert!(
+            matches!(&e, Error::UnsupportedNpy { what, .. } if what.contains("no bytes")),
+            "{shape}: {e}"
+        );
+        assert_names(&e, &p);
+        assert!(gpufeed::source::open(&p).is_err(), "{shape}");
+    }
+    // No rows at all is an empty dataset, as before.
+    let p = write(
+        dir.path(),
+        "none.npy",
+        &header_with("{'descr': '|u1', 'fortran_order': False, 'shape': (0, 0), }"),
+    );
+    assert_eq!(NpyArray::open(&p).unwrap().len(), 0);
+}

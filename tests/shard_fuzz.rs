@@ -160,7 +160,7 @@ fn apply(b: &mut Vec<u8>, m: &Mutation) {
 }
 
 fn check_sample(s: &gpufeed::Sample<'_>) {
-    let span = s.bytes().as_ptr_range();
+    let span = s.bytes().unwrap().as_ptr_range();
     for k in 0..=s.schema().fields().len() {
         if let Some(v) = s.field(k) {
             let r = v.as_ptr_range();

@@ -1,6 +1,6 @@
 //! cargo-fuzz target: any bytes as an encoded image: probed, decoded to RGB8, and run through
-//! the train (RandomResizedCrop + flip, u8) and eval (Resize + CenterCrop, f16 normalised)
-//! transforms.
+//! the train (RandomResizedCrop + flip, u8; and with a 4096-pixel `max_pixels`) and eval
+//! (Resize + CenterCrop, f16 normalised) transforms.
 //!
 //! `cargo +nightly fuzz run image_decode corpus/image_decode`. Every call must return a value
 //! or an `Error::Image`, never panic. Seed the corpus with small JPEGs and PNGs.
@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use gpufeed::Error;
 use gpufeed::format::DType;
 use gpufeed::transform::SampleContext;
-use gpufeed::transform::image::decode::{decode_rgb8, probe};
+use gpufeed::transform::image::decode::{DecodeLimits, decode_rgb8, probe};
 use gpufeed::transform::image::{ImageTransform, Normalize};
 use libfuzzer_sys::fuzz_target;
 
@@ -24,7 +24,9 @@ fn transforms() -> &'static [ImageTransform] {
             .dtype(DType::F16)
             .normalize(Normalize::IMAGENET)
             .build();
-        [train, eval].into_iter().flatten().collect()
+        // A small pixel limit, so that inputs reach the limit's refusal too.
+        let small = ImageTransform::train(8).max_pixels(4096).build();
+        [train, eval, small].into_iter().flatten().collect()
     })
 }
 
@@ -38,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
     let name = "fuzz.img";
     image_error_or_ok(probe(data, name));
     let (mut out, mut scratch) = (Vec::new(), Vec::new());
-    if let Ok(d) = decode_rgb8(data, name, &mut out, &mut scratch) {
+    if let Ok(d) = decode_rgb8(data, name, &DecodeLimits::default(), &mut out, &mut scratch) {
         assert_eq!(out.len(), d.width as usize * d.height as usize * 3);
     }
     for (k, t) in transforms().iter().enumerate() {

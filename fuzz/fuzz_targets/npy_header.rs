@@ -1,12 +1,14 @@
 //! cargo-fuzz target: any bytes, opened as a `.npy` array, every row read.
 //!
 //! `cargo +nightly fuzz run npy_header`. The parser must return an array or an `Error` for
-//! every input, never panic or read out of bounds.
+//! every input, never panic or read out of bounds; mapped and read with `pread` (`ReadMode`),
+//! the same rows or the same errors.
 
 #![no_main]
 
 use std::io::Write;
 
+use gpufeed::format::ReadMode;
 use gpufeed::{Dataset, NpyArray};
 use libfuzzer_sys::fuzz_target;
 
@@ -19,13 +21,26 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     drop(f);
-    if let Ok(a) = NpyArray::open(&path) {
+    let [map, pread] = [ReadMode::Map, ReadMode::Pread].map(|mode| {
+        let a = match NpyArray::open_with(&path, "data", mode) {
+            Ok(a) => a,
+            Err(e) => return vec![Err(e.to_string())],
+        };
         let n = a.len();
+        let mut out = Vec::new();
         for i in (0..n.min(64)).chain([n, u64::MAX]) {
-            if let Ok(s) = a.get(i) {
-                assert_eq!(s.bytes().len(), a.row_bytes());
-            }
+            out.push(match a.get(i) {
+                Ok(s) => {
+                    assert!(a.row_bytes() > 0);
+                    assert_eq!(s.len(), a.row_bytes());
+                    let mut slot = vec![0u8; a.row_bytes()];
+                    s.copy_field_into(0, &mut slot).map(|()| slot).map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            });
         }
-    }
+        out
+    });
+    assert_eq!(map, pread, "the read modes disagree");
     let _ = std::fs::remove_file(&path);
 });

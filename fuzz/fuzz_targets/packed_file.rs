@@ -3,14 +3,16 @@
 //! `cargo +nightly fuzz run packed_file`. The reader must return a value or an `Error` for
 //! every input, never panic or read out of bounds. Each input is tried twice: as it is, and with
 //! its footer checksum re-sealed (when the footer names a schema range inside the input), so
-//! that mutations of the header, schema, footer and tables get past that checksum. Seed the
-//! corpus with files written by `gpufeed pack`.
+//! that mutations of the header, schema, footer and tables get past that checksum. Each is read
+//! mapped and with `pread` (`ReadMode`), with and without checksums: the two modes must give
+//! the same bytes and the same errors, and every record of a fixed-size schema must be one
+//! stride long. Seed the corpus with files written by `gpufeed pack`.
 
 #![no_main]
 
 use std::io::Write;
 
-use gpufeed::format::{ReadOptions, RecordFile};
+use gpufeed::format::{ReadMode, ReadOptions, RecordFile};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -41,8 +43,10 @@ fn reseal(b: &mut [u8]) -> bool {
     true
 }
 
+type Outcome = Result<Vec<Vec<u8>>, String>;
+
 fn exercise(data: &[u8]) {
-    // RecordFile maps a file: give it one.
+    // RecordFile maps (or preads) a file: give it one.
     let path = std::env::temp_dir().join(format!("gpufeed-fuzz-packed-{}", std::process::id()));
     let Ok(mut f) = std::fs::File::create(&path) else {
         return;
@@ -51,26 +55,63 @@ fn exercise(data: &[u8]) {
         return;
     }
     drop(f);
-    for options in [
-        ReadOptions::default(),
-        ReadOptions {
-            verify_checksums: true,
-        },
-    ] {
-        let Ok(file) = RecordFile::open_with(&path, options) else {
-            continue;
-        };
-        let n = file.len();
-        let fields = file.schema().fields().len();
-        for i in (0..n.min(64)).chain([n, u64::MAX]) {
-            if let Ok(s) = file.get(i) {
-                for k in 0..=fields {
-                    let _ = s.field(k);
-                }
-            }
-            let _ = file.get_bytes(i);
-        }
-        let _ = file.verify(|_| {});
+    for verify_checksums in [false, true] {
+        let [map, pread] = [ReadMode::Map, ReadMode::Pread].map(|mode| {
+            read_all(
+                &path,
+                ReadOptions {
+                    mode,
+                    verify_checksums,
+                },
+            )
+        });
+        assert_eq!(map, pread, "the read modes disagree");
     }
     let _ = std::fs::remove_file(&path);
+}
+
+fn read_all(path: &std::path::Path, options: ReadOptions) -> Vec<Outcome> {
+    let file = match RecordFile::open_with(path, options) {
+        Ok(f) => f,
+        Err(e) => return vec![Err(e.to_string())],
+    };
+    let mut out = Vec::new();
+    let n = file.len();
+    let fields = file.schema().fields().len();
+    for i in (0..n.min(64)).chain([n, u64::MAX]) {
+        out.push(match file.get(i) {
+            Ok(s) => {
+                if let Some(stride) = file.stride() {
+                    assert_eq!(s.len() as u64, stride);
+                }
+                let mut got = Vec::new();
+                for k in 0..=fields {
+                    if let Some(v) = s.field(k) {
+                        let mut slot = vec![0u8; v.len()];
+                        if file.schema().is_fixed() {
+                            file.get(i)
+                                .and_then(|t| t.copy_field_into(k, &mut slot))
+                                .map_err(|e| e.to_string())
+                                .map(|()| assert_eq!(slot, v))
+                                .unwrap_or_else(|e| panic!("{e}"));
+                        }
+                        got.push(v.to_vec());
+                    }
+                }
+                Ok(got)
+            }
+            Err(e) => Err(e.to_string()),
+        });
+        out.push(
+            file.get_bytes(i)
+                .map(|b| vec![b.to_vec()])
+                .map_err(|e| e.to_string()),
+        );
+    }
+    out.push(
+        file.verify(|_| {})
+            .map(|()| Vec::new())
+            .map_err(|e| e.to_string()),
+    );
+    out
 }

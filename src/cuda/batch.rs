@@ -42,6 +42,7 @@ pub struct DeviceBatch {
     fields: Arc<[FieldSpec]>,
     indices: Vec<u64>,
     padding: usize,
+    skipped: usize,
     epoch: u64,
     number: u64,
     /// Completes when the copy and conversions have; also a use of `buffer`.
@@ -67,7 +68,7 @@ impl DeviceBatch {
     pub(crate) fn new(
         buffer: DeviceBuffer,
         fields: Arc<[FieldSpec]>,
-        (indices, padding): (Vec<u64>, usize),
+        (indices, padding, skipped): (Vec<u64>, usize, usize),
         (epoch, number): (u64, u64),
         ready: EventFence,
         copy_stream: Arc<CudaStream>,
@@ -77,6 +78,7 @@ impl DeviceBatch {
             fields,
             indices,
             padding,
+            skipped,
             epoch,
             number,
             ready,
@@ -104,6 +106,12 @@ impl DeviceBatch {
     /// [`Batch::padding`](crate::Batch::padding).
     pub fn padding(&self) -> usize {
         self.padding
+    }
+
+    /// Samples the transform skipped (placeholders); see
+    /// [`Batch::skipped`](crate::Batch::skipped).
+    pub fn skipped(&self) -> usize {
+        self.skipped
     }
 
     /// Per slot, true for a real sample and false for padding; see

@@ -208,11 +208,11 @@ pub fn bench_images_device(
             Ok(())
         }
 
-        fn next_batch(&mut self) -> Option<Result<u64>> {
+        fn next_batch(&mut self) -> Option<Result<(u64, u64)>> {
             let batch = self.loader.next()?;
             Some(batch.and_then(|mut b| {
                 b.wait_on(&self.consumer)?;
-                Ok(b.len() as u64)
+                Ok((b.len() as u64, b.skipped() as u64))
             }))
         }
 
@@ -241,12 +241,13 @@ pub fn bench_images_device(
     };
     let times = EpochTimes::measure(cfg, started, &mut feed)?;
     let wait = feed.loader.stats().wait_fraction();
+    let skipped = times.skipped;
     ImageBenchReport::new(
         path,
         setup.kind,
         cfg,
         times,
-        setup.stats.skipped(),
+        skipped,
         wait,
         Some(format!("{} (ordinal {})", device.name(), device.ordinal())),
     )

@@ -691,7 +691,7 @@ impl CopyThread {
             Ok(ready) => Ok(DeviceBatch::new(
                 buffer,
                 Arc::clone(&self.plan.fields),
-                (batch.indices().to_vec(), batch.padding()),
+                (batch.indices().to_vec(), batch.padding(), batch.skipped()),
                 (batch.epoch(), batch.number()),
                 ready,
                 stream,

@@ -91,11 +91,13 @@ impl Footer {
         b
     }
 
-    /// Decodes the footer at the end of `file` and checks that the regions it names are laid out
-    /// in order and inside the file. The schema is returned as a byte range for the caller.
-    pub fn decode(file: &[u8], header: &Header) -> Result<Footer, String> {
-        let len = file.len() as u64;
-        let b = &file[file.len() - BLOCK..];
+    /// Decodes the footer `b` (the last 64 bytes of a `file_len`-byte file) and checks that the
+    /// regions it names are laid out in order and inside the file. Its checksum is checked by
+    /// [`Footer::check_sum`], once the caller has read the schema block.
+    pub fn decode(b: &[u8], file_len: u64, header: &Header) -> Result<Footer, String> {
+        if b.len() != BLOCK || file_len < 2 * BLOCK as u64 {
+            return Err(format!("{} bytes is not a {BLOCK}-byte footer", b.len()));
+        }
         if b[0..8] != FOOTER_MAGIC {
             return Err(
                 "no footer: the file is truncated or was not finished by its writer".into(),
@@ -109,7 +111,7 @@ impl Footer {
             offsets_offset: u64_at(b, 40),
             checksums_offset: u64_at(b, 48),
         };
-        let footer_at = len - BLOCK as u64;
+        let footer_at = file_len - BLOCK as u64;
         let schema_end = f
             .schema_offset
             .checked_add(f.schema_len)
@@ -157,16 +159,24 @@ impl Footer {
         if !f.offsets_offset.is_multiple_of(8) || !f.checksums_offset.is_multiple_of(8) {
             return Err("offset or checksum table is not 8-byte aligned".into());
         }
-        let header_bytes: &[u8; BLOCK] = file[..BLOCK].try_into().map_err(|_| "short header")?;
-        let schema = &file[f.schema_offset as usize..schema_end as usize];
+        Ok(f)
+    }
+
+    /// Checks the footer checksum stored in `b` (the footer block) against the header block
+    /// and the schema block the footer names.
+    pub fn check_sum(b: &[u8], header: &[u8], schema: &[u8]) -> Result<(), String> {
+        let header: &[u8; BLOCK] = header.try_into().map_err(|_| "short header")?;
+        if b.len() != BLOCK {
+            return Err("short footer".into());
+        }
         let stored = u64_at(b, 56);
-        let computed = footer_checksum(header_bytes, schema, &b[..56]);
+        let computed = footer_checksum(header, schema, &b[..56]);
         if stored != computed {
             return Err(format!(
                 "header, schema or footer is corrupt (checksum stored {stored:#018x}, computed {computed:#018x})"
             ));
         }
-        Ok(f)
+        Ok(())
     }
 }
 

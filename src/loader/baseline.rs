@@ -46,14 +46,14 @@ pub fn gather_baseline(
                             let mut at = 0;
                             for &i in &indices {
                                 let sample = dataset.get(i)?;
-                                let mut k = 0;
-                                while let Some(field) = sample.field(k) {
+                                for k in 0..sample.schema().fields().len() {
+                                    // A read that fails is the gather's error, not the end.
+                                    let field = sample.try_field(k)?;
                                     if out.len() < at + field.len() {
                                         out.resize(at + field.len(), 0u8);
                                     }
                                     out[at..at + field.len()].copy_from_slice(field);
                                     at += field.len();
-                                    k += 1;
                                 }
                             }
                             std::hint::black_box(out.first());

@@ -166,6 +166,7 @@ pub struct Batch {
     pub(crate) layout: Arc<BatchLayout>,
     pub(crate) indices: Vec<u64>,
     pub(crate) padding: usize,
+    pub(crate) skipped: usize,
     pub(crate) epoch: u64,
     pub(crate) number: u64,
     /// The batch's share of the loader's budget, given back when the batch drops.
@@ -204,6 +205,12 @@ impl Batch {
     /// metrics must skip them.
     pub fn padding(&self) -> usize {
         self.padding
+    }
+
+    /// Samples of this batch that the transform skipped (see
+    /// [`Slots::mark_skipped`](crate::Slots::mark_skipped)): their slots hold placeholders.
+    pub fn skipped(&self) -> usize {
+        self.skipped
     }
 
     /// Per slot, true for a real sample and false for padding (see [`Batch::padding`]).

@@ -415,6 +415,8 @@ impl LoaderBuilder {
             next_batch: next,
             next_dispatch: next,
             resumed,
+            // Just opened: the first epoch needs no check.
+            check_files: false,
             read_ahead,
             announced: 0,
             scratch: Vec::new(),
@@ -565,6 +567,9 @@ pub struct Loader {
     /// Set by a resume or `load_state`, until the next batch or `set_epoch`: a `set_epoch` of
     /// the current epoch then keeps the position.
     resumed: bool,
+    /// Check that the dataset's files are unchanged before the next batch (set at each
+    /// epoch's start; see [`Dataset::check_unchanged`]).
+    check_files: bool,
     /// Batches ahead of those dispatched that the dataset wants announced (0: none).
     read_ahead: usize,
     /// The next batch of this epoch to announce.
@@ -649,6 +654,7 @@ impl Loader {
     pub fn load_state(&mut self, state: LoaderState) -> Result<()> {
         let (order, next) = state.position(&self.spec)?;
         self.abandon();
+        self.check_files = true;
         self.order = order;
         self.next_batch = next;
         self.next_dispatch = next;
@@ -683,9 +689,11 @@ impl Loader {
                 self.next_batch = 0;
                 self.next_dispatch = std::mem::take(&mut self.ahead_dispatch);
                 self.announced = 0;
+                self.check_files = true;
             }
             _ => {
                 self.abandon();
+                self.check_files = true;
                 self.order = self.spec.epoch(epoch);
                 self.next_batch = 0;
                 self.next_dispatch = 0;
@@ -894,6 +902,14 @@ impl Loader {
     fn next_until(&mut self, deadline: Option<Instant>) -> NextBatch {
         if self.next_batch >= self.order.batches() {
             return NextBatch::EndOfEpoch;
+        }
+        if self.check_files {
+            // An epoch's first batch: are the files still the ones opened? Until they are,
+            // every call says they are not (nothing of the epoch is delivered).
+            if let Err(e) = self.shared.dataset.check_unchanged() {
+                return NextBatch::Ready(Err(e));
+            }
+            self.check_files = false;
         }
         self.started.get_or_insert_with(Instant::now);
         let result = match self.receive(deadline) {

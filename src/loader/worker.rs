@@ -89,6 +89,7 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
         layout: Arc::clone(&shared.layout),
         indices: Vec::new(),
         padding: task.order.batch_padding(task.number),
+        skipped: 0,
         epoch: task.order.epoch(),
         number: task.number,
         permit: None,
@@ -103,6 +104,7 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
         seed: task.order.spec().shuffle.unwrap_or(0),
     };
     let (mut fetch_ns, mut transform_ns) = (0u64, 0u64);
+    let mut skipped = 0usize;
     let slots = shared.layout.slots();
     let buf = batch.buffer.as_mut_slice();
     for (position, &index) in indices.iter().enumerate() {
@@ -125,6 +127,7 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
             Ok(Ok((f, t))) => {
                 fetch_ns += f;
                 transform_ns += t;
+                skipped += usize::from(slot.is_skipped());
             }
             Ok(Err(e)) => return Some(Err(sample_error(index, task.number, e))),
             Err(panic) => {
@@ -139,6 +142,7 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
     }
     shared.times.add_fetch_transform(fetch_ns, transform_ns);
     batch.indices = std::mem::take(indices);
+    batch.skipped = skipped;
     let t1 = Instant::now();
     if let Some(hook) = &shared.batch_hook {
         match catch_unwind(AssertUnwindSafe(|| hook(&mut batch))) {

@@ -67,6 +67,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri runs the plain copy, and byte loops over 100 KiB take minutes there"
+    )]
     fn copies_every_byte_at_every_alignment_and_length() {
         let src: Vec<u8> = (0..STREAM_THRESHOLD * 3)
             .map(|i| (i * 7 + 3) as u8)

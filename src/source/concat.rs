@@ -101,4 +101,9 @@ impl<D: Dataset> Dataset for Concat<D> {
             part.read_ahead(&run);
         }
     }
+
+    /// Checks every part, in order; the first change found is the error.
+    fn check_unchanged(&self) -> Result<()> {
+        self.parts.iter().try_for_each(Dataset::check_unchanged)
+    }
 }

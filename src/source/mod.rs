@@ -11,21 +11,50 @@
 //! A source never copies a sample: [`Dataset::get`] returns a view into its mapping, and the
 //! loader copies it once, into its slot of the batch buffer. Sources are `Send + Sync` and are
 //! shared by reference among worker threads; none holds per-thread state.
+//!
+//! # Mappings, and files that change while they are read
+//!
+//! [`RecordFile`] and [`NpyArray`] read their file through a shared memory mapping by default
+//! ([`ReadMode::Map`]): fast, but the file must not change while it is open. Truncating it
+//! (`np.save` to the same path, for one) kills the process with `SIGBUS` at the next read past
+//! its new end; bytes written in place are read as they change, silently. Replacing it (write a
+//! new file, rename it over the old one, as [`RecordWriter`](crate::format::RecordWriter) does)
+//! is safe: the open source keeps reading the old file.
+//!
+//! What a user must guarantee, or choose instead:
+//!
+//! - keep data files unchanged while they are open, and replace them only by renaming a new
+//!   file into place; or
+//! - open with [`ReadMode::Pread`] (for [`RecordFile`], [`ReadOptions::mode`]; for [`NpyArray`],
+//!   [`NpyArray::open_with`]; for any path, [`open_with`]), which reads with `pread` and never
+//!   maps: on a network file system, or for files that may be truncated, a short read is a
+//!   typed [`Error::FileChanged`] instead of a signal;
+//! - for packed files, turn on [`ReadOptions::verify_checksums`] to check every record read
+//!   against its stored checksum, so that bytes rewritten in place are an error
+//!   ([`Error::ChecksumMismatch`]) and not data.
+//!
+//! Every file-backed source also remembers what its file was at open (device, inode, size,
+//! modification time): [`Dataset::check_unchanged`] compares that with the path now, and the
+//! loader calls it at the start of each epoch.
 
 mod concat;
+mod file;
 mod image_folder;
 mod npy;
 pub mod shards;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub use concat::Concat;
+pub use file::ReadMode;
 pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
 
+pub(crate) use file::{FileData, FileIdentity, RecordBuf, open_file};
+
 use crate::error::{Error, Result};
-use crate::format::{RecordFile, Schema};
+use crate::format::{ReadOptions, RecordFile, Schema};
 
 /// A map-style dataset: a length, a schema, and samples by index.
 ///
@@ -67,6 +96,26 @@ pub trait Dataset: Send + Sync {
     fn read_ahead(&self, indices: &[u64]) {
         let _ = indices;
     }
+
+    /// Checks that the files this dataset reads are still the ones it opened: that each path
+    /// names the same file (device and inode) with the same size and modification time.
+    ///
+    /// Returns [`Error::FileChanged`] naming the first file that was replaced, removed,
+    /// truncated, extended or written since it was opened, and what changed; an
+    /// [`Error::Io`] if a path cannot be looked at. Costs one `stat` per file and reads no
+    /// data; safe to call from any thread, at any time, any number of times.
+    ///
+    /// The loader calls it at the start of every epoch, so that a data file changed under a
+    /// running job fails the epoch with this error instead of being read (or, for a mapping
+    /// that was truncated, killing the process). It is a check between epochs, not a guard
+    /// on every read: see the [module's section on mappings](self) for what a file changed
+    /// during an epoch does.
+    ///
+    /// The default returns `Ok(())`, for datasets that hold no open file (in memory, or read
+    /// whole at every `get`, as [`ImageFolder`]). Wrappers forward it to what they wrap.
+    fn check_unchanged(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl<D: Dataset + ?Sized> Dataset for Arc<D> {
@@ -87,6 +136,9 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     }
     fn read_ahead(&self, indices: &[u64]) {
         (**self).read_ahead(indices)
+    }
+    fn check_unchanged(&self) -> Result<()> {
+        (**self).check_unchanged()
     }
 }
 
@@ -109,12 +161,19 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     fn read_ahead(&self, indices: &[u64]) {
         (**self).read_ahead(indices)
     }
+    fn check_unchanged(&self) -> Result<()> {
+        (**self).check_unchanged()
+    }
 }
 
 /// One sample: a record's bytes and the schema that says where its fields are.
 ///
 /// Sources that map their data hand out views into the mapping (no copy); sources that must
-/// read (an image file, a decoded archive member) hand out bytes they own.
+/// read (an image file, a decoded archive member) hand out bytes they own. A fixed-size record
+/// of a file opened with [`ReadMode::Pread`] is not read by `get` at all: the sample holds the
+/// record's place in the file, [`Sample::copy_field_into`] reads each field straight into its
+/// batch slot, and the accessors that return bytes ([`Sample::bytes`], [`Sample::field`]) read
+/// the whole record on first use.
 #[derive(Clone)]
 pub struct Sample<'a> {
     bytes: SampleBytes<'a>,
@@ -131,6 +190,45 @@ enum SampleBytes<'a> {
         data: bytes::Bytes,
         fields: Vec<std::ops::Range<usize>>,
     },
+    /// Read from a file into a reusable per-thread buffer.
+    Read(RecordBuf),
+    /// A fixed-size record of a file, read when asked for.
+    Unread(UnreadRecord<'a>),
+}
+
+/// Where a fixed-size record lies in a file opened with [`ReadMode::Pread`].
+#[derive(Clone)]
+struct UnreadRecord<'a> {
+    file: &'a std::fs::File,
+    path: &'a Path,
+    /// The file's size at open.
+    file_len: u64,
+    at: u64,
+    len: usize,
+    /// The whole record, once an accessor asked for bytes.
+    loaded: OnceLock<RecordBuf>,
+}
+
+impl UnreadRecord<'_> {
+    fn read(&self, within: std::ops::Range<usize>, dst: &mut [u8]) -> Result<()> {
+        file::pread_exact(
+            self.file,
+            self.path,
+            self.at + within.start as u64,
+            dst,
+            self.file_len,
+        )
+    }
+
+    fn load(&self) -> Result<&[u8]> {
+        if let Some(b) = self.loaded.get() {
+            return Ok(b.as_slice());
+        }
+        let mut buf = RecordBuf::with_len(self.len);
+        self.read(0..self.len, buf.as_mut_slice())?;
+        // Another thread sharing this sample may have loaded it meanwhile: either copy will do.
+        Ok(self.loaded.get_or_init(|| buf).as_slice())
+    }
 }
 
 impl<'a> Sample<'a> {
@@ -138,6 +236,38 @@ impl<'a> Sample<'a> {
     pub(crate) fn new(bytes: &'a [u8], schema: &'a Schema) -> Sample<'a> {
         Sample {
             bytes: SampleBytes::Borrowed(bytes),
+            schema,
+        }
+    }
+
+    /// A sample over a record read into `buf`, which `schema.check_record` accepted.
+    pub(crate) fn read(buf: RecordBuf, schema: &'a Schema) -> Sample<'a> {
+        Sample {
+            bytes: SampleBytes::Read(buf),
+            schema,
+        }
+    }
+
+    /// The record of `len` bytes at `at` in `file` (`file_len` bytes at open), read when asked
+    /// for. `schema` must be fixed-size and its minimum must fit in `len` (the caller checked).
+    pub(crate) fn unread(
+        file: &'a std::fs::File,
+        path: &'a Path,
+        file_len: u64,
+        at: u64,
+        len: usize,
+        schema: &'a Schema,
+    ) -> Sample<'a> {
+        debug_assert!(schema.is_fixed() && schema.min_record_bytes() <= len);
+        Sample {
+            bytes: SampleBytes::Unread(UnreadRecord {
+                file,
+                path,
+                file_len,
+                at,
+                len,
+                loaded: OnceLock::new(),
+            }),
             schema,
         }
     }
@@ -209,11 +339,37 @@ impl<'a> Sample<'a> {
     }
 
     /// The bytes of field `k` (in schema order), or `None` if there is no such field.
+    ///
+    /// For a sample of a file opened with [`ReadMode::Pread`], the first call reads the record;
+    /// if that read fails this is `None` too: [`Sample::try_field`] returns the error.
     pub fn field(&self, k: usize) -> Option<&[u8]> {
         match &self.bytes {
             SampleBytes::Shared { data, fields } => data.get(fields.get(k)?.clone()),
-            _ => self.schema.field_in(self.bytes(), k),
+            _ => self.schema.field_in(self.bytes().ok()?, k),
         }
+    }
+
+    /// The bytes of field `k`, or an error: no such field, or (for a sample of a file opened
+    /// with [`ReadMode::Pread`]) the read failed.
+    pub fn try_field(&self, k: usize) -> Result<&[u8]> {
+        if let SampleBytes::Shared { data, fields } = &self.bytes {
+            return fields
+                .get(k)
+                .and_then(|r| data.get(r.clone()))
+                .ok_or_else(|| {
+                    Error::mismatch(format!(
+                        "no field {k} in a sample of schema [{}]",
+                        self.schema
+                    ))
+                });
+        }
+        let bytes = self.bytes()?;
+        self.schema.field_in(bytes, k).ok_or_else(|| {
+            Error::mismatch(format!(
+                "no field {k} in a sample of schema [{}]",
+                self.schema
+            ))
+        })
     }
 
     /// The bytes of the field called `name`.
@@ -221,15 +377,64 @@ impl<'a> Sample<'a> {
         self.field(self.schema.index_of(name)?)
     }
 
-    /// The record's bytes as stored (fields, length table, padding). For a sample made by
-    /// [`Sample::shared_fields`], the bytes that hold it in its container (its fields and
-    /// whatever the container puts between them, such as tar headers).
-    pub fn bytes(&self) -> &[u8] {
+    /// The record's bytes as stored (fields, length table, padding). A sample of a file
+    /// opened with [`ReadMode::Pread`] reads them on first use, which can fail. For a sample
+    /// made by [`Sample::shared_fields`], the bytes that hold it in its container (its fields
+    /// and whatever the container puts between them, such as tar headers).
+    pub fn bytes(&self) -> Result<&[u8]> {
         match &self.bytes {
-            SampleBytes::Borrowed(b) => b,
-            SampleBytes::Owned(v) => v,
-            SampleBytes::Shared { data, .. } => data,
+            SampleBytes::Borrowed(b) => Ok(b),
+            SampleBytes::Owned(v) => Ok(v),
+            SampleBytes::Shared { data, .. } => Ok(data),
+            SampleBytes::Read(b) => Ok(b.as_slice()),
+            SampleBytes::Unread(u) => u.load(),
         }
+    }
+
+    /// The record's length in bytes (padding included), known without reading it.
+    pub fn len(&self) -> usize {
+        match &self.bytes {
+            SampleBytes::Borrowed(b) => b.len(),
+            SampleBytes::Owned(v) => v.len(),
+            SampleBytes::Shared { data, .. } => data.len(),
+            SampleBytes::Read(b) => b.as_slice().len(),
+            SampleBytes::Unread(u) => u.len,
+        }
+    }
+
+    /// True when the record has no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies field `k` into `dst`, which must be exactly the field's size (a batch slot).
+    ///
+    /// From a mapping or bytes in memory this is one copy ([`copy_to_batch`](crate::memory::copy_to_batch):
+    /// streaming stores for large fields). For a fixed-size record of a file opened with
+    /// [`ReadMode::Pread`] that no accessor has read yet, it is one `pread` of the field
+    /// straight into `dst`: no intermediate buffer, no allocation. [`CopyFields`](crate::CopyFields)
+    /// writes every field this way.
+    pub fn copy_field_into(&self, k: usize, dst: &mut [u8]) -> Result<()> {
+        if let SampleBytes::Unread(u) = &self.bytes
+            && u.loaded.get().is_none()
+        {
+            let range = self.schema.fixed_range(k).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "no field {k} in a sample of schema [{}]",
+                    self.schema
+                ))
+            })?;
+            if range.len() != dst.len() {
+                return Err(size_mismatch(k, range.len(), dst.len()));
+            }
+            return u.read(range, dst);
+        }
+        let src = self.try_field(k)?;
+        if src.len() != dst.len() {
+            return Err(size_mismatch(k, src.len(), dst.len()));
+        }
+        crate::memory::copy_to_batch(dst, src);
+        Ok(())
     }
 
     /// The schema of this sample.
@@ -238,10 +443,24 @@ impl<'a> Sample<'a> {
     }
 }
 
+fn size_mismatch(k: usize, field: usize, slot: usize) -> Error {
+    Error::mismatch(format!(
+        "field {k} has {field} bytes, its batch slot {slot}"
+    ))
+}
+
 impl std::fmt::Debug for Sample<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = match &self.bytes {
+            SampleBytes::Borrowed(_) => "borrowed",
+            SampleBytes::Owned(_) => "owned",
+            SampleBytes::Shared { .. } => "shared",
+            SampleBytes::Read(_) => "read",
+            SampleBytes::Unread(_) => "unread",
+        };
         f.debug_struct("Sample")
-            .field("bytes", &self.bytes().len())
+            .field("bytes", &self.len())
+            .field("how", &how)
             .field("schema", &self.schema.to_string())
             .finish()
     }
@@ -253,6 +472,13 @@ pub type AnySource = Box<dyn Dataset>;
 /// Opens `path` as a dataset: a shard directory, `.tar` file or brace pattern of them (see
 /// [`shards::open`]), a `.npy` array (by its magic bytes) or a packed record file.
 pub fn open(path: impl AsRef<Path>) -> Result<AnySource> {
+    open_with(path, ReadOptions::default())
+}
+
+/// Opens `path` as [`open`] does, reading it as `options` say: [`ReadOptions::mode`] for
+/// either kind of file; [`ReadOptions::verify_checksums`] for packed files, and an
+/// [`Error::InvalidConfig`] for a `.npy` array, which has no checksums to verify.
+pub fn open_with(path: impl AsRef<Path>, options: ReadOptions) -> Result<AnySource> {
     let path = path.as_ref();
     if let Some(spec) = path.to_str()
         && shards::is_shard_spec(spec)
@@ -275,14 +501,38 @@ pub fn open(path: impl AsRef<Path>) -> Result<AnySource> {
         }
     }
     if magic.starts_with(npy::NPY_MAGIC) {
-        Ok(Box::new(NpyArray::open(path)?))
+        if options.verify_checksums {
+            return Err(Error::config(
+                "verify_checksums",
+                format!(
+                    "{} is a .npy array, which has no checksums to verify (packed record files do)",
+                    path.display()
+                ),
+            ));
+        }
+        Ok(Box::new(NpyArray::open_with(
+            path,
+            NpyArray::FIELD,
+            options.mode,
+        )?))
     } else {
-        Ok(Box::new(RecordFile::open(path)?))
+        Ok(Box::new(RecordFile::open_with(path, options)?))
     }
 }
 
 /// Opens many files (shards) as one dataset; all must have the same schema.
 pub fn open_shards<P: AsRef<Path>>(paths: &[P]) -> Result<Concat<AnySource>> {
-    let parts = paths.iter().map(open).collect::<Result<Vec<_>>>()?;
+    open_shards_with(paths, ReadOptions::default())
+}
+
+/// Opens many files (shards) as one dataset, each as [`open_with`] does with `options`.
+pub fn open_shards_with<P: AsRef<Path>>(
+    paths: &[P],
+    options: ReadOptions,
+) -> Result<Concat<AnySource>> {
+    let parts = paths
+        .iter()
+        .map(|p| open_with(p, options))
+        .collect::<Result<Vec<_>>>()?;
     Concat::new(parts)
 }

@@ -1,25 +1,39 @@
-//! [`NpyArray`]: a `.npy` file memory-mapped in place; row `i` (along the first axis) is sample `i`.
+//! [`NpyArray`]: a `.npy` file read in place (memory-mapped, or with `pread`); row `i` (along the
+//! first axis) is sample `i`.
 //!
 //! Reads format versions 1.0, 2.0 and 3.0. The dtype and shape come from the header; the array
 //! must be C-ordered (a Fortran-ordered array of more than one dimension is refused, since its
 //! rows are not contiguous), little-endian (or single-byte), of a plain numeric dtype. Object,
-//! structured, string and datetime arrays are refused with an error that names the dtype.
+//! structured, string and datetime arrays are refused with an error that names the dtype, and
+//! so are rows of zero bytes (a shape such as `(2**64 - 1, 0)` would be that many empty
+//! samples from a file of a hundred bytes).
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-
-use memmap2::Mmap;
 
 use crate::error::{Error, Result};
 use crate::format::{DType, Field, Schema};
-use crate::source::{Dataset, Sample};
+use crate::source::{Dataset, FileData, FileIdentity, ReadMode, Sample, open_file};
 
 pub(crate) const NPY_MAGIC: &[u8] = b"\x93NUMPY";
 
-/// A memory-mapped `.npy` array: a dataset with one tensor field, `data`.
+/// The longest header read (NumPy's own reader refuses more than 10,000 bytes by default).
+const MAX_HEADER_BYTES: usize = 1 << 20;
+
+/// A `.npy` array read in place: a dataset with one tensor field, `data`.
+///
+/// By default the file is memory-mapped ([`ReadMode::Map`]) and a sample is a view into the
+/// mapping. The mapping is shared with the file: if another process truncates it while it is
+/// open (`np.save` to the same path does: it opens the file with `"wb"`), the next read past the
+/// new end kills this process with `SIGBUS`; bytes written in place are read as they change.
+/// Either guarantee that the file is not written while it is open (write a new file and rename
+/// it over the old one, which the open array ignores), or open it with [`ReadMode::Pread`]
+/// ([`NpyArray::open_with`]), which reads with `pread`: a truncated file is then an
+/// [`Error::FileChanged`]. [`Dataset::check_unchanged`] reports a file replaced, truncated,
+/// extended or written since it was opened; the loader calls it at each epoch's start.
 pub struct NpyArray {
     path: PathBuf,
-    map: Mmap,
+    data: FileData,
+    identity: FileIdentity,
     schema: Schema,
     dtype: DType,
     shape: Vec<u64>,
@@ -34,6 +48,7 @@ impl std::fmt::Debug for NpyArray {
             .field("path", &self.path)
             .field("dtype", &self.dtype)
             .field("shape", &self.shape)
+            .field("mode", &self.data.mode())
             .finish()
     }
 }
@@ -52,18 +67,43 @@ impl NpyArray {
 
     /// Maps `path` and parses its header.
     pub fn open(path: impl AsRef<Path>) -> Result<NpyArray> {
-        NpyArray::open_as(path, NpyArray::FIELD)
+        NpyArray::open_with(path, NpyArray::FIELD, ReadMode::Map)
     }
 
     /// Maps `path`, naming its field `field` (for example `label`).
     pub fn open_as(path: impl AsRef<Path>, field: &str) -> Result<NpyArray> {
+        NpyArray::open_with(path, field, ReadMode::Map)
+    }
+
+    /// Opens `path` to be read in `mode`, naming its field `field` ([`NpyArray::FIELD`] unless
+    /// the array is, say, the labels).
+    pub fn open_with(path: impl AsRef<Path>, field: &str, mode: ReadMode) -> Result<NpyArray> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-        // SAFETY: read-only mapping; every access below is bounds-checked against the length
-        // taken here (see RecordFile::open for the one hazard left, truncation by another
-        // process).
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "map", e))?;
-        let header = parse_header(&map).map_err(|e| e.at(path))?;
+        let (data, identity) = open_file(path, mode)?;
+        let len = data.len();
+        // The header's length is in its first 12 bytes; read no more than it and the file hold.
+        let prefix = data.bytes_at(path, 0, len.min(12) as usize)?;
+        let claimed = match prefix.get(6) {
+            Some(1) if prefix.len() >= 10 => {
+                10 + usize::from(u16::from_le_bytes([prefix[8], prefix[9]]))
+            }
+            Some(2 | 3) if prefix.len() >= 12 => {
+                12 + u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize
+            }
+            _ => prefix.len(),
+        };
+        if claimed > MAX_HEADER_BYTES {
+            return Err(Error::UnsupportedNpy {
+                path: path.to_path_buf(),
+                what: format!(
+                    "a header of {claimed} bytes (at most {MAX_HEADER_BYTES} are read; NumPy writes a few hundred)"
+                ),
+            });
+        }
+        let head = data.bytes_at(path, 0, (len as usize).min(claimed.max(prefix.len())))?;
+        drop(prefix);
+        let header = parse_header(&head).map_err(|e| e.at(path))?;
+        drop(head);
         let row_shape = header.shape[1..].to_vec();
         let row_elems = row_shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
         let row_bytes = row_elems
@@ -75,10 +115,19 @@ impl NpyArray {
                 what: format!("rows of shape {row_shape:?} are larger than 4 GiB"),
             })?;
         let rows = header.shape[0];
+        if row_bytes == 0 && rows > 0 {
+            return Err(Error::UnsupportedNpy {
+                path: path.to_path_buf(),
+                what: format!(
+                    "shape {:?}: its {rows} rows of shape {row_shape:?} hold no bytes, so there is nothing to read as samples",
+                    header.shape
+                ),
+            });
+        }
         let need = (row_bytes as u64)
             .checked_mul(rows)
             .and_then(|n| n.checked_add(header.data_offset as u64));
-        if need.is_none_or(|n| n > map.len() as u64) {
+        if need.is_none_or(|n| n > len) {
             return Err(Error::Malformed {
                 path: path.to_path_buf(),
                 format: "npy",
@@ -88,7 +137,7 @@ impl NpyArray {
                     header.dtype,
                     (row_bytes as u128) * rows as u128,
                     header.data_offset,
-                    map.len().saturating_sub(header.data_offset)
+                    len.saturating_sub(header.data_offset as u64)
                 ),
             });
         }
@@ -101,7 +150,8 @@ impl NpyArray {
             })?;
         Ok(NpyArray {
             path: path.to_path_buf(),
-            map,
+            data,
+            identity,
             schema,
             dtype: header.dtype,
             shape: header.shape,
@@ -136,16 +186,43 @@ impl NpyArray {
         self.data_offset
     }
 
-    /// The bytes of row `i`.
+    /// How the file is read.
+    pub fn read_mode(&self) -> ReadMode {
+        self.data.mode()
+    }
+
+    /// The bytes of row `i`, borrowed from the mapping. An array opened with
+    /// [`ReadMode::Pread`] has no mapping to borrow from: [`Error::InvalidConfig`]; use
+    /// [`Dataset::get`].
     pub fn row(&self, i: u64) -> Result<&[u8]> {
+        let start = self.row_start(i)?;
+        match &self.data {
+            FileData::Map(map) => Ok(&map[start..start + self.row_bytes]),
+            FileData::Pread { .. } => Err(Error::config(
+                "mode",
+                format!(
+                    "row borrows from the mapping, and {} was opened with ReadMode::Pread: use get",
+                    self.path.display()
+                ),
+            )),
+        }
+    }
+
+    fn row_start(&self, i: u64) -> Result<usize> {
         if i >= self.rows {
             return Err(Error::OutOfRange {
                 index: i,
                 len: self.rows,
             });
         }
-        let start = self.data_offset + i as usize * self.row_bytes;
-        Ok(&self.map[start..start + self.row_bytes])
+        // rows * row_bytes + data_offset <= the file's length (checked at open).
+        Ok(self.data_offset + i as usize * self.row_bytes)
+    }
+
+    /// Checks that the path still names the file opened, with the same size and modification
+    /// time; see [`Dataset::check_unchanged`].
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.identity.check(&self.path)
     }
 }
 
@@ -159,7 +236,25 @@ impl Dataset for NpyArray {
     }
 
     fn get(&self, index: u64) -> Result<Sample<'_>> {
-        Ok(Sample::new(self.row(index)?, &self.schema))
+        let start = self.row_start(index)?;
+        match &self.data {
+            FileData::Map(map) => Ok(Sample::new(
+                &map[start..start + self.row_bytes],
+                &self.schema,
+            )),
+            FileData::Pread { file, len } => Ok(Sample::unread(
+                file,
+                &self.path,
+                *len,
+                start as u64,
+                self.row_bytes,
+                &self.schema,
+            )),
+        }
+    }
+
+    fn check_unchanged(&self) -> Result<()> {
+        NpyArray::check_unchanged(self)
     }
 }
 

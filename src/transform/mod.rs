@@ -123,6 +123,7 @@ pub struct Slots<'a> {
     buffer: &'a mut [u8],
     fields: &'a [FieldSlot],
     position: usize,
+    skipped: bool,
 }
 
 /// Where one output field lives in a batch buffer.
@@ -138,7 +139,21 @@ impl<'a> Slots<'a> {
             buffer,
             fields,
             position,
+            skipped: false,
         }
+    }
+
+    /// Marks this sample as skipped: its slots hold a placeholder the training loop must mask
+    /// (a bad image under `OnBadImage::Skip`, say). The batch counts its skipped samples
+    /// ([`Batch::skipped`](crate::Batch::skipped)), so reports count what was delivered, not
+    /// what workers made ahead.
+    pub fn mark_skipped(&mut self) {
+        self.skipped = true;
+    }
+
+    /// True once [`mark_skipped`](Self::mark_skipped) was called for this sample.
+    pub fn is_skipped(&self) -> bool {
+        self.skipped
     }
 
     /// The number of output fields.
@@ -186,7 +201,9 @@ impl<T: SampleTransform + ?Sized> SampleTransform for Arc<T> {
     }
 }
 
-/// The default transform: copies tensor fields as they are stored (all of them, or those named).
+/// The default transform: copies tensor fields as they are stored (all of them, or those named),
+/// each with [`Sample::copy_field_into`]: one copy from a mapping, or one `pread` straight into
+/// the batch slot from a file opened with [`ReadMode::Pread`](crate::source::ReadMode).
 #[derive(Clone, Debug, Default)]
 pub struct CopyFields {
     names: Option<Vec<String>>,
@@ -258,18 +275,9 @@ impl SampleTransform for CopyFields {
             return Err(Error::user("CopyFields::apply before output"));
         };
         for (slot, &k) in picked.iter().enumerate() {
-            let src = sample
-                .field(k)
-                .ok_or_else(|| Error::mismatch(format!("sample has no field {k}")))?;
-            let dst = slots.field(slot)?;
-            if src.len() != dst.len() {
-                return Err(Error::mismatch(format!(
-                    "field {k} has {} bytes, its batch slot {}",
-                    src.len(),
-                    dst.len()
-                )));
-            }
-            crate::memory::copy_to_batch(dst, src);
+            // From a mapping, one copy; from a file opened with ReadMode::Pread, one read
+            // straight into the slot.
+            sample.copy_field_into(k, slots.field(slot)?)?;
         }
         Ok(())
     }

@@ -117,6 +117,10 @@ pub struct Args {
     /// Print one JSON object instead of text (the same keys for every kind of run).
     #[arg(long)]
     pub json: bool,
+    /// Check every record of a packed file against its stored checksum as it is read (a record
+    /// whose bytes changed is an error, never data); measures what verification costs.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// What `gpufeed bench --json` prints: the same keys for every kind of run (`null` where a
@@ -503,7 +507,11 @@ pub fn run(args: Args) -> Result<()> {
         0.0
     };
     warm_page_cache(&path)?;
-    let dataset: Arc<dyn Dataset> = Arc::from(source::open(&path)?);
+    let options = gpufeed::format::ReadOptions {
+        verify_checksums: args.verify,
+        ..Default::default()
+    };
+    let dataset: Arc<dyn Dataset> = Arc::from(source::open_with(&path, options)?);
     let mut builder = Loader::builder_shared(Arc::clone(&dataset))
         .transform(copy_fields(&args))
         .batch_size(args.batch_size)
@@ -638,6 +646,7 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         prefetch: Some(prefetch),
         max_batches: args.max_batches,
         image_field: args.image_field.clone(),
+        verify_checksums: args.verify,
     };
     #[cfg(feature = "cuda")]
     let r = match args.device {

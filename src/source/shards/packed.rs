@@ -211,6 +211,7 @@ impl Packed {
             &path,
             ReadOptions {
                 verify_checksums: verify,
+                ..ReadOptions::default()
             },
         )?;
         let entry = &self.entries[k];

@@ -3,12 +3,11 @@
 //! `cuda::bench_images_device`).
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{ImageStats, ImageTransform, OnBadImage};
+use super::{ImageTransform, OnBadImage};
 use crate::error::{Error, Result};
 use crate::format::DType;
 use crate::loader::{Loader, LoaderBuilder};
@@ -44,6 +43,10 @@ pub struct ImageBenchConfig {
     pub max_batches: Option<u64>,
     /// The field of encoded images (`None`: `image`, as packed image folders name it).
     pub image_field: Option<String>,
+    /// Check every record of a packed file against its checksum as it is read
+    /// ([`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums)); an
+    /// image folder has no checksums, and refuses it.
+    pub verify_checksums: bool,
 }
 
 impl Default for ImageBenchConfig {
@@ -62,6 +65,7 @@ impl Default for ImageBenchConfig {
             prefetch: None,
             max_batches: None,
             image_field: None,
+            verify_checksums: false,
         }
     }
 }
@@ -148,25 +152,16 @@ pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchRep
     let mut loader = setup.builder.build()?;
     let times = EpochTimes::measure(cfg, started, &mut loader)?;
     let wait = loader.stats().wait_fraction();
-    ImageBenchReport::new(
-        path,
-        setup.kind,
-        cfg,
-        times,
-        setup.stats.skipped(),
-        wait,
-        None,
-    )
+    let skipped = times.skipped;
+    ImageBenchReport::new(path, setup.kind, cfg, times, skipped, wait, None)
 }
 
-/// The source and loader settings of an image bench, and the transform's counters.
+/// The source and loader settings of an image bench.
 pub(crate) struct ImageBenchSetup {
     /// Every loader setting but the backing.
     pub builder: LoaderBuilder,
     /// `imagefolder` or `packed`.
     pub kind: &'static str,
-    /// The transform's counters (skipped images).
-    pub stats: Arc<ImageStats>,
 }
 
 impl ImageBenchSetup {
@@ -180,9 +175,22 @@ impl ImageBenchSetup {
             });
         }
         let (dataset, kind): (AnySource, _) = if path.is_dir() {
+            if cfg.verify_checksums {
+                return Err(Error::config(
+                    "verify_checksums",
+                    format!(
+                        "{} is an image folder, which has no checksums to verify (packed files do)",
+                        path.display()
+                    ),
+                ));
+            }
             (Box::new(ImageFolder::open(path)?), "imagefolder")
         } else {
-            (source::open(path)?, "packed")
+            let options = crate::format::ReadOptions {
+                verify_checksums: cfg.verify_checksums,
+                ..Default::default()
+            };
+            (source::open_with(path, options)?, "packed")
         };
         let mut t = ImageTransform::train(cfg.size).dtype(dtype);
         if let Some(field) = &cfg.image_field {
@@ -199,7 +207,6 @@ impl ImageBenchSetup {
             t = t.on_bad_image(OnBadImage::Skip);
         }
         let t = t.build()?;
-        let stats = t.stats();
         let mut builder = Loader::builder(dataset)
             .transform(t)
             .batch_size(cfg.batch_size)
@@ -212,11 +219,7 @@ impl ImageBenchSetup {
         if let Some(prefetch) = cfg.prefetch {
             builder = builder.prefetch(prefetch);
         }
-        Ok(ImageBenchSetup {
-            builder,
-            kind,
-            stats,
-        })
+        Ok(ImageBenchSetup { builder, kind })
     }
 }
 
@@ -224,8 +227,9 @@ impl ImageBenchSetup {
 pub(crate) trait EpochSource {
     /// Starts epoch `epoch` (called before every epoch after the first).
     fn start_epoch(&mut self, epoch: u64) -> Result<()>;
-    /// The next batch's image count, `None` at the end of the epoch.
-    fn next_batch(&mut self) -> Option<Result<u64>>;
+    /// The next batch's image count and the images of it skipped as bad, `None` at the end
+    /// of the epoch.
+    fn next_batch(&mut self) -> Option<Result<(u64, u64)>>;
     /// Waits until the epoch's batches are where the consumer uses them (before the epoch's
     /// time is taken); nothing to wait for on the host.
     fn end_epoch(&mut self) -> Result<()> {
@@ -239,14 +243,17 @@ impl EpochSource for Loader {
         Ok(())
     }
 
-    fn next_batch(&mut self) -> Option<Result<u64>> {
-        self.next().map(|b| b.map(|b| b.len() as u64))
+    fn next_batch(&mut self) -> Option<Result<(u64, u64)>> {
+        self.next()
+            .map(|b| b.map(|b| (b.len() as u64, b.skipped() as u64)))
     }
 }
 
 /// What the epochs of an image bench took.
 pub(crate) struct EpochTimes {
     images: u64,
+    /// Bad images skipped in the batches delivered.
+    pub skipped: u64,
     epochs: u64,
     seconds: f64,
     rates: Vec<f64>,
@@ -262,6 +269,7 @@ impl EpochTimes {
         source: &mut impl EpochSource,
     ) -> Result<EpochTimes> {
         let (mut images, mut epochs, mut rates) = (0u64, 0u64, Vec::new());
+        let mut skipped = 0u64;
         'run: for epoch in 0..cfg.epochs {
             if epoch > 0 {
                 source.start_epoch(epoch)?;
@@ -273,7 +281,9 @@ impl EpochTimes {
                 let Some(batch) = source.next_batch() else {
                     break;
                 };
-                n += batch?;
+                let (len, bad) = batch?;
+                n += len;
+                skipped += bad;
                 batches += 1;
                 if cfg.limit.is_some_and(|l| images + n >= l) {
                     source.end_epoch()?;
@@ -287,6 +297,7 @@ impl EpochTimes {
         }
         Ok(EpochTimes {
             images,
+            skipped,
             epochs,
             seconds: started.elapsed().as_secs_f64(),
             rates,

@@ -10,6 +10,14 @@
 //!
 //! Every failure is an [`Error::Image`] naming the source (file or record) and what is wrong:
 //! truncated or corrupt data, an unsupported format, a zero-sized or oversized image.
+//!
+//! Nothing is allocated for an image before its declared size has passed two checks: against
+//! [`DecodeLimits::max_pixels`] (a setting, PIL's `MAX_IMAGE_PIXELS` by default), and against
+//! the bytes there are: a PNG's pixels must fit in what deflate can expand its bytes to (at
+//! most 1032 times), a Huffman-coded JPEG's in one bit per MCU at the least. So a small file
+//! that declares a huge image (a decompression bomb, or a corrupt header) is refused at once
+//! instead of costing gigabytes of zeroed buffers or seconds of decoding. The PNG decoder's own
+//! allocations (rows, ancillary chunks) are capped too.
 
 use std::io::Cursor;
 
@@ -21,8 +29,30 @@ use zune_core::options::DecoderOptions;
 
 use crate::error::{Error, Result};
 
-/// The largest image decoded, in pixels (PIL's decompression-bomb error threshold).
-pub const MAX_PIXELS: u64 = 178_956_970;
+/// The default [`DecodeLimits::max_pixels`]: PIL's `Image.MAX_IMAGE_PIXELS` (a 1024 MiB image of
+/// 4 bytes a pixel, divided by 3), above which PIL warns of a decompression bomb.
+pub const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
+
+/// Bytes the PNG decoder may allocate for itself beyond one row of the image (ancillary chunks:
+/// text, ICC profile, ...).
+const PNG_DECODER_BYTES: u64 = 16 << 20;
+
+/// Limits on what a declared image may cost before it is decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeLimits {
+    /// The largest image decoded, in pixels (width x height); larger ones are an
+    /// [`Error::Image`] that names this setting. Default [`DEFAULT_MAX_PIXELS`]; set it with
+    /// [`ImageTransformBuilder::max_pixels`](crate::transform::image::ImageTransformBuilder::max_pixels).
+    pub max_pixels: u64,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> DecodeLimits {
+        DecodeLimits {
+            max_pixels: DEFAULT_MAX_PIXELS,
+        }
+    }
+}
 
 /// An encoded image format this module decodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -80,17 +110,24 @@ fn detect_or_fail(bytes: &[u8], name: &str) -> Result<ImageKind> {
     })
 }
 
-fn check_size(name: &str, width: u64, height: u64) -> Result<(u32, u32)> {
+/// Checks a declared size: not zero, within `max_pixels` (`None`: no limit), within `u32`.
+fn check_size(name: &str, width: u64, height: u64, max_pixels: Option<u64>) -> Result<(u32, u32)> {
     if width == 0 || height == 0 {
         return Err(image_error(
             name,
             format!("zero-sized image ({width}x{height})"),
         ));
     }
-    if width.saturating_mul(height) > MAX_PIXELS {
+    if let Some(max) = max_pixels
+        && width.saturating_mul(height) > max
+    {
         return Err(image_error(
             name,
-            format!("{width}x{height} image is larger than the {MAX_PIXELS}-pixel limit"),
+            format!(
+                "{width}x{height} image ({} pixels) is larger than the max_pixels limit of {max} \
+                 (ImageTransformBuilder::max_pixels; a decompression bomb, or raise the limit)",
+                width.saturating_mul(height)
+            ),
         ));
     }
     match (u32::try_from(width), u32::try_from(height)) {
@@ -102,18 +139,147 @@ fn check_size(name: &str, width: u64, height: u64) -> Result<(u32, u32)> {
     }
 }
 
-/// Reads an image's (width, height) from its header only; the pixels are not decoded.
+/// What a PNG's IHDR chunk says.
+#[derive(Clone, Copy, Debug)]
+struct PngHeader {
+    width: u64,
+    height: u64,
+    depth: u8,
+    color: u8,
+}
+
+impl PngHeader {
+    /// The IHDR chunk, which must come first: signature (8), length (4), "IHDR" (4), width (4,
+    /// BE), height (4, BE), bit depth, colour type.
+    fn read(bytes: &[u8], name: &str) -> Result<PngHeader> {
+        let ihdr = bytes
+            .get(8..26)
+            .filter(|h| &h[4..8] == b"IHDR")
+            .ok_or_else(|| image_error(name, "truncated or corrupt PNG: no IHDR chunk"))?;
+        let be = |b: &[u8]| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        Ok(PngHeader {
+            width: be(&ihdr[8..12]),
+            height: be(&ihdr[12..16]),
+            depth: ihdr[16],
+            color: ihdr[17],
+        })
+    }
+
+    /// Bytes of one filtered row (filter byte included), for the colour types and depths PNG
+    /// defines; `None` for others (the decoder refuses them).
+    fn row_bytes(&self) -> Option<u64> {
+        let channels = match self.color {
+            0 | 3 => 1,
+            2 => 3,
+            4 => 2,
+            6 => 4,
+            _ => return None,
+        };
+        let bits = self.width.checked_mul(channels * u64::from(self.depth))?;
+        Some(bits.div_ceil(8) + 1)
+    }
+
+    /// Refuses a PNG whose declared pixels (filtered, before deflate) exceed what its bytes
+    /// can inflate to: deflate expands at most 1032 times (a 258-byte match in two bits).
+    fn check_data(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let Some(row) = self.row_bytes() else {
+            return Ok(());
+        };
+        let raw = u128::from(row) * u128::from(self.height);
+        let most = 1032 * bytes.len() as u128 + 1024;
+        if raw > most {
+            return Err(image_error(
+                name,
+                format!(
+                    "PNG declares {}x{} ({}-bit, colour type {}), {raw} bytes once inflated, but holds \
+                     {} bytes in all, which inflate to at most {most}: corrupt, or a decompression bomb",
+                    self.width,
+                    self.height,
+                    self.depth,
+                    self.color,
+                    bytes.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The frame header of a JPEG: its SOF marker and largest sampling factors, found by walking
+/// the marker segments before the first scan; `None` when the walk finds no frame.
+fn jpeg_frame(bytes: &[u8]) -> Option<(u8, u64, u64)> {
+    let mut at = 2;
+    loop {
+        if *bytes.get(at)? != 0xFF {
+            return None;
+        }
+        while bytes.get(at) == Some(&0xFF) {
+            at += 1;
+        }
+        let marker = *bytes.get(at)?;
+        at += 1;
+        match marker {
+            0x01 | 0xD0..=0xD8 => continue,
+            0xD9 | 0xDA => return None,
+            _ => {}
+        }
+        let len = usize::from(u16::from_be_bytes([*bytes.get(at)?, *bytes.get(at + 1)?]));
+        if len < 2 {
+            return None;
+        }
+        if (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
+            // Precision, height, width, component count, then (id, H << 4 | V, table) each.
+            let seg = bytes.get(at + 2..at + len)?;
+            let n = usize::from(*seg.get(5)?);
+            let comps = seg.get(6..6 + 3 * n)?;
+            let hmax = comps.chunks_exact(3).map(|c| c[1] >> 4).max()?;
+            let vmax = comps.chunks_exact(3).map(|c| c[1] & 15).max()?;
+            return Some((marker, u64::from(hmax.max(1)), u64::from(vmax.max(1))));
+        }
+        at += len;
+    }
+}
+
+/// Refuses a Huffman-coded JPEG (baseline, extended, progressive, lossless) whose declared size
+/// needs more entropy-coded bits than the file holds: every MCU codes at least one DC (or, for
+/// lossless, one sample) Huffman symbol of at least one bit. Arithmetic-coded and
+/// hierarchical frames, and files whose markers cannot be walked, are left to the decoder.
+fn check_jpeg_data(name: &str, bytes: &[u8], width: u32, height: u32) -> Result<()> {
+    let Some((marker, hmax, vmax)) = jpeg_frame(bytes) else {
+        return Ok(());
+    };
+    if !matches!(marker, 0xC0..=0xC3) {
+        return Ok(());
+    }
+    let mcus = u64::from(width).div_ceil(8 * hmax) * u64::from(height).div_ceil(8 * vmax);
+    let least = mcus.div_ceil(8);
+    if least > bytes.len() as u64 {
+        return Err(image_error(
+            name,
+            format!(
+                "JPEG declares {width}x{height}, {mcus} blocks of at least one bit each ({least} \
+                 bytes), but holds {} bytes in all: corrupt or truncated",
+                bytes.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads an image's (width, height) from its header only; the pixels are not decoded. A
+/// zero-sized image, or one whose declared size its bytes cannot hold, is an error; the pixel
+/// limit is not applied (nothing is allocated here): decoding applies it.
 pub fn probe(bytes: &[u8], name: &str) -> Result<(u32, u32)> {
     match detect_or_fail(bytes, name)? {
-        ImageKind::Jpeg => jpeg_header(bytes, name).map(|(_, w, h)| (w, h)),
+        ImageKind::Jpeg => {
+            let (_, w, h) = jpeg_header(bytes, name, None)?;
+            Ok((w, h))
+        }
         ImageKind::Png => {
-            // Signature (8), IHDR length (4), "IHDR" (4), width (4, BE), height (4, BE).
-            let ihdr = bytes
-                .get(8..24)
-                .filter(|h| &h[4..8] == b"IHDR")
-                .ok_or_else(|| image_error(name, "truncated or corrupt PNG: no IHDR chunk"))?;
-            let be = |b: &[u8]| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-            check_size(name, be(&ihdr[8..12]), be(&ihdr[12..16]))
+            let header = PngHeader::read(bytes, name)?;
+            let size = check_size(name, header.width, header.height, None)?;
+            header.check_data(name, bytes)?;
+            Ok(size)
         }
     }
 }
@@ -121,8 +287,13 @@ pub fn probe(bytes: &[u8], name: &str) -> Result<(u32, u32)> {
 /// A JPEG decoder over bytes in memory.
 type JpegOver<'a> = zune_jpeg::JpegDecoder<ZCursor<&'a [u8]>>;
 
-/// A JPEG decoder (RGB output) that has read and checked the headers, and the image's size.
-fn jpeg_header<'a>(bytes: &'a [u8], name: &str) -> Result<(JpegOver<'a>, u32, u32)> {
+/// A JPEG decoder (RGB output) that has read and checked the headers, and the image's size,
+/// checked against `max_pixels` and the bytes there are.
+fn jpeg_header<'a>(
+    bytes: &'a [u8],
+    name: &str,
+    max_pixels: Option<u64>,
+) -> Result<(JpegOver<'a>, u32, u32)> {
     let mut d = zune_jpeg::JpegDecoder::new_with_options(
         ZCursor::new(bytes),
         jpeg_options(ColorSpace::RGB),
@@ -132,7 +303,13 @@ fn jpeg_header<'a>(bytes: &'a [u8], name: &str) -> Result<(JpegOver<'a>, u32, u3
     let info = d
         .info()
         .ok_or_else(|| image_error(name, "corrupt JPEG header: no frame"))?;
-    let (w, h) = check_size(name, u64::from(info.width), u64::from(info.height))?;
+    let (w, h) = check_size(
+        name,
+        u64::from(info.width),
+        u64::from(info.height),
+        max_pixels,
+    )?;
+    check_jpeg_data(name, bytes, w, h)?;
     Ok((d, w, h))
 }
 
@@ -147,16 +324,18 @@ fn jpeg_options(out: ColorSpace) -> DecoderOptions {
 /// Decodes `bytes` (JPEG or PNG, by magic) to RGB8 into `out` (resized; its capacity is reused).
 ///
 /// `scratch` holds intermediate samples of PNGs that are not 8-bit RGB; keep both buffers
-/// between calls (per thread) so that decoding allocates nothing in the steady state.
+/// between calls (per thread) so that decoding allocates nothing in the steady state. The
+/// declared size is checked against `limits` and against the bytes before either buffer grows.
 pub fn decode_rgb8(
     bytes: &[u8],
     name: &str,
+    limits: &DecodeLimits,
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
 ) -> Result<Decoded> {
     match detect_or_fail(bytes, name)? {
-        ImageKind::Jpeg => decode_jpeg(bytes, name, out),
-        ImageKind::Png => decode_png(bytes, name, out, scratch),
+        ImageKind::Jpeg => decode_jpeg(bytes, name, limits, out),
+        ImageKind::Png => decode_png(bytes, name, limits, out, scratch),
     }
 }
 
@@ -179,9 +358,14 @@ fn check_jpeg_end(bytes: &[u8], name: &str) -> Result<()> {
     }
 }
 
-fn decode_jpeg(bytes: &[u8], name: &str, out: &mut Vec<u8>) -> Result<Decoded> {
+fn decode_jpeg(
+    bytes: &[u8],
+    name: &str,
+    limits: &DecodeLimits,
+    out: &mut Vec<u8>,
+) -> Result<Decoded> {
     check_jpeg_end(bytes, name)?;
-    let (mut d, w, h) = jpeg_header(bytes, name)?;
+    let (mut d, w, h) = jpeg_header(bytes, name, Some(limits.max_pixels))?;
     let len = d
         .output_buffer_size()
         .ok_or_else(|| image_error(name, "corrupt JPEG header"))?;
@@ -203,13 +387,26 @@ fn decode_jpeg(bytes: &[u8], name: &str, out: &mut Vec<u8>) -> Result<Decoded> {
 fn decode_png(
     bytes: &[u8],
     name: &str,
+    limits: &DecodeLimits,
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
 ) -> Result<Decoded> {
     let bad = |e: ::image::ImageError| image_error(name, format!("corrupt PNG: {e}"));
-    let d = PngDecoder::new(Cursor::new(bytes)).map_err(bad)?;
+    // The declared size, checked before the decoder (or this function) allocates for it.
+    let header = PngHeader::read(bytes, name)?;
+    check_size(name, header.width, header.height, Some(limits.max_pixels))?;
+    header.check_data(name, bytes)?;
+    // The decoder's own allocations: one row of the image, and ancillary chunks up to a cap.
+    let mut png_limits = ::image::Limits::default();
+    png_limits.max_alloc = Some(
+        header
+            .row_bytes()
+            .unwrap_or(0)
+            .saturating_add(PNG_DECODER_BYTES),
+    );
+    let d = PngDecoder::with_limits(Cursor::new(bytes), png_limits).map_err(bad)?;
     let (w, h) = d.dimensions();
-    let (w, h) = check_size(name, u64::from(w), u64::from(h))?;
+    let (w, h) = check_size(name, u64::from(w), u64::from(h), Some(limits.max_pixels))?;
     let color = d.color_type();
     let pixels = w as usize * h as usize;
     out.resize(pixels * 3, 0);
@@ -348,6 +545,9 @@ impl Drop for Tj3 {
 /// share of the image. The decoded block starts at the iMCU boundary at or left of the region
 /// (libjpeg-turbo requires it) and at the region's first row; it is clamped to the image.
 ///
+/// The declared size is checked against `limits` and against the bytes (as [`decode_rgb8`]
+/// does) before `out` grows.
+///
 /// Returns the decoded block's size (in `out`, RGB8, `width * 3` bytes a row), `region` in
 /// that block's pixels (scaled by `1/denom` and shifted by the block's origin) and the scale.
 ///
@@ -362,6 +562,7 @@ pub fn decode_rgb8_region(
     name: &str,
     region: crate::transform::image::Region,
     denom: u32,
+    limits: &DecodeLimits,
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
 ) -> Result<DecodedRegion> {
@@ -370,7 +571,7 @@ pub fn decode_rgb8_region(
 
     let whole = |out: &mut Vec<u8>, scratch: &mut Vec<u8>| {
         Ok(DecodedRegion {
-            decoded: decode_rgb8(bytes, name, out, scratch)?,
+            decoded: decode_rgb8(bytes, name, limits, out, scratch)?,
             region,
             denom: 1,
         })
@@ -410,7 +611,8 @@ pub fn decode_rgb8_region(
             // A tables-only datastream, or garbage libjpeg-turbo read no frame from.
             return Err(image_error(name, "corrupt JPEG header: no frame"));
         }
-        check_size(name, jw as u64, jh as u64)?;
+        let (w32, h32) = check_size(name, jw as u64, jh as u64, Some(limits.max_pixels))?;
+        check_jpeg_data(name, bytes, w32, h32)?;
         let subsamp = tj.get(raw::TJPARAM_TJPARAM_SUBSAMP);
         let colorspace = tj.get(raw::TJPARAM_TJPARAM_COLORSPACE);
         let usable = (0..MCU_WIDTH.len() as std::ffi::c_int).contains(&subsamp)

@@ -19,7 +19,15 @@
 //! file (the loader wraps it with the sample index and batch). With [`OnBadImage::Skip`], the
 //! sample's image slot is zeroed, its label set to -1, and the count goes up in
 //! [`ImageStats`]: batches keep their fixed size and a training loop can mask `label < 0`.
-//! This module never panics on image bytes.
+//! An image is bad when it cannot be decoded, when it declares more pixels than
+//! [`ImageTransformBuilder::max_pixels`] allows or than its bytes can hold, and when its crop
+//! has no pixels (RandomResizedCrop's fallback box for a tiny image and a ratio range far from
+//! its own). This module never panics on image bytes.
+//!
+//! Memory: each worker thread keeps its decode buffers from one image to the next, so the
+//! steady state allocates nothing; after an image that needed more than
+//! [`KEEP_BUFFER_BYTES`] in one of them, that buffer is freed rather than kept for the life of
+//! the loader.
 
 pub mod bench;
 mod convert;
@@ -35,7 +43,7 @@ use fast_image_resize as fir;
 use convert::Converter;
 pub use convert::{Layout, Normalize};
 pub use crop::{CropBox, Region};
-pub use decode::{Decoded, ImageKind};
+pub use decode::{DecodeLimits, Decoded, ImageKind};
 
 use crate::error::{Error, Result};
 use crate::format::{DType, FieldKind, Schema};
@@ -86,7 +94,9 @@ impl ImageStats {
         self.decoded.load(Ordering::Relaxed)
     }
 
-    /// Bad images skipped (with [`OnBadImage::Skip`]).
+    /// Bad images skipped (with [`OnBadImage::Skip`]) in every batch made, those made ahead
+    /// of the consumer and never delivered included; [`Batch::skipped`](crate::Batch::skipped)
+    /// counts a delivered batch's.
     pub fn skipped(&self) -> u64 {
         self.skipped.load(Ordering::Relaxed)
     }
@@ -109,6 +119,7 @@ pub struct ImageTransformBuilder {
     image_field: String,
     label_field: Option<String>,
     filter: fir::FilterType,
+    limits: DecodeLimits,
 }
 
 impl ImageTransformBuilder {
@@ -193,6 +204,15 @@ impl ImageTransformBuilder {
         self
     }
 
+    /// The largest image decoded, in pixels (width x height): a larger one is a bad image
+    /// ([`OnBadImage`]), refused from its header before anything is allocated for it. Default
+    /// [`decode::DEFAULT_MAX_PIXELS`] (89,478,485, PIL's `MAX_IMAGE_PIXELS`); each worker may
+    /// hold about 6 bytes per pixel of the largest image it decodes while it decodes it.
+    pub fn max_pixels(mut self, pixels: u64) -> Self {
+        self.limits.max_pixels = pixels;
+        self
+    }
+
     /// Checks the settings and builds the transform.
     pub fn build(self) -> Result<ImageTransform> {
         let (h, w) = self.size;
@@ -253,6 +273,12 @@ impl ImageTransformBuilder {
         {
             return Err(Error::config("normalize", format!("std {:?}", n.std)));
         }
+        if self.limits.max_pixels == 0 {
+            return Err(Error::config(
+                "max_pixels",
+                "0 pixels allows no image at all",
+            ));
+        }
         Ok(ImageTransform {
             converter: Converter::new(self.dtype, self.layout, self.normalize),
             stats: Arc::new(ImageStats::default()),
@@ -295,12 +321,42 @@ impl std::fmt::Debug for ImageTransform {
     }
 }
 
+/// A worker thread's decode buffer that grew past this many bytes for one image is freed
+/// after it, not kept: an occasional huge image (or a corrupt one that was allocated for and
+/// then failed) does not hold its memory for the life of the loader.
+pub const KEEP_BUFFER_BYTES: usize = 64 << 20;
+
 /// Buffers each worker thread reuses: decoded pixels, decoder scratch, resized pixels, resizer.
 struct ThreadBuffers {
     decoded: Vec<u8>,
     scratch: Vec<u8>,
     resized: Vec<u8>,
     resizer: fir::Resizer,
+}
+
+impl ThreadBuffers {
+    fn new() -> ThreadBuffers {
+        ThreadBuffers {
+            decoded: Vec::new(),
+            scratch: Vec::new(),
+            resized: Vec::new(),
+            resizer: fir::Resizer::new(),
+        }
+    }
+
+    /// Frees the buffers that grew past [`KEEP_BUFFER_BYTES`] (and the resizer's, with them).
+    fn shrink_oversized(&mut self) {
+        let mut any = false;
+        for v in [&mut self.decoded, &mut self.scratch, &mut self.resized] {
+            if v.capacity() > KEEP_BUFFER_BYTES {
+                *v = Vec::new();
+                any = true;
+            }
+        }
+        if any {
+            self.resizer = fir::Resizer::new();
+        }
+    }
 }
 
 thread_local! {
@@ -319,6 +375,7 @@ impl ImageTransform {
             image_field: "image".into(),
             label_field: Some("label".into()),
             filter: fir::FilterType::Bilinear,
+            limits: DecodeLimits::default(),
         }
     }
 
@@ -368,13 +425,10 @@ impl ImageTransform {
     ) -> Result<()> {
         BUFFERS.with(|cell| {
             let mut guard = cell.borrow_mut();
-            let bufs = guard.get_or_insert_with(|| ThreadBuffers {
-                decoded: Vec::new(),
-                scratch: Vec::new(),
-                resized: Vec::new(),
-                resizer: fir::Resizer::new(),
-            });
-            self.apply_with(bufs, bytes, name, ctx, slot)
+            let bufs = guard.get_or_insert_with(ThreadBuffers::new);
+            let result = self.apply_with(bufs, bytes, name, ctx, slot);
+            bufs.shrink_oversized();
+            result
         })
     }
 
@@ -402,6 +456,7 @@ impl ImageTransform {
                 }
             };
         let (decoded, region, flipped) = self.decode_for(bufs, bytes, name, &mut rng, geometry)?;
+        nonempty(name, region, decoded)?;
         let src = fir::images::ImageRef::new(
             decoded.width,
             decoded.height,
@@ -454,7 +509,13 @@ impl ImageTransform {
         rng: &mut crate::transform::SampleRng,
         geometry: impl Fn(u32, u32, &mut crate::transform::SampleRng) -> (Region, bool),
     ) -> Result<(Decoded, Region, bool)> {
-        let d = decode::decode_rgb8(bytes, name, &mut bufs.decoded, &mut bufs.scratch)?;
+        let d = decode::decode_rgb8(
+            bytes,
+            name,
+            &self.cfg.limits,
+            &mut bufs.decoded,
+            &mut bufs.scratch,
+        )?;
         let (region, flipped) = geometry(d.height, d.width, rng);
         Ok((d, region, flipped))
     }
@@ -473,6 +534,14 @@ impl ImageTransform {
     ) -> Result<(Decoded, Region, bool)> {
         let (w, h) = decode::probe(bytes, name)?;
         let (region, flipped) = geometry(h, w, rng);
+        nonempty(
+            name,
+            region,
+            Decoded {
+                width: w,
+                height: h,
+            },
+        )?;
         let (out_h, out_w) = self.cfg.size;
         let denom = decode::scale_denominator(region.width, region.height, out_w, out_h);
         // The resize reads source pixels up to its filter's support beyond the region's edges
@@ -496,6 +565,7 @@ impl ImageTransform {
             name,
             wide,
             denom,
+            &self.cfg.limits,
             &mut bufs.decoded,
             &mut bufs.scratch,
         )?;
@@ -542,6 +612,7 @@ impl ImageTransform {
             (Ok(()), _) => {}
             (Err(e @ Error::Image { .. }), OnBadImage::Skip) => {
                 slots.field(0)?.fill(0);
+                slots.mark_skipped();
                 self.stats.skipped.fetch_add(1, Ordering::Relaxed);
                 if let Ok(mut last) = self.stats.last_skipped.lock() {
                     *last = Some(e.to_string());
@@ -571,6 +642,22 @@ impl ImageTransform {
         }
         Ok(())
     }
+}
+
+/// Refuses a region with no pixels: resizing it would write nothing, and the slot would keep
+/// whatever an earlier sample left there.
+fn nonempty(name: &str, region: Region, image: Decoded) -> Result<()> {
+    if region.width > 0.0 && region.height > 0.0 {
+        return Ok(());
+    }
+    Err(decode::image_error(
+        name,
+        format!(
+            "empty crop: the region {}x{} at ({}, {}) of the {}x{} image has no pixels \
+             (RandomResizedCrop's fallback box for an image this small and this ratio range)",
+            region.width, region.height, region.left, region.top, image.width, image.height
+        ),
+    ))
 }
 
 fn label_dtype(schema: &Schema, k: usize) -> Result<DType> {
@@ -648,5 +735,74 @@ impl SampleTransform for ImageTransform {
 
     fn apply(&self, sample: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>) -> Result<()> {
         self.apply_sample(&sample, ctx, slots)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::image::ImageEncoder;
+
+    fn png_rgb(w: u32, h: u32) -> Vec<u8> {
+        let px: Vec<u8> = (0..w * h * 3).map(|i| (i * 37) as u8).collect();
+        let mut out = Vec::new();
+        ::image::codecs::png::PngEncoder::new(&mut out)
+            .write_image(&px, w, h, ::image::ExtendedColorType::Rgb8)
+            .unwrap();
+        out
+    }
+
+    fn capacities() -> (usize, usize) {
+        BUFFERS.with(|c| {
+            let g = c.borrow();
+            let b = g.as_ref().unwrap();
+            (b.decoded.capacity(), b.scratch.capacity())
+        })
+    }
+
+    fn oversize_buffers() {
+        BUFFERS.with(|c| {
+            let mut b = ThreadBuffers::new();
+            b.decoded.reserve_exact(KEEP_BUFFER_BYTES + 1);
+            b.scratch.reserve_exact(KEEP_BUFFER_BYTES + 1);
+            *c.borrow_mut() = Some(b);
+        });
+    }
+
+    /// Issue 9, item 7: a worker's buffers kept the size of the largest image it ever decoded
+    /// for the life of the loader.
+    #[test]
+    fn buffers_grown_past_the_keep_size_are_freed_after_the_image() {
+        std::thread::spawn(|| {
+            let t = ImageTransform::train(4).build().unwrap();
+            let ctx = SampleContext {
+                index: 1,
+                position: 0,
+                batch: 0,
+                epoch: 0,
+                seed: 3,
+            };
+            let mut slot = vec![0u8; 4 * 4 * 3];
+            let image = png_rgb(8, 8);
+            // As if the previous image had needed more than KEEP_BUFFER_BYTES.
+            oversize_buffers();
+            t.apply_image(&image, "a.png", &ctx, &mut slot).unwrap();
+            assert_eq!(capacities(), (0, 0));
+            // An ordinary image's buffers are kept, and reused.
+            t.apply_image(&image, "a.png", &ctx, &mut slot).unwrap();
+            let kept = capacities().0;
+            assert!(kept >= 8 * 8 * 3);
+            t.apply_image(&image, "a.png", &ctx, &mut slot).unwrap();
+            assert_eq!(capacities().0, kept);
+            // After a failure too.
+            oversize_buffers();
+            assert!(
+                t.apply_image(b"\x89PNG\r\n\x1a\n", "bad.png", &ctx, &mut slot)
+                    .is_err()
+            );
+            assert_eq!(capacities(), (0, 0));
+        })
+        .join()
+        .unwrap();
     }
 }

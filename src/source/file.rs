@@ -1,0 +1,469 @@
+//! The file behind a file-backed source: how its bytes are reached ([`ReadMode`]), what is
+//! remembered of it at open to notice later that it changed, and the per-thread buffers that
+//! reads go through.
+//!
+//! # The mapping's contract
+//!
+//! [`ReadMode::Map`] (the default) maps the file with `mmap(PROT_READ, MAP_SHARED)`. The mapping
+//! is *shared* with the file: it is the page cache itself, so another process that writes to the
+//! file changes the bytes gpufeed reads while it reads them, and a file that becomes shorter
+//! than the mapping makes every access past its new end fault. Concretely, while a source is
+//! open in this mode:
+//!
+//! - **truncating the file** (`np.save` or `open(path, "wb")` onto the same path, `truncate`,
+//!   a writer restarting) kills the process with `SIGBUS` at the next read of a page past the
+//!   new end. No Rust code can catch it;
+//! - **rewriting bytes in place** gives samples whose bytes change under the reader, between
+//!   batches or within one sample: silently wrong data, or (for packed files) a typed error when
+//!   an offset or length no longer fits. Rust's rules for `&[u8]` assume the bytes do not
+//!   change; gpufeed reads each offset once, into a local, before checking and using it, but
+//!   nothing more can be promised about a file mutated under a mapping;
+//! - **replacing the file** (write a new file, rename it over the path, as `RecordWriter` and
+//!   careful tools do) is harmless to the open source: it keeps reading the old file, whose
+//!   inode lives until it is closed.
+//!
+//! The user must therefore guarantee that no process truncates or writes a file while a source
+//! maps it, or choose [`ReadMode::Pread`], which never maps: a truncated file is then a typed
+//! error ([`Error::FileChanged`]), never a signal. Bytes rewritten in place are read as they
+//! are in either mode; packed files can check every record against its stored checksum
+//! ([`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums)).
+//!
+//! Every file-backed source records the file's device, inode, size and modification time at
+//! open; [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) compares them with
+//! what the path holds now (one `stat`), so that a replaced, truncated, extended or rewritten
+//! file is reported, naming the file and what changed, at the next epoch instead of being read.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::fs::{File, Metadata};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use memmap2::{Mmap, MmapOptions};
+
+use crate::error::{Error, Result};
+
+/// How a file-backed source ([`RecordFile`](crate::format::RecordFile),
+/// [`NpyArray`](crate::source::NpyArray)) reaches its file's bytes.
+///
+/// See the [`source`](crate::source) module's section on mappings for what each mode promises
+/// when the file changes while it is open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ReadMode {
+    /// One read-only, shared memory mapping of the whole file (`mmap(MAP_SHARED)`): samples
+    /// are views into the page cache, with no copy and no system call per sample. The default,
+    /// and the fastest. The file must not be truncated or written while it is open: truncation
+    /// kills the process with `SIGBUS`, bytes written in place are read as they change.
+    #[default]
+    Map,
+    /// Reads at offsets (`pread`) from one file descriptor shared by every thread, never a
+    /// mapping. Fixed-size fields are read straight into their batch slot
+    /// ([`Sample::copy_field_into`](crate::source::Sample::copy_field_into)); other reads go
+    /// through a reusable per-thread buffer. For file systems where a mapping is unsafe or slow
+    /// (NFS and other network or FUSE file systems) and for files that may be truncated: a
+    /// short read is an [`Error::FileChanged`] naming the file, never a signal. Costs a system
+    /// call and a kernel copy per read (see `benches/RESULTS.md`).
+    Pread,
+}
+
+/// The bytes of an open file: a shared mapping, or the file itself to read at offsets.
+#[derive(Clone)]
+pub(crate) enum FileData {
+    Map(Arc<Mmap>),
+    Pread { file: Arc<File>, len: u64 },
+}
+
+/// Opens `path` in `mode`: its bytes and what it is (identity, size, modification time), the
+/// latter taken from the open descriptor, so the two describe the same file.
+pub(crate) fn open_file(path: &Path, mode: ReadMode) -> Result<(FileData, FileIdentity)> {
+    let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
+    let identity = FileIdentity::of(&meta);
+    // Positions inside the file are used as `usize` (slices, buffers) in either mode.
+    let len = usize::try_from(identity.len).map_err(|_| {
+        Error::io(
+            path,
+            "open",
+            std::io::Error::other("the file is larger than this machine's address space"),
+        )
+    })?;
+    let data = match mode {
+        ReadMode::Map => {
+            // SAFETY: `Mmap` hands out `&[u8]` over a `MAP_SHARED` mapping of a file that
+            // another process can still write or truncate; that cannot be ruled out here, so
+            // this call relies on the contract documented on `ReadMode::Map`, `RecordFile`,
+            // `NpyArray` and the README: the user does not let the file be truncated or written
+            // while it is open (or opens it with `ReadMode::Pread`). What gpufeed does to limit
+            // the harm if the contract is broken: the mapping's length is the size taken from
+            // this descriptor just above, every position is checked against it, and every offset
+            // read from the file is read once into a local before it is checked and used.
+            // Truncation still ends the process with SIGBUS, which no code here can prevent.
+            let map = unsafe { MmapOptions::new().len(len).map(&file) }
+                .map_err(|e| Error::io(path, "map", e))?;
+            FileData::Map(Arc::new(map))
+        }
+        ReadMode::Pread => FileData::Pread {
+            file: Arc::new(file),
+            len: identity.len,
+        },
+    };
+    Ok((data, identity))
+}
+
+impl FileData {
+    /// The file's size when it was opened (the mapping's length).
+    pub fn len(&self) -> u64 {
+        match self {
+            FileData::Map(map) => map.len() as u64,
+            FileData::Pread { len, .. } => *len,
+        }
+    }
+
+    /// Which mode this is.
+    pub fn mode(&self) -> ReadMode {
+        match self {
+            FileData::Map(_) => ReadMode::Map,
+            FileData::Pread { .. } => ReadMode::Pread,
+        }
+    }
+
+    /// Fills `dst` with the bytes at `at`; `at + dst.len()` must be within the size at open,
+    /// else (or if the file has become shorter) an error naming `path`.
+    pub fn read_at(&self, path: &Path, at: u64, dst: &mut [u8]) -> Result<()> {
+        let end = at
+            .checked_add(dst.len() as u64)
+            .filter(|&e| e <= self.len());
+        let Some(end) = end else {
+            return Err(Error::io(
+                path,
+                "read",
+                std::io::Error::other(format!(
+                    "{} bytes at {at} lie past the end of the {}-byte file",
+                    dst.len(),
+                    self.len()
+                )),
+            ));
+        };
+        match self {
+            FileData::Map(map) => {
+                dst.copy_from_slice(&map[at as usize..end as usize]);
+                Ok(())
+            }
+            FileData::Pread { file, len } => pread_exact(file, path, at, dst, *len),
+        }
+    }
+
+    /// `len` bytes at `at`: borrowed from the mapping, or read.
+    pub fn bytes_at(&self, path: &Path, at: u64, len: usize) -> Result<Cow<'_, [u8]>> {
+        match self {
+            FileData::Map(map) => {
+                let end = at
+                    .checked_add(len as u64)
+                    .filter(|&e| e <= map.len() as u64);
+                match end {
+                    Some(end) => Ok(Cow::Borrowed(&map[at as usize..end as usize])),
+                    None => Err(Error::io(
+                        path,
+                        "read",
+                        std::io::Error::other(format!(
+                            "{len} bytes at {at} lie past the end of the {}-byte file",
+                            map.len()
+                        )),
+                    )),
+                }
+            }
+            FileData::Pread { .. } => {
+                let mut v = vec![0u8; len];
+                self.read_at(path, at, &mut v)?;
+                Ok(Cow::Owned(v))
+            }
+        }
+    }
+
+    /// The little-endian `u64` at `at`.
+    pub fn u64_at(&self, path: &Path, at: u64) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read_at(path, at, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+}
+
+/// `pread` until `dst` is full; a file that ends first was truncated after it was opened.
+pub(crate) fn pread_exact(
+    file: &File,
+    path: &Path,
+    at: u64,
+    dst: &mut [u8],
+    len: u64,
+) -> Result<()> {
+    match read_exact_at(file, dst, at) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::FileChanged {
+            path: path.to_path_buf(),
+            what: format!(
+                "it ends before byte {} (it had {len} bytes when it was opened): it was truncated \
+                 while open",
+                at + dst.len() as u64
+            ),
+        }),
+        Err(e) => Err(Error::io(path, "read", e)),
+    }
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &File, dst: &mut [u8], at: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, dst, at)
+}
+
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut dst: &mut [u8], mut at: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !dst.is_empty() {
+        match file.seek_read(dst, at) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                dst = &mut dst[n..];
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(any(unix, windows)))]
+fn read_exact_at(_file: &File, _dst: &mut [u8], _at: u64) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "reads at offsets (ReadMode::Pread) are not supported on this platform",
+    ))
+}
+
+/// What a file was when it was opened: device and inode (which file the path named), size
+/// and modification time (whether it was written since).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FileIdentity {
+    /// Device and inode, where the platform has them.
+    id: Option<(u64, u64)>,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl FileIdentity {
+    pub fn of(meta: &Metadata) -> FileIdentity {
+        #[cfg(unix)]
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            Some((meta.dev(), meta.ino()))
+        };
+        #[cfg(not(unix))]
+        let id = None;
+        FileIdentity {
+            id,
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        }
+    }
+
+    /// Compares this with what `path` names now (one `stat`, following links): an
+    /// [`Error::FileChanged`] naming the file and what changed, or an [`Error::Io`] if the
+    /// path cannot be looked at.
+    pub fn check(&self, path: &Path) -> Result<()> {
+        let now = match std::fs::metadata(path) {
+            Ok(m) => FileIdentity::of(&m),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::FileChanged {
+                    path: path.to_path_buf(),
+                    what: "it was removed or renamed: no file has this name any more (the source \
+                           still reads the file it opened)"
+                        .into(),
+                });
+            }
+            Err(e) => return Err(Error::io(path, "stat", e)),
+        };
+        let changed = |what: String| {
+            Err(Error::FileChanged {
+                path: path.to_path_buf(),
+                what,
+            })
+        };
+        const RENAME: &str =
+            "to change data under a running job, write a new file and rename it over the old one";
+        if let (Some(was), Some(is)) = (self.id, now.id)
+            && was != is
+        {
+            return changed(format!(
+                "it was replaced by another file (device:inode {}:{} when opened, {}:{} now; {} bytes then, {} now); \
+                 the source still reads the file it opened: reopen the path to read the new one",
+                was.0, was.1, is.0, is.1, self.len, now.len
+            ));
+        }
+        if now.len != self.len {
+            let how = if now.len < self.len {
+                "truncated"
+            } else {
+                "extended"
+            };
+            return changed(format!(
+                "it was {how} in place from {} to {} bytes (reading a mapping past a truncation \
+                 kills the process with SIGBUS); {RENAME}",
+                self.len, now.len
+            ));
+        }
+        if now.modified != self.modified {
+            return changed(format!(
+                "it was written in place (same size; modification time {} when opened, {} now): \
+                 samples may mix old and new bytes; {RENAME}",
+                describe_time(self.modified),
+                describe_time(now.modified)
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn describe_time(t: Option<SystemTime>) -> String {
+    match t.map(|t| t.duration_since(SystemTime::UNIX_EPOCH)) {
+        Some(Ok(d)) => format!("{}.{:09}s", d.as_secs(), d.subsec_nanos()),
+        Some(Err(_)) => "before 1970".into(),
+        None => "unknown".into(),
+    }
+}
+
+/// Buffers above this size are not kept for reuse when their record is dropped.
+const SPARE_MAX_BYTES: usize = 64 << 20;
+/// Spare buffers kept per thread.
+const SPARE_BUFFERS: usize = 4;
+
+thread_local! {
+    static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A record's bytes read from a file, in a buffer taken from (and given back to, on drop) a
+/// small per-thread list of spares: after the first few reads on a thread, reading a record
+/// allocates and zero-fills nothing.
+pub(crate) struct RecordBuf {
+    /// Initialised bytes, at least `len`; only `..len` are the record.
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl RecordBuf {
+    /// A buffer of `len` bytes, whose contents are whatever a spare held (to be overwritten).
+    pub fn with_len(len: usize) -> RecordBuf {
+        let spare = SPARE
+            .try_with(|s| {
+                let mut s = s.try_borrow_mut().ok()?;
+                let k = s.iter().position(|b| b.len() >= len).or_else(|| {
+                    // None is large enough: grow the largest.
+                    (0..s.len()).max_by_key(|&k| s[k].len())
+                })?;
+                Some(s.swap_remove(k))
+            })
+            .ok()
+            .flatten();
+        let mut buf = spare.unwrap_or_default();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        RecordBuf { buf, len }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
+    }
+}
+
+impl Clone for RecordBuf {
+    fn clone(&self) -> RecordBuf {
+        let mut c = RecordBuf::with_len(self.len);
+        c.as_mut_slice().copy_from_slice(self.as_slice());
+        c
+    }
+}
+
+impl Drop for RecordBuf {
+    fn drop(&mut self) {
+        if self.buf.capacity() > SPARE_MAX_BYTES {
+            return;
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.len() < SPARE_BUFFERS
+            {
+                s.push(buf);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_buffers_are_reused_on_one_thread() {
+        std::thread::spawn(|| {
+            let a = RecordBuf::with_len(1000);
+            let p = a.buf.as_ptr();
+            drop(a);
+            let mut b = RecordBuf::with_len(600);
+            assert_eq!(b.buf.as_ptr(), p, "the spare was not reused");
+            assert_eq!(b.as_slice().len(), 600);
+            b.as_mut_slice().fill(7);
+            let c = b.clone();
+            assert_eq!(c.as_slice(), b.as_slice());
+            // A larger request grows a spare rather than leaving it unused.
+            drop((b, c));
+            let d = RecordBuf::with_len(5000);
+            assert_eq!(d.as_slice().len(), 5000);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn reads_past_the_end_are_errors_in_both_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, [1u8, 2, 3, 4, 5]).unwrap();
+        for mode in [ReadMode::Map, ReadMode::Pread] {
+            let (data, _) = open_file(&p, mode).unwrap();
+            assert_eq!(data.mode(), mode);
+            let mut b = [0u8; 3];
+            data.read_at(&p, 2, &mut b).unwrap();
+            assert_eq!(b, [3, 4, 5]);
+            assert!(data.read_at(&p, 3, &mut b).is_err());
+            assert!(data.read_at(&p, u64::MAX, &mut b).is_err());
+            assert_eq!(&*data.bytes_at(&p, 1, 2).unwrap(), &[2, 3]);
+            assert!(data.bytes_at(&p, 4, 2).is_err());
+        }
+    }
+
+    #[test]
+    fn a_truncated_file_is_a_typed_error_under_pread() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, [9u8; 100]).unwrap();
+        let (data, id) = open_file(&p, ReadMode::Pread).unwrap();
+        id.check(&p).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let mut b = [0u8; 20];
+        let e = data.read_at(&p, 50, &mut b).unwrap_err();
+        assert!(matches!(e, Error::FileChanged { .. }), "{e}");
+        let e = id.check(&p).unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+    }
+}
