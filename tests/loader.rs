@@ -511,8 +511,16 @@ fn asking_past_the_budget_is_an_error_that_costs_no_batch() {
         4,
         "the refused call delivered nothing"
     );
-    // Asking again while still holding them gives the same error, and still costs nothing.
-    assert!(l.next().unwrap().is_err());
+    // Asking again while still holding them ends the iteration (a `for` loop or `collect`
+    // stops instead of receiving the error forever), and still costs nothing.
+    assert!(l.next().is_none());
+    assert_eq!(l.state().next_batch, 4);
+    // `next_timeout`, which a polling caller uses, reports the error again.
+    assert!(matches!(
+        l.next_timeout(std::time::Duration::from_millis(10)),
+        gpufeed::loader::NextBatch::Ready(Err(Error::InvalidConfig { .. }))
+    ));
+    // Dropping a batch lifts it: the rest of the epoch comes.
     held.truncate(1);
     let rest: Vec<u64> = l.by_ref().map(|b| numbers_of(&b.unwrap())).collect();
     assert_eq!(rest, (4..20).collect::<Vec<_>>());
@@ -946,14 +954,48 @@ fn a_data_file_replaced_between_epochs_fails_the_next_epoch_naming_it() {
     assert_eq!(l.by_ref().filter(|b| b.is_ok()).count(), 4);
     write(2);
     l.set_epoch(1);
-    for _ in 0..2 {
-        let e = l.next().unwrap().unwrap_err();
-        assert!(matches!(e, Error::FileChanged { .. }), "{e}");
-        assert!(e.to_string().contains("x.npy"), "{e}");
-    }
+    let e = l.next().unwrap().unwrap_err();
+    assert!(matches!(e, Error::FileChanged { .. }), "{e}");
+    assert!(e.to_string().contains("x.npy"), "{e}");
+    // The error is given once; then the iteration ends, so that `collect` cannot run forever.
+    assert!(l.next().is_none());
     assert_eq!(
         l.state().next_batch,
         0,
         "nothing of the epoch was delivered"
     );
+    // Every epoch asked for says so again, until the file is reopened.
+    l.set_epoch(2);
+    let all: Vec<_> = l.by_ref().collect();
+    assert_eq!(all.len(), 1);
+    assert!(matches!(all[0], Err(Error::FileChanged { .. })));
+}
+
+/// `collect` holds every batch: past the budget it must stop with the budget's error, not
+/// receive that error forever (which ran CI out of memory).
+#[test]
+fn collecting_an_epoch_larger_than_the_budget_ends_with_the_budget_error() {
+    let mut l = Loader::builder(Numbers::new(200))
+        .batch_size(10)
+        .workers(1)
+        .prefetch(2)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let all: Vec<_> = l.by_ref().collect();
+    let ok = all.iter().filter(|b| b.is_ok()).count();
+    assert_eq!(ok, 4, "the default budget with prefetch 2 is 4 batches");
+    assert_eq!(all.len(), 5, "the budget's error once, then the end");
+    assert!(matches!(
+        all[4],
+        Err(Error::InvalidConfig {
+            setting: "pool_budget",
+            ..
+        })
+    ));
+    assert_eq!(l.state().next_batch, 4, "no batch was lost to the error");
+    drop(all);
+    // With the batches dropped, the same loop goes on from batch 4.
+    let rest: Vec<u64> = l.by_ref().map(|b| numbers_of(&b.unwrap())).collect();
+    assert_eq!(rest, (4..20).collect::<Vec<_>>());
 }

@@ -244,11 +244,17 @@ fn bytes_overwritten_under_a_running_loader_fail_their_batch_when_verified() {
                 .build()
                 .unwrap();
             assert!(loader.by_ref().all(|b| b.is_ok()));
-            // Overwrite one byte of record 9 in place, as another process would.
+            // Overwrite one byte of record 9 in place, as another process would, within the
+            // file system's timestamp granularity: the modification time stays what it was
+            // (set back here, so that the test does not depend on how fast it runs), and only
+            // the checksums can tell.
+            let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
             let mut w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
             w.seek(SeekFrom::Start(at)).unwrap();
             w.write_all(&[!record9[5]]).unwrap();
+            w.set_modified(modified).unwrap();
             w.sync_all().unwrap();
+            drop(w);
             loader.set_epoch(1);
             let results: Vec<_> = loader.by_ref().collect();
             if verify {

@@ -417,6 +417,7 @@ impl LoaderBuilder {
             resumed,
             // Just opened: the first epoch needs no check.
             check_files: false,
+            halt: None,
             read_ahead,
             announced: 0,
             scratch: Vec::new(),
@@ -570,6 +571,11 @@ pub struct Loader {
     /// Check that the dataset's files are unchanged before the next batch (set at each
     /// epoch's start; see [`Dataset::check_unchanged`]).
     check_files: bool,
+    /// Set when [`Iterator::next`] gave an error that leaves the position where it was (the
+    /// files changed, the caller holds the whole budget, the threads are gone): until it is
+    /// lifted the iterator ends, so that a `for` loop or `collect` stops instead of receiving
+    /// the same error forever.
+    halt: Option<Halt>,
     /// Batches ahead of those dispatched that the dataset wants announced (0: none).
     read_ahead: usize,
     /// The next batch of this epoch to announce.
@@ -655,6 +661,7 @@ impl Loader {
         let (order, next) = state.position(&self.spec)?;
         self.abandon();
         self.check_files = true;
+        self.halt = None;
         self.order = order;
         self.next_batch = next;
         self.next_dispatch = next;
@@ -675,6 +682,7 @@ impl Loader {
     /// of the next one (epoch + 1), so that the pipeline does not drain between epochs; asking
     /// for that epoch keeps them, asking for another discards them.
     pub fn set_epoch(&mut self, epoch: u64) {
+        self.halt = None;
         // Already there: right after a resume, or at the epoch's start (a loader just built,
         // or a `set_epoch` of the epoch made ahead): keep what is in flight.
         let resumed = std::mem::take(&mut self.resumed);
@@ -879,6 +887,14 @@ impl Loader {
     }
 }
 
+/// Why [`Iterator::next`] ends early (see `Loader::halt`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Halt {
+    FilesChanged,
+    Budget,
+    Shutdown,
+}
+
 /// What [`Loader::next_timeout`] found.
 #[derive(Debug)]
 pub enum NextBatch {
@@ -907,6 +923,7 @@ impl Loader {
             // An epoch's first batch: are the files still the ones opened? Until they are,
             // every call says they are not (nothing of the epoch is delivered).
             if let Err(e) = self.shared.dataset.check_unchanged() {
+                self.halt = Some(Halt::FilesChanged);
                 return NextBatch::Ready(Err(e));
             }
             self.check_files = false;
@@ -915,9 +932,16 @@ impl Loader {
         let result = match self.receive(deadline) {
             Ok(Some(result)) => result,
             Ok(None) => return NextBatch::Pending,
-            Err(e) => return NextBatch::Ready(Err(e)),
+            Err(e) => {
+                self.halt = Some(match e {
+                    Error::Shutdown => Halt::Shutdown,
+                    _ => Halt::Budget,
+                });
+                return NextBatch::Ready(Err(e));
+            }
         };
         self.resumed = false;
+        self.halt = None;
         self.next_batch += 1;
         let result = result.map(|mut batch| {
             if let Some(permit) = &mut batch.permit {
@@ -977,7 +1001,20 @@ impl Iterator for Loader {
 
     /// The next batch of the epoch, or `None` at its end (call [`Loader::set_epoch`] or
     /// [`Loader::next_epoch`] to go on).
+    /// The next batch of the epoch, or its error; `None` at the epoch's end.
+    ///
+    /// An error that leaves the position where it was ([`Error::FileChanged`] at an epoch's
+    /// start, the `pool_budget` error when the caller holds every batch the budget allows,
+    /// [`Error::Shutdown`]) is given once, and the iterator then ends (`None`) until the cause
+    /// is gone: a batch is dropped (the budget), or [`Loader::set_epoch`] or
+    /// [`Loader::load_state`] is called. [`Loader::state`] still names the batches not
+    /// delivered. [`Loader::next_timeout`] reports such an error on every call instead.
     fn next(&mut self) -> Option<Result<Batch>> {
+        match self.halt {
+            None => {}
+            Some(Halt::Budget) if self.budget.held() < self.budget.total() => self.halt = None,
+            Some(_) => return None,
+        }
         loop {
             match self.next_until(None) {
                 NextBatch::Ready(result) => return Some(result),
