@@ -102,11 +102,12 @@ impl RawStream {
     }
 }
 
-/// The streams registered as users of a batch's memory.
-#[derive(Default)]
-struct Users {
-    streams: Vec<Arc<CudaStream>>,
-    raw: Vec<RawStream>,
+/// A stream registered as a user of a batch's memory.
+enum User {
+    /// A cudarc stream, kept alive by the batch.
+    Stream(Arc<CudaStream>),
+    /// A consumer's stream by handle (its owner keeps it alive: [`RawStream::from_raw`]).
+    Raw(RawStream),
 }
 
 /// A batch on the device: typed fields in one pooled device buffer, filled by an asynchronous
@@ -129,7 +130,7 @@ pub struct DeviceBatch {
     ready: ManuallyDrop<EventFence>,
     /// As `ready`.
     copy_stream: ManuallyDrop<Arc<CudaStream>>,
-    users: Mutex<Users>,
+    users: Mutex<Vec<User>>,
 }
 
 /// `DeviceBatch` is shared across threads by design (an `Arc` held by DLPack capsules).
@@ -169,11 +170,11 @@ impl DeviceBatch {
             number,
             ready: ManuallyDrop::new(ready),
             copy_stream: ManuallyDrop::new(copy_stream),
-            users: Mutex::new(Users::default()),
+            users: Mutex::new(Vec::new()),
         }
     }
 
-    fn users(&self) -> MutexGuard<'_, Users> {
+    fn users(&self) -> MutexGuard<'_, Vec<User>> {
         // A panic under this lock leaves a list of streams: still right to use.
         self.users.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -275,8 +276,11 @@ impl DeviceBatch {
     /// `stream` has passed that point (PyTorch's `record_stream`).
     pub fn release_on(&self, stream: &Arc<CudaStream>) {
         let mut users = self.users();
-        if !users.streams.iter().any(|s| Arc::ptr_eq(s, stream)) {
-            users.streams.push(Arc::clone(stream));
+        if !users
+            .iter()
+            .any(|u| matches!(u, User::Stream(s) if Arc::ptr_eq(s, stream)))
+        {
+            users.push(User::Stream(Arc::clone(stream)));
         }
     }
 
@@ -300,8 +304,11 @@ impl DeviceBatch {
     pub fn release_on_raw(&self, stream: RawStream) {
         let stream = stream.for_release();
         let mut users = self.users();
-        if !users.raw.contains(&stream) {
-            users.raw.push(stream);
+        if !users
+            .iter()
+            .any(|u| matches!(u, User::Raw(r) if *r == stream))
+        {
+            users.push(User::Raw(stream));
         }
     }
 
@@ -309,9 +316,8 @@ impl DeviceBatch {
     /// `release_on`, which the batch keeps alive, so the handle cannot name another stream).
     fn is_user(&self, stream: &CudaStream) -> bool {
         self.users()
-            .streams
             .iter()
-            .any(|s| s.cu_stream() == stream.cu_stream())
+            .any(|u| matches!(u, User::Stream(s) if s.cu_stream() == stream.cu_stream()))
     }
 
     /// The bytes of field `name`, copied back to the host. Waits for the copy (blocking the
@@ -354,16 +360,16 @@ impl Drop for DeviceBatch {
             )
         };
         let scope = ContextScope::enter(buffer.context());
-        let registered = !users.streams.is_empty() || !users.raw.is_empty();
-        let mut fenced = scope.is_ok() || !registered;
+        let mut fenced = scope.is_ok() || users.is_empty();
         if scope.is_ok() {
-            for stream in &users.streams {
-                fenced = fenced && buffer.try_record_use(stream).is_ok();
-            }
-            for raw in &users.raw {
-                // SAFETY: `RawStream`'s contract: the stream lives until this batch has
-                // dropped, which is now; the batch's context is current (the scope).
-                fenced = fenced && unsafe { buffer.try_record_raw(raw.cu()) }.is_ok();
+            for user in &users {
+                fenced = fenced
+                    && match user {
+                        User::Stream(stream) => buffer.try_record_use(stream).is_ok(),
+                        // SAFETY: `RawStream`'s contract: the stream lives until this batch
+                        // has dropped, which is now; the batch's context is current (the scope).
+                        User::Raw(raw) => unsafe { buffer.try_record_raw(raw.cu()) }.is_ok(),
+                    };
             }
         }
         if fenced {

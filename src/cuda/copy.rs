@@ -459,14 +459,13 @@ impl DeviceLoader {
             .depth
             .unwrap_or_else(|| (DEPTH_BYTES / plan.device_bytes.max(1)).clamp(2, 16));
         let pool = DevicePool::new(device);
-        let extras = match &plan.extras {
-            // Copies in flight hold a staging buffer each until they complete: a few dozen.
-            Some(e) => Some(HostPool::with_backing(
+        // Copies in flight hold a staging buffer each until they complete: a few dozen.
+        let extras = plan.extras.as_ref().map(|e| {
+            HostPool::with_backing(
                 PinnedBacking::small(device),
                 ((depth + 32) * HostPool::block_size(e.bytes)) as u64,
-            )),
-            None => None,
-        };
+            )
+        });
         let fields = Arc::clone(&plan.fields);
         let (tx, rx) = crossbeam_channel::bounded(depth);
         let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
