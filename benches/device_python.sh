@@ -28,8 +28,10 @@
 #   (cd python && maturin build --release --features turbojpeg -o ../.gpu/wheels)
 #   # (or: pip wheel ./python --no-deps -w .gpu/wheels --config-settings=build-args="--features turbojpeg")
 #   # Optional, the Rust GPU tests of the device path (run with --test-threads=1 there):
-#   cargo test --release --features cuda --test cuda_raw_streams --no-run --message-format=json \
+#   CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --release --features cuda --test cuda_raw_streams \
+#     --no-run --message-format=json \
 #     | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], ".gpu/tests/cuda_raw_streams") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="cuda_raw_streams"]'
+#   strip .gpu/tests/*
 #   cp ../shared/bench/torch_baseline.py .gpu/
 #   du -sh .gpu    # well under 64 MiB with the tree
 #
