@@ -135,7 +135,7 @@ fn on_device(packed: &std::path::Path, device: &gpufeed::cuda::Device) -> Result
     // never on the host.
     let step = device.new_stream()?;
     for batch in feed.by_ref() {
-        let mut batch = batch?;
+        let batch = batch?;
         batch.wait_on(&step)?;
         let image = batch.field::<u16>("image")?; // f16 bits, a view borrowing `batch`
         println!(

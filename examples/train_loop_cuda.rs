@@ -197,7 +197,7 @@ mod real {
             }
             #[allow(clippy::while_let_on_iterator)] // stats() is read inside the loop
             while let Some(batch) = dl.next() {
-                let mut batch = batch?;
+                let batch = batch?;
                 batch.wait_on(&stream)?;
                 device.spin(&stream, step)?; // the "training step", reading nothing but standing in
                 let done = stream.record_event(None)?;

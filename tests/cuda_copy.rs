@@ -171,7 +171,7 @@ fn consumer_stream_waits_and_buffers_are_recycled_behind_it() {
     let mut dl = DeviceLoader::from_builder(builder, &dev, DeviceLoaderOptions::default()).unwrap();
     let stream = dev.new_stream().unwrap();
     for b in dl.by_ref() {
-        let mut b = b.unwrap();
+        let b = b.unwrap();
         b.wait_on(&stream).unwrap();
         // A long step on the consumer stream: the buffer must not be reused before it ends.
         dev.spin(&stream, Duration::from_millis(2)).unwrap();

@@ -161,7 +161,7 @@ fn a_slow_consumer_stream_never_sees_a_batch_overwritten() {
     let step = Duration::from_millis(20);
     let mut snapshots: Vec<(Vec<u64>, CudaSlice<u8>)> = Vec::new();
     for (k, b) in dl.by_ref().enumerate() {
-        let mut b = b.unwrap();
+        let b = b.unwrap();
         let bytes = b.field_bytes("data").unwrap().bytes();
         let reader = if k % 4 == 3 {
             &stranger
@@ -239,7 +239,7 @@ fn poisoned_device_batches_hold_every_byte_of_the_host_batches() {
     let stranger = dev.new_stream().unwrap();
     let mut snapshots: Vec<[CudaSlice<u8>; 3]> = Vec::new();
     for (k, b) in dl.by_ref().enumerate() {
-        let mut b = b.unwrap();
+        let b = b.unwrap();
         let reader = if k % 3 == 1 {
             &stranger
         } else {

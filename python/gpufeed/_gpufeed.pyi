@@ -5,6 +5,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 POLL_SECONDS: float
 MASK_KEY: str
 INDEX_KEY: str
+HAS_CUDA: bool
 
 class Array:
     """A dense, C-ordered array viewing gpufeed memory, exported through DLPack."""
@@ -45,6 +46,7 @@ class LoaderCore:
         pool_budget: Optional[int],
         indices: bool,
         convert: Optional[Callable[[Array], Any]],
+        device: Optional[int] = None,
     ) -> None: ...
     def iter_epoch(self) -> "LoaderCore": ...
     def __iter__(self) -> "LoaderCore": ...
@@ -57,6 +59,7 @@ class LoaderCore:
     epoch: int
     position: int
     order: Tuple[int, int, int, int]
+    device: Optional[int]
     fields: List[Tuple[str, str, List[int]]]
     def close(self) -> None: ...
 
@@ -70,3 +73,4 @@ def pack(
 ) -> Dict[str, Any]: ...
 def inspect(path: str, *, verify: bool = False) -> Dict[str, Any]: ...
 def _live() -> Tuple[int, int]: ...
+def _device_memory() -> Tuple[int, int]: ...

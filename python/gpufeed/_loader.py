@@ -195,11 +195,59 @@ class ImageOptions:
         }
 
 
-def _converter(output: Optional[str]) -> Tuple[str, Optional[Callable[[Any], Any]]]:
+def _local_rank() -> int:
+    """This process's GPU under a launcher: ``LOCAL_RANK`` (torchrun), else ``SLURM_LOCALID``,
+    else 0 (the rule of the library's ``Device::from_env``)."""
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        value = os.environ.get(name)
+        if value is not None:
+            try:
+                return int(value.strip())
+            except ValueError:
+                raise config_error(
+                    "device", f"environment variable {name}={value!r} is not a device ordinal"
+                ) from None
+    return 0
+
+
+def _device_ordinal(device: Any) -> Optional[int]:
+    """The GPU ordinal that ``device`` names, or None for host batches: None or ``"cpu"``;
+    ``"cuda"`` (this process's local rank), ``"cuda:N"``, an int N, or a ``torch.device``."""
+    if device is None:
+        return None
+    if _is_int(device):
+        return _int("device", device)
+    text = str(device).strip().lower()
+    if text == "cpu":
+        return None
+    if text == "cuda":
+        return _local_rank()
+    if text.startswith("cuda:"):
+        number = text[len("cuda:") :]
+        if number.isdigit():
+            return int(number)
+    raise config_error(
+        "device", f"{device!r} is not None, 'cpu', 'cuda' (the local rank's GPU) or 'cuda:N'"
+    )
+
+
+def _jax_from_dlpack(array: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.from_dlpack(array)
+
+
+def _converter(
+    output: Optional[str], on_device: bool = False
+) -> Tuple[str, Optional[Callable[[Any], Any]]]:
     """The output kind and the callable that turns a gpufeed.Array into it."""
     if output is None:
         if importlib.util.find_spec("torch") is not None:
             output = "torch"
+        elif on_device and importlib.util.find_spec("cupy") is not None:
+            output = "cupy"
+        elif on_device:
+            output = "dlpack"
         elif importlib.util.find_spec("numpy") is not None:
             output = "numpy"
         else:
@@ -208,6 +256,24 @@ def _converter(output: Optional[str]) -> Tuple[str, Optional[Callable[[Any], Any
                 "neither torch nor numpy is installed: install one, or pass output='dlpack' "
                 "for gpufeed.Array objects (any DLPack consumer takes them)",
             )
+    if on_device and output == "numpy":
+        raise config_error(
+            "output",
+            "numpy cannot hold GPU memory: with device='cuda...' use output='torch', 'cupy', "
+            "'jax' or 'dlpack'",
+        )
+    if output == "cupy":
+        try:
+            import cupy
+        except ImportError as e:
+            raise config_error("output", f"output='cupy' needs cupy: {e}") from None
+        return output, cupy.from_dlpack
+    if output == "jax":
+        try:
+            import jax.numpy  # noqa: F401
+        except ImportError as e:
+            raise config_error("output", f"output='jax' needs jax: {e}") from None
+        return output, _jax_from_dlpack
     if output == "torch":
         try:
             import torch
@@ -222,7 +288,9 @@ def _converter(output: Optional[str]) -> Tuple[str, Optional[Callable[[Any], Any
         return output, numpy.from_dlpack
     if output == "dlpack":
         return output, None
-    raise config_error("output", f"{output!r} is not one of 'torch', 'numpy', 'dlpack'")
+    raise config_error(
+        "output", f"{output!r} is not one of 'torch', 'numpy', 'cupy', 'jax', 'dlpack'"
+    )
 
 
 def _paths(path_or_paths: Any) -> List[str]:
@@ -271,13 +339,16 @@ class Loader:
     - ``evaluation``: every sample exactly once across ranks, every rank the same number of
       batches; padding slots are marked in each batch's ``"__mask__"`` (bool, True for real
       samples, always the last slots). Not with ``drop_last``.
-    - ``device``: None or ``"cpu"``: batches in host memory, as CPU tensors.
+    - ``device``: None or ``"cpu"``: batches in host memory, as CPU tensors. ``"cuda:N"`` (or
+      N, or a ``torch.device``): batches on GPU N, as CUDA tensors; ``"cuda"``: this process's
+      local rank's GPU (``LOCAL_RANK``, else ``SLURM_LOCALID``, else 0). See "The GPU" below.
     - ``images``: decode images with the image pipeline (:class:`ImageOptions` or a dict).
     - ``fields``: the fields to load (default all).
     - ``epoch``: the first epoch (default 0).
-    - ``output``: ``"torch"`` (torch.Tensor), ``"numpy"`` (numpy.ndarray) or ``"dlpack"``
-      (:class:`gpufeed.Array`); default torch if installed, else numpy. Every one views the
-      batch buffer; numpy before 2.1 makes its views read-only.
+    - ``output``: ``"torch"`` (torch.Tensor), ``"numpy"`` (numpy.ndarray), ``"cupy"``,
+      ``"jax"`` or ``"dlpack"`` (:class:`gpufeed.Array`, for any DLPack consumer); default
+      torch if installed, else numpy (on the GPU: else cupy, else dlpack). Every one views the
+      batch buffer; numpy before 2.1 makes its views read-only; numpy cannot hold GPU memory.
     - ``indices``: also give each batch's sample indices (int64) under ``"__index__"``.
     - ``pool_budget``: bytes of batch buffers, in flight and held by you together (default:
       ``prefetch + 2`` batches).
@@ -294,6 +365,28 @@ class Loader:
 
     Threads: the loader may be used from several Python threads (the GIL is released while it
     waits), but it cannot cross a ``fork``: make it in the process that iterates it.
+
+    The GPU (``device="cuda:N"``): the workers fill pinned host buffers, a copy thread copies
+    each batch to the GPU ahead of you (``cuMemcpyHtoDAsync`` on a copy stream of gpufeed's)
+    and, with the image pipeline to a float dtype, converts it there (the workers stop at uint8
+    CHW, half the bytes of float16; the GPU scales, normalises and rounds). Each field is a
+    CUDA tensor in the device's primary context (PyTorch's). No call synchronises the host:
+
+    - Ordering: when a tensor is made (``torch.from_dlpack`` inside the iteration, so on the
+      stream current there), that stream waits for gpufeed's copy on the device
+      (``cuStreamWaitEvent``). Iterate under the stream you compute on
+      (``with torch.cuda.stream(s): for batch in loader: ...``), or export again with
+      ``output="dlpack"`` and ``torch.from_dlpack`` on another stream.
+    - Reuse: a batch's GPU memory goes back to gpufeed's pool only when the last tensor of the
+      batch is gone, and only once every stream it was exported to has passed the point where
+      that happened (PyTorch's ``record_stream`` rule): work you queued on those streams reads
+      the right bytes even if the host has moved on. Work on a stream the batch was never
+      exported to is not covered: order that stream after the exporting one first. A stream a
+      batch was exported to must live until the batch is gone (PyTorch's streams always do).
+    - ``evaluation`` and ``indices``: ``"__mask__"`` (bool) and ``"__index__"`` (int64) are GPU
+      tensors too, copied with the batch.
+    - ``stats()["device"]``: the copy stage (bytes, copies, copy-engine time) and the device
+      pool; memory returns to the GPU when the loader and its last batch are gone.
     """
 
     def __init__(
@@ -336,12 +429,12 @@ class Loader:
             except (TypeError, ValueError):
                 raise config_error("shard", f"{shard!r} is not 'env' or (rank, world_size)") from None
             shard_pair = (_int("shard", rank), _int("shard", world, 1))
-        if device is not None and str(device) != "cpu":
+        ordinal = _device_ordinal(device)
+        if ordinal is not None and not _gpufeed.HAS_CUDA:
             raise config_error(
                 "device",
-                f"{device!r}: this gpufeed delivers batches in host memory only (device=None); "
-                "move them with tensor.to(device, non_blocking=True). The device path "
-                "(batches copied to the GPU by gpufeed, DLPack on your stream) is issue 13's next step",
+                f"{device!r}: this gpufeed was built without its cuda feature: reinstall with "
+                "`pip install ./python` (cuda is a default feature)",
             )
         spelled_images = None
         if images is not None:
@@ -358,7 +451,7 @@ class Loader:
                 raise config_error("fields", "the list of fields is empty")
         epoch = _int("epoch", epoch)
         pool_budget = None if pool_budget is None else _int("pool_budget", pool_budget, 1)
-        self.output, convert = _converter(output)
+        self.output, convert = _converter(output, ordinal is not None)
         self._core = _gpufeed.LoaderCore(
             paths,
             batch_size=batch_size,
@@ -375,6 +468,7 @@ class Loader:
             pool_budget=pool_budget,
             indices=bool(indices),
             convert=convert,
+            device=ordinal,
         )
         if self.output == "numpy":
             bf16 = [name for name, dtype, _ in self._core.fields if dtype == "bfloat16"]
@@ -422,8 +516,13 @@ class Loader:
 
     def stats(self) -> Dict[str, Any]:
         """Figures so far: batches, samples and bytes delivered, time waited for data
-        (``wait_fraction``), worker time per stage, the pool's bytes (``pool``), images decoded
-        and skipped (``images``, with the image pipeline), and ``text``, a printable table."""
+        (``wait_fraction``), worker time per stage, the pool's bytes (``pool``: host buffers,
+        pinned on the GPU path), images decoded and skipped (``images``, with the image
+        pipeline), and ``text``, a printable table. On the GPU also ``device``: ``ordinal``,
+        ``name``, the copy stage (``h2d_bytes``, ``h2d_copies``, ``h2d_busy_s``,
+        ``h2d_bytes_per_s``), the device pool (``pool``), ``leaked_buffers`` (buffers whose
+        release the driver could not fence: never reused; 0 unless the driver failed) and
+        ``reserved_bytes_all_pools`` (GPU memory all of gpufeed's device pools hold)."""
         return self._core.stats()
 
     @property
@@ -452,8 +551,14 @@ class Loader:
         return self._core.order[2]
 
     @property
+    def device(self) -> str:
+        """Where the batches are: ``"cpu"`` or ``"cuda:N"``."""
+        ordinal = self._core.device
+        return "cpu" if ordinal is None else f"cuda:{ordinal}"
+
+    @property
     def fields(self) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
-        """Each field's dtype name and per-sample shape."""
+        """Each field's dtype name and per-sample shape (on the GPU: as converted there)."""
         return {name: (dtype, tuple(shape)) for name, dtype, shape in self._core.fields}
 
     def close(self) -> None:
@@ -477,7 +582,8 @@ class Loader:
             rank, world, n, batch = self._core.order
             return (
                 f"gpufeed.Loader({n} samples, batch_size={batch}, rank {rank} of {world}, "
-                f"epoch {self.epoch}, {self.position}/{len(self)} batches, output={self.output!r})"
+                f"epoch {self.epoch}, {self.position}/{len(self)} batches, output={self.output!r}, "
+                f"device={self.device!r})"
             )
         except Exception:
             return "gpufeed.Loader(closed)"

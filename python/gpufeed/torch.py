@@ -21,6 +21,10 @@ mapping, which is what gpufeed is for; worker processes would each need a loader
 
 The dataset is stateful (``state_dict`` / ``load_state_dict``, the loader's), which is what
 ``StatefulDataLoader`` looks for.
+
+With ``device="cuda:N"`` (or ``"cuda"``) the batches are CUDA tensors, made on the stream
+current where the ``DataLoader`` is iterated; torch's ``DataLoader(ds, batch_size=None)``
+passes them through unchanged (leave ``pin_memory`` off: only CPU tensors can be pinned).
 """
 
 from __future__ import annotations

@@ -9,6 +9,13 @@
 //!
 //! Deleters run on any thread, with or without the GIL: they touch no Python object, only Rust
 //! reference counts, and never unwind.
+//!
+//! Device batches (feature `cuda`) export as CUDA arrays (`kDLCUDA`, the device's ordinal):
+//! `__dlpack__(stream=S)` makes the consumer's stream `S` wait on gpufeed's copy event on the
+//! device (`DeviceBatch::wait_on_raw`, never a host synchronisation) and registers it; the
+//! deleter of the last array of a batch drops the batch, which records an event on every
+//! registered stream and returns the buffer to its pool behind them (PyTorch's `record_stream`
+//! rule), without waiting, on whatever thread the consumer frees its tensor.
 
 use std::ffi::{CStr, c_void};
 use std::sync::Arc;
@@ -23,6 +30,9 @@ use pyo3::types::{PyCapsule, PyTuple};
 /// `DLDeviceType::kDLCPU`: host memory, pinned or not (DLPack's `kDLCUDAHost` is refused by
 /// PyTorch, and pinned memory is CPU memory to every consumer).
 pub const KDL_CPU: i32 = 1;
+/// `DLDeviceType::kDLCUDA`: device memory (of the device's primary context).
+#[cfg(feature = "cuda")]
+pub const KDL_CUDA: i32 = 2;
 
 const DLPACK_MAJOR: u32 = 1;
 const DLPACK_MINOR: u32 = 0;
@@ -170,6 +180,94 @@ impl Drop for HeldBatch {
     }
 }
 
+/// A device batch in Python's hands: shared by the arrays of its fields (and their DLPack
+/// capsules, on any thread); when the last goes, the batch drops: its buffer returns to the
+/// device pool behind events recorded on every stream that the arrays were exported to.
+#[cfg(feature = "cuda")]
+pub struct HeldDeviceBatch {
+    batch: gpufeed::cuda::DeviceBatch,
+}
+
+#[cfg(feature = "cuda")]
+impl HeldDeviceBatch {
+    /// Holds `batch` for its arrays.
+    pub fn new(batch: gpufeed::cuda::DeviceBatch) -> Arc<HeldDeviceBatch> {
+        LIVE_BATCHES.fetch_add(1, Ordering::AcqRel);
+        Arc::new(HeldDeviceBatch { batch })
+    }
+
+    /// The batch.
+    pub fn batch(&self) -> &gpufeed::cuda::DeviceBatch {
+        &self.batch
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for HeldDeviceBatch {
+    fn drop(&mut self) {
+        LIVE_BATCHES.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The devices opened so far, one `Device` per ordinal for the process: every loader on a GPU
+/// shares its context and copy stream, and opening one (hundreds of milliseconds) is paid once.
+/// They are never closed (a device lives as long as the process, as PyTorch's do).
+#[cfg(feature = "cuda")]
+pub fn open_device(ordinal: usize) -> gpufeed::Result<gpufeed::cuda::Device> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static DEVICES: OnceLock<Mutex<HashMap<usize, gpufeed::cuda::Device>>> = OnceLock::new();
+    let mut devices = DEVICES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = devices.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let d = gpufeed::cuda::Device::open(ordinal)?;
+    devices.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+/// DLPack's `stream` argument for CUDA memory: the consumer's stream to order after gpufeed's
+/// copy, or `None` for `-1` (the consumer synchronises itself). `None` (the argument left out)
+/// means the legacy default stream, `1` that stream too, `2` the calling thread's per-thread
+/// default stream; `0` is refused, as DLPack says (it could mean either).
+#[cfg(feature = "cuda")]
+fn consumer_stream(
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<gpufeed::cuda::RawStream>> {
+    use gpufeed::cuda::RawStream;
+    let Some(stream) = stream.filter(|s| !s.is_none()) else {
+        return Ok(Some(RawStream::LEGACY));
+    };
+    let value: i128 = stream.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "stream must be an integer (a CUDA stream handle), not {}",
+            stream
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })?;
+    match value {
+        -1 => Ok(None),
+        0 => Err(PyBufferError::new_err(
+            "stream=0 is ambiguous for CUDA memory (DLPack): pass 1 for the legacy default stream, 2 for the per-thread default stream, or a stream handle",
+        )),
+        v if v > 0 && v <= usize::MAX as i128 => {
+            // SAFETY: DLPack's contract: a consumer passes a stream of the device it asked
+            // for, which it uses for the array; gpufeed's (documented in the package): the
+            // stream lives until the last array exported on it is gone. PyTorch's streams and
+            // the default streams are never destroyed.
+            Ok(Some(unsafe { RawStream::from_raw(v as usize) }))
+        }
+        v => Err(PyValueError::new_err(format!(
+            "stream={v} is not a CUDA stream handle (DLPack: None, -1, 1, 2 or a stream)"
+        ))),
+    }
+}
+
 /// Memory owned by arrays themselves: a batch's mask or indices, or a copy (`copy=True`).
 /// Kept as u64 words so that every dtype is aligned.
 pub struct OwnedBlock {
@@ -211,6 +309,9 @@ pub enum Owner {
     Batch(Arc<HeldBatch>),
     /// Memory of the array's own.
     Block(Arc<OwnedBlock>),
+    /// A field of a device batch, at this device address.
+    #[cfg(feature = "cuda")]
+    Device(Arc<HeldDeviceBatch>, u64),
 }
 
 /// A dense, C-ordered array exported through DLPack: one field of a batch (viewing the batch's
@@ -272,6 +373,40 @@ impl Array {
         })
     }
 
+    /// Field `k` of a held device batch, viewed in place (a CUDA array).
+    #[cfg(feature = "cuda")]
+    pub fn device_field(held: &Arc<HeldDeviceBatch>, k: usize) -> PyResult<Array> {
+        let batch = held.batch();
+        let Some(field) = batch.fields().nth(k) else {
+            return Err(PyValueError::new_err(format!(
+                "the device batch has no field {k}"
+            )));
+        };
+        let shape = field.shape().iter().map(|&d| d as i64).collect();
+        // SAFETY: only the address's value is taken here. The memory behind it is used by the
+        // consumers of the DLPack capsules made from this array, each of which holds the batch
+        // (the owner) until its deleter runs, and whose stream `__dlpack__` orders after the
+        // copy and registers for the release: the rule of `DeviceField::ptr`.
+        let addr = unsafe { field.ptr() };
+        Ok(Array {
+            owner: Owner::Device(Arc::clone(held), addr),
+            offset: 0,
+            nbytes: field.bytes(),
+            dtype: field.dtype(),
+            dl_dtype: exportable(field.dtype())?,
+            shape,
+            device: DLDevice {
+                device_type: KDL_CUDA,
+                device_id: batch.ordinal() as i32,
+            },
+        })
+    }
+
+    /// True for device memory.
+    fn on_device(&self) -> bool {
+        self.device.device_type != KDL_CPU
+    }
+
     /// An array of its own holding `bytes`, of `dtype` and `shape`.
     pub fn owned(bytes: &[u8], dtype: DType, shape: Vec<i64>) -> PyResult<Array> {
         Ok(Array {
@@ -293,6 +428,9 @@ impl Array {
         let base = match &self.owner {
             Owner::Batch(held) => held.batch().buffer().as_ptr(),
             Owner::Block(block) => block.ptr(),
+            // A device address: never dereferenced on the host.
+            #[cfg(feature = "cuda")]
+            Owner::Device(_, addr) => *addr as usize as *const u8,
         };
         // The consumers may write through this pointer (a training loop that normalises in
         // place): the batch belongs to Python until its last view goes, and gpufeed never
@@ -300,12 +438,17 @@ impl Array {
         base.wrapping_add(self.offset).cast_mut().cast()
     }
 
-    /// The array's bytes.
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `data_ptr` points to `nbytes` initialised bytes (checked against the buffer's
-        // length when the array was made) that live as long as `self.owner`, which `self`
-        // keeps; the borrow lasts only while the copy below is made.
-        unsafe { std::slice::from_raw_parts(self.data_ptr().cast::<u8>(), self.nbytes) }
+    /// The array's bytes (host arrays only).
+    fn bytes(&self) -> PyResult<&[u8]> {
+        if self.on_device() {
+            return Err(PyBufferError::new_err(
+                "this gpufeed.Array is in device memory: read it through a GPU library (torch.from_dlpack, cupy.from_dlpack)",
+            ));
+        }
+        // SAFETY: a host array (checked above): `data_ptr` points to `nbytes` initialised bytes
+        // (checked against the buffer's length when the array was made) that live as long as
+        // `self.owner`, which `self` keeps; the borrow lasts only while the copy below is made.
+        Ok(unsafe { std::slice::from_raw_parts(self.data_ptr().cast::<u8>(), self.nbytes) })
     }
 
     /// C-order strides, in elements.
@@ -331,7 +474,7 @@ impl Array {
 
     /// A copy of this array with memory of its own.
     fn copied(&self) -> PyResult<Array> {
-        Array::owned(self.bytes(), self.dtype, self.shape.clone())
+        Array::owned(self.bytes()?, self.dtype, self.shape.clone())
     }
 
     /// The memory's device as a Python tuple `(device_type, device_id)`.
@@ -500,8 +643,12 @@ impl Array {
     ///
     /// `max_version` of `(1, x)` or more gives a versioned capsule (`dltensor_versioned`),
     /// otherwise a legacy one (`dltensor`). `stream` is ignored for host memory: there is
-    /// nothing to order. `dl_device` must be this array's device or None; `copy=True` exports
-    /// a copy, `copy=False` or None a view (never a copy).
+    /// nothing to order. For device memory it is the consumer's stream (None: the legacy
+    /// default stream; 1 that stream, 2 the per-thread default stream, -1 no ordering): it
+    /// waits on the device for gpufeed's copy, and the batch's memory is reused only once it
+    /// has passed the point where the last array of the batch is freed. `dl_device` must be
+    /// this array's device or None; `copy=True` exports a copy (host memory only), `copy=False`
+    /// or None a view (never a copy).
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -511,6 +658,31 @@ impl Array {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
+        #[cfg(feature = "cuda")]
+        if let Owner::Device(held, _) = &self.owner {
+            if copy == Some(true) {
+                return Err(PyBufferError::new_err(
+                    "gpufeed does not copy device arrays (copy=True): take the view and copy it with the consumer (tensor.clone())",
+                ));
+            }
+            if let Some(device) = dl_device
+                && device != self.device_tuple()
+            {
+                return Err(PyBufferError::new_err(format!(
+                    "gpufeed cannot export this array to device {device:?}: it lives on {:?} (DLPack device type, id)",
+                    self.device_tuple()
+                )));
+            }
+            let batch = held.batch();
+            match consumer_stream(stream)? {
+                Some(raw) => batch
+                    .wait_on_raw(raw)
+                    .map_err(|e| crate::errors::to_py(py, &e))?,
+                // The consumer orders its own work; the release still follows the legacy
+                // default stream, which follows every blocking stream.
+                None => batch.release_on_raw(gpufeed::cuda::RawStream::LEGACY),
+            }
+        }
         let _ = stream;
         if let Some(device) = dl_device
             && device != self.device_tuple()
@@ -533,7 +705,8 @@ impl Array {
         }
     }
 
-    /// `(device_type, device_id)`: `(1, 0)`, DLPack's kDLCPU, for host batches.
+    /// `(device_type, device_id)`: `(1, 0)`, DLPack's kDLCPU, for host batches; `(2, N)`,
+    /// kDLCUDA on device N, for device batches.
     fn __dlpack_device__(&self) -> (i32, i32) {
         self.device_tuple()
     }
@@ -562,10 +735,14 @@ impl Array {
         self.nbytes
     }
 
-    /// `"cpu"` for host memory.
+    /// `"cpu"` for host memory, `"cuda:N"` for device memory.
     #[getter]
-    fn device(&self) -> &'static str {
-        "cpu"
+    fn device(&self) -> String {
+        if self.on_device() {
+            format!("cuda:{}", self.device.device_id)
+        } else {
+            "cpu".into()
+        }
     }
 
     fn __len__(&self) -> usize {
@@ -574,9 +751,10 @@ impl Array {
 
     fn __repr__(&self) -> String {
         format!(
-            "gpufeed.Array(shape={:?}, dtype={}, device=cpu)",
+            "gpufeed.Array(shape={:?}, dtype={}, device={})",
             self.shape,
-            dtype_name(self.dtype)
+            dtype_name(self.dtype),
+            self.device()
         )
     }
 
@@ -589,6 +767,11 @@ impl Array {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
+        if slf.get().on_device() {
+            return Err(PyTypeError::new_err(
+                "this gpufeed.Array is in device memory: numpy cannot view it; use torch.from_dlpack or cupy.from_dlpack",
+            ));
+        }
         let numpy = py.import("numpy").map_err(|e| {
             PyTypeError::new_err(format!("numpy is needed to convert a gpufeed.Array: {e}"))
         })?;

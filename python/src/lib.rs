@@ -27,6 +27,8 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack::pack, m)?)?;
     m.add_function(wrap_pyfunction!(pack::inspect, m)?)?;
     m.add_function(wrap_pyfunction!(loader::_live, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::_device_memory, m)?)?;
+    m.add("HAS_CUDA", cfg!(feature = "cuda"))?;
     m.add("POLL_SECONDS", loader::POLL.as_secs_f64())?;
     m.add("MASK_KEY", loader::MASK_KEY)?;
     m.add("INDEX_KEY", loader::INDEX_KEY)?;

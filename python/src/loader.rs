@@ -18,6 +18,11 @@
 //! Epochs, as in the library, plus one rule for `for` loops (see `iter_epoch`): iterating goes
 //! on where the loader stands, and once an epoch has been delivered to its end, a new iteration
 //! that no `set_epoch` or `load_state_dict` preceded starts the next epoch.
+//!
+//! Device loaders (`device=N`, feature `cuda`): the same loader in pinned buffers behind a
+//! [`DeviceLoader`], whose device batches become CUDA arrays (`dlpack.rs`); with the image
+//! pipeline to a float dtype, the workers stop at u8 CHW and the GPU converts
+//! ([`gpufeed::cuda::Convert`]); the mask and indices are device fields of the batch.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +36,10 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
+#[cfg(feature = "cuda")]
+use gpufeed::cuda::{Convert, DeviceBatch, DeviceLoader, DeviceLoaderOptions, NextDeviceBatch};
+use gpufeed::sampler::OrderSpec;
+
 use crate::dlpack::{Array, HeldBatch, dtype_name};
 use crate::errors::{self, Caught, catch, lift};
 use crate::value;
@@ -43,9 +52,102 @@ pub const MASK_KEY: &str = "__mask__";
 /// The reserved key of the sample indices (`indices=True`).
 pub const INDEX_KEY: &str = "__index__";
 
+/// The loader: host batches, or device batches.
+enum Inner {
+    Host(Box<Loader>),
+    #[cfg(feature = "cuda")]
+    Device(Box<DeviceLoader>),
+}
+
+/// What [`Inner::next_timeout`] found.
+enum Next {
+    Host(gpufeed::Batch),
+    #[cfg(feature = "cuda")]
+    Device(DeviceBatch),
+    Failed(Error),
+    Pending,
+    End,
+}
+
+impl Inner {
+    fn next_timeout(&mut self, timeout: Duration) -> Next {
+        match self {
+            Inner::Host(l) => match l.next_timeout(timeout) {
+                NextBatch::Ready(Ok(b)) => Next::Host(b),
+                NextBatch::Ready(Err(e)) => Next::Failed(e),
+                NextBatch::Pending => Next::Pending,
+                NextBatch::EndOfEpoch => Next::End,
+            },
+            #[cfg(feature = "cuda")]
+            Inner::Device(l) => match l.next_timeout(timeout) {
+                NextDeviceBatch::Ready(Ok(b)) => Next::Device(b),
+                NextDeviceBatch::Ready(Err(e)) => Next::Failed(e),
+                NextDeviceBatch::Pending => Next::Pending,
+                NextDeviceBatch::EndOfEpoch => Next::End,
+            },
+        }
+    }
+
+    fn batches_per_epoch(&self) -> u64 {
+        match self {
+            Inner::Host(l) => l.batches_per_epoch(),
+            #[cfg(feature = "cuda")]
+            Inner::Device(l) => l.batches_per_epoch(),
+        }
+    }
+
+    fn state(&self) -> LoaderState {
+        match self {
+            Inner::Host(l) => l.state(),
+            #[cfg(feature = "cuda")]
+            Inner::Device(l) => l.state(),
+        }
+    }
+
+    fn load_state(&mut self, state: LoaderState) -> gpufeed::Result<()> {
+        match self {
+            Inner::Host(l) => l.load_state(state),
+            #[cfg(feature = "cuda")]
+            Inner::Device(l) => l.load_state(state),
+        }
+    }
+
+    fn set_epoch(&mut self, epoch: u64) {
+        match self {
+            Inner::Host(l) => l.set_epoch(epoch),
+            #[cfg(feature = "cuda")]
+            Inner::Device(l) => l.set_epoch(epoch),
+        }
+    }
+
+    fn next_epoch(&mut self) {
+        match self {
+            Inner::Host(l) => l.next_epoch(),
+            #[cfg(feature = "cuda")]
+            Inner::Device(l) => l.next_epoch(),
+        }
+    }
+
+    fn epoch(&self) -> u64 {
+        match self {
+            Inner::Host(l) => l.epoch(),
+            #[cfg(feature = "cuda")]
+            Inner::Device(l) => l.epoch(),
+        }
+    }
+
+    fn order_spec(&self) -> &OrderSpec {
+        match self {
+            Inner::Host(l) => l.order_spec(),
+            #[cfg(feature = "cuda")]
+            Inner::Device(l) => l.order_spec(),
+        }
+    }
+}
+
 struct Core {
     /// None once closed.
-    loader: Option<Loader>,
+    loader: Option<Inner>,
     /// Set by construction, `set_epoch` and `load_state_dict`; cleared by iterating.
     fresh: bool,
 }
@@ -54,18 +156,24 @@ struct Core {
 #[pyclass(frozen, module = "gpufeed._gpufeed", name = "LoaderCore")]
 pub struct LoaderCore {
     core: Mutex<Core>,
+    /// The batch dict's keys, one per field of the batches (device batches: the mask and
+    /// indices fields too).
     names: Vec<Py<PyString>>,
+    /// The data fields as delivered (device batches: after the conversion on the GPU), without
+    /// the mask and indices.
     fields: Vec<(String, DType, Vec<usize>)>,
     convert: Option<Py<PyAny>>,
     evaluation: bool,
     indices: bool,
     images: Option<Arc<ImageStats>>,
+    /// The device's ordinal for device loaders.
+    device: Option<usize>,
     /// The process that built the loader: a forked child has none of its threads.
     pid: u32,
 }
 
 /// The image pipeline's options, as `gpufeed.ImageOptions` spells them out.
-#[derive(FromPyObject)]
+#[derive(FromPyObject, Clone)]
 #[pyo3(from_item_all)]
 struct ImageArgs {
     size: (u32, u32),
@@ -83,7 +191,45 @@ struct ImageArgs {
 }
 
 impl ImageArgs {
-    fn transform(&self) -> gpufeed::Result<ImageTransform> {
+    /// True for a float dtype: on a device loader the GPU converts (the workers write u8).
+    fn converts(&self) -> bool {
+        DType::from_name(&self.dtype).is_some_and(|d| d != DType::U8)
+    }
+
+    /// The conversion a device loader runs on the GPU for a float dtype: u8 CHW to that dtype,
+    /// `v / 255`, normalised if asked (the host transform's arithmetic).
+    #[cfg(feature = "cuda")]
+    fn device_convert(&self) -> Result<Option<Convert>, BuildError> {
+        let Some(dtype) = DType::from_name(&self.dtype).filter(|&d| d != DType::U8) else {
+            return Ok(None);
+        };
+        if self.layout != "chw" {
+            return Err(BuildError::Argument(
+                "images['layout']",
+                format!(
+                    "{:?} with a float dtype on the GPU: the conversion there writes CHW; use layout='chw', or dtype='uint8'",
+                    self.layout
+                ),
+            ));
+        }
+        let mut c = Convert::new("image", gpufeed::cuda::ImageLayout::Chw, dtype);
+        if let Some((mean, std)) = self.normalize {
+            c = c.normalize(&mean, &std);
+        }
+        Ok(Some(c))
+    }
+
+    /// The host transform: the options as given, or on a device loader that converts, u8 and
+    /// no normalisation (the GPU does both).
+    fn transform(&self, device: bool) -> gpufeed::Result<ImageTransform> {
+        if device && self.converts() {
+            let host = ImageArgs {
+                dtype: "u8".into(),
+                normalize: None,
+                ..self.clone()
+            };
+            return host.transform(false);
+        }
         let (h, w) = self.size;
         let mut b = if self.train {
             ImageTransform::train(h.max(w))
@@ -138,6 +284,11 @@ struct Settings {
     fields: Option<Vec<String>>,
     epoch: u64,
     pool_budget: Option<u64>,
+    /// Device loaders copy the indices as a field (host loaders add them in `batch_dict`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    indices: bool,
+    /// A device's ordinal: device batches.
+    device: Option<usize>,
 }
 
 /// A failure of `build` that is the Python user's argument, named as typed.
@@ -211,9 +362,30 @@ fn check_names(s: &Settings, schema: &gpufeed::Schema) -> Result<(), BuildError>
     Ok(())
 }
 
-fn build(s: Settings) -> Result<(Loader, Option<Arc<ImageStats>>), BuildError> {
+/// Field names gpufeed keeps for its own arrays cannot be the data's.
+fn check_reserved(loader: &Loader) -> Result<(), BuildError> {
+    for f in loader.layout().fields() {
+        if f.name == MASK_KEY || f.name == INDEX_KEY {
+            return Err(BuildError::Argument(
+                "fields",
+                format!(
+                    "`{}` is a key gpufeed reserves for its own arrays; rename the field",
+                    f.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
+    let on_device = s.device.is_some();
     // The image options first: they are wrong whatever the data.
-    let transform = s.images.as_ref().map(ImageArgs::transform).transpose()?;
+    let transform = s
+        .images
+        .as_ref()
+        .map(|i| i.transform(on_device))
+        .transpose()?;
     let dataset = open_dataset(&s)?;
     check_names(&s, dataset.schema())?;
     if s.images.is_none() {
@@ -275,7 +447,38 @@ fn build(s: Settings) -> Result<(Loader, Option<Arc<ImageStats>>), BuildError> {
     } else if let Some(names) = &s.fields {
         builder = builder.transform(CopyFields::named(names.iter().cloned()));
     }
-    Ok((builder.build()?, stats))
+    match s.device {
+        None => {
+            let loader = builder.build()?;
+            check_reserved(&loader)?;
+            Ok((Inner::Host(Box::new(loader)), stats))
+        }
+        #[cfg(feature = "cuda")]
+        Some(ordinal) => {
+            let device = crate::dlpack::open_device(ordinal)?;
+            let loader = builder
+                .backing(gpufeed::cuda::PinnedBacking::new(&device))
+                .build()?;
+            check_reserved(&loader)?;
+            let mut opts = DeviceLoaderOptions::default();
+            if let Some(c) = s.images.as_ref().map(ImageArgs::device_convert).transpose()? {
+                opts.convert.extend(c);
+            }
+            if s.evaluation {
+                opts = opts.mask(MASK_KEY);
+            }
+            if s.indices {
+                opts = opts.indices(INDEX_KEY);
+            }
+            let loader = DeviceLoader::new(loader, &device, opts)?;
+            Ok((Inner::Device(Box::new(loader)), stats))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Some(_) => Err(BuildError::Argument(
+            "device",
+            "this gpufeed was built without CUDA (the Python package's `cuda` feature): build it with `pip install ./python` (cuda is a default feature) to load batches to the GPU".into(),
+        )),
+    }
 }
 
 fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
@@ -299,7 +502,7 @@ impl LoaderCore {
     fn with_loader<T: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut bool, &mut Loader) -> gpufeed::Result<T> + Send,
+        f: impl FnOnce(&mut bool, &mut Inner) -> gpufeed::Result<T> + Send,
     ) -> PyResult<T> {
         self.check_process()?;
         let caught: Caught<Option<gpufeed::Result<T>>> = py.detach(|| {
@@ -348,6 +551,22 @@ impl LoaderCore {
         Ok(dict)
     }
 
+    /// A device batch as a dict of CUDA arrays (the mask and indices are fields of it).
+    #[cfg(feature = "cuda")]
+    fn device_batch_dict<'py>(
+        &self,
+        py: Python<'py>,
+        batch: DeviceBatch,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let held = crate::dlpack::HeldDeviceBatch::new(batch);
+        let dict = PyDict::new(py);
+        for (k, name) in self.names.iter().enumerate() {
+            let array = Bound::new(py, Array::device_field(&held, k)?)?;
+            dict.set_item(name.bind(py), self.converted(py, array)?)?;
+        }
+        Ok(dict)
+    }
+
     fn converted<'py>(
         &self,
         py: Python<'py>,
@@ -365,7 +584,7 @@ impl LoaderCore {
     #[new]
     #[pyo3(signature = (
         paths, *, batch_size, shuffle, workers, prefetch, drop_last, shard, shard_env,
-        evaluation, images, fields, epoch, pool_budget, indices, convert
+        evaluation, images, fields, epoch, pool_budget, indices, convert, device=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -385,6 +604,7 @@ impl LoaderCore {
         pool_budget: Option<u64>,
         indices: bool,
         convert: Option<Py<PyAny>>,
+        device: Option<usize>,
     ) -> PyResult<LoaderCore> {
         let images = images.map(|d| d.extract::<ImageArgs>()).transpose()?;
         let settings = Settings {
@@ -401,6 +621,8 @@ impl LoaderCore {
             fields,
             epoch,
             pool_budget,
+            indices,
+            device,
         };
         let caught = py.detach(|| catch(|| build(settings)));
         let (loader, image_stats) = match caught {
@@ -409,26 +631,28 @@ impl LoaderCore {
             Ok(Err(BuildError::Argument(arg, what))) => return Err(errors::config(py, arg, what)),
             Err(payload) => return Err(errors::panicked(py, payload.as_ref())),
         };
-        let layout = loader.layout();
-        let fields: Vec<(String, DType, Vec<usize>)> = layout
-            .fields()
-            .iter()
-            .map(|f| (f.name.clone(), f.dtype, f.shape.clone()))
-            .collect();
-        for (name, _, _) in &fields {
-            if name == MASK_KEY || name == INDEX_KEY {
-                return Err(errors::config(
-                    py,
-                    "fields",
-                    format!(
-                        "`{name}` is a key gpufeed reserves for its own arrays; rename the field"
-                    ),
-                ));
-            }
-        }
-        let names = fields
+        // Every field of the batches, in order (device batches: the mask and indices last).
+        let all: Vec<(String, DType, Vec<usize>)> = match &loader {
+            Inner::Host(l) => l
+                .layout()
+                .fields()
+                .iter()
+                .map(|f| (f.name.clone(), f.dtype, f.shape.clone()))
+                .collect(),
+            #[cfg(feature = "cuda")]
+            Inner::Device(l) => l
+                .fields()
+                .into_iter()
+                .map(|f| (f.name, f.dtype, f.shape))
+                .collect(),
+        };
+        let names = all
             .iter()
             .map(|(n, _, _)| PyString::intern(py, n).unbind())
+            .collect();
+        let fields = all
+            .into_iter()
+            .filter(|(n, _, _)| n != MASK_KEY && n != INDEX_KEY)
             .collect();
         Ok(LoaderCore {
             core: Mutex::new(Core {
@@ -441,6 +665,7 @@ impl LoaderCore {
             evaluation,
             indices,
             images: image_stats,
+            device,
             pid: std::process::id(),
         })
     }
@@ -469,8 +694,10 @@ impl LoaderCore {
                 Ok(loader.next_timeout(POLL))
             })?;
             match next {
-                NextBatch::Ready(Ok(batch)) => return self.batch_dict(py, batch).map(Some),
-                NextBatch::Ready(Err(e)) => {
+                Next::Host(batch) => return self.batch_dict(py, batch).map(Some),
+                #[cfg(feature = "cuda")]
+                Next::Device(batch) => return self.device_batch_dict(py, batch).map(Some),
+                Next::Failed(e) => {
                     let err = errors::to_py(py, &e);
                     if let Error::InvalidConfig {
                         setting: "pool_budget",
@@ -483,8 +710,8 @@ impl LoaderCore {
                     }
                     return Err(err);
                 }
-                NextBatch::EndOfEpoch => return Ok(None),
-                NextBatch::Pending => py.check_signals()?,
+                Next::End => return Ok(None),
+                Next::Pending => py.check_signals()?,
             }
         }
     }
@@ -535,7 +762,23 @@ impl LoaderCore {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.with_loader(py, |_, l| Ok(l.stats()))?;
+        #[cfg(feature = "cuda")]
+        {
+            let device = self.with_loader(py, |_, l| {
+                Ok(match l {
+                    Inner::Device(l) => Some((l.stats(), l.device().name().to_owned())),
+                    Inner::Host(_) => None,
+                })
+            })?;
+            if let Some((s, name)) = device {
+                return self.device_stats(py, s, name);
+            }
+        }
+        let s = self.with_loader(py, |_, l| match l {
+            Inner::Host(l) => Ok(l.stats()),
+            #[cfg(feature = "cuda")]
+            Inner::Device(_) => Err(Error::Shutdown),
+        })?;
         let d = PyDict::new(py);
         d.set_item("batches", s.batches)?;
         d.set_item("samples", s.samples)?;
@@ -546,33 +789,8 @@ impl LoaderCore {
         d.set_item("samples_per_s", s.samples_per_sec())?;
         d.set_item("bytes_per_s", s.bytes_per_sec())?;
         d.set_item("first_batch_s", s.first_batch.map(|f| f.as_secs_f64()))?;
-        d.set_item("workers", s.workers)?;
-        d.set_item("in_flight", s.in_flight)?;
-        d.set_item("ready", s.ready)?;
-        let stages = PyDict::new(py);
-        stages.set_item("fetch_s", s.stages.fetch.as_secs_f64())?;
-        stages.set_item("transform_s", s.stages.transform.as_secs_f64())?;
-        stages.set_item("collate_s", s.stages.collate.as_secs_f64())?;
-        stages.set_item("batches_made", s.stages.batches_made)?;
-        d.set_item("stages", stages)?;
-        let pool = PyDict::new(py);
-        pool.set_item("allocated_bytes", s.pool.allocated_bytes)?;
-        pool.set_item("reserved_bytes", s.pool.reserved_bytes)?;
-        pool.set_item("peak_allocated_bytes", s.pool.peak_allocated_bytes)?;
-        pool.set_item("peak_reserved_bytes", s.pool.peak_reserved_bytes)?;
-        pool.set_item("budget_bytes", s.pool.budget_bytes)?;
-        pool.set_item("allocations", s.pool.allocations)?;
-        pool.set_item("reuses", s.pool.reuses)?;
-        pool.set_item("evictions", s.pool.evictions)?;
-        pool.set_item("waits", s.pool.waits)?;
-        d.set_item("pool", pool)?;
-        if let Some(images) = &self.images {
-            let i = PyDict::new(py);
-            i.set_item("decoded", images.decoded())?;
-            i.set_item("skipped", images.skipped())?;
-            i.set_item("last_skipped", images.last_skipped())?;
-            d.set_item("images", i)?;
-        }
+        host_figures(py, &d, &s)?;
+        self.image_figures(py, &d)?;
         d.set_item("text", s.to_string())?;
         Ok(d)
     }
@@ -598,6 +816,12 @@ impl LoaderCore {
         })
     }
 
+    /// The device's ordinal, or None for host batches.
+    #[getter]
+    fn device(&self) -> Option<usize> {
+        self.device
+    }
+
     /// Each field's (name, dtype, per-sample shape).
     #[getter]
     fn fields<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -618,6 +842,100 @@ impl LoaderCore {
     }
 }
 
+/// The host loader's worker figures into `d`: workers, batches in flight and ready, time per
+/// stage, the (pinned, on a device loader) host pool.
+fn host_figures(py: Python<'_>, d: &Bound<'_, PyDict>, s: &gpufeed::LoaderStats) -> PyResult<()> {
+    d.set_item("workers", s.workers)?;
+    d.set_item("in_flight", s.in_flight)?;
+    d.set_item("ready", s.ready)?;
+    let stages = PyDict::new(py);
+    stages.set_item("fetch_s", s.stages.fetch.as_secs_f64())?;
+    stages.set_item("transform_s", s.stages.transform.as_secs_f64())?;
+    stages.set_item("collate_s", s.stages.collate.as_secs_f64())?;
+    stages.set_item("batches_made", s.stages.batches_made)?;
+    d.set_item("stages", stages)?;
+    d.set_item("pool", pool_figures(py, &s.pool)?)?;
+    Ok(())
+}
+
+/// A pool's figures as a dict.
+fn pool_figures<'py>(
+    py: Python<'py>,
+    p: &gpufeed::memory::PoolStats,
+) -> PyResult<Bound<'py, PyDict>> {
+    let pool = PyDict::new(py);
+    pool.set_item("allocated_bytes", p.allocated_bytes)?;
+    pool.set_item("reserved_bytes", p.reserved_bytes)?;
+    pool.set_item("peak_allocated_bytes", p.peak_allocated_bytes)?;
+    pool.set_item("peak_reserved_bytes", p.peak_reserved_bytes)?;
+    pool.set_item("budget_bytes", p.budget_bytes)?;
+    pool.set_item("allocations", p.allocations)?;
+    pool.set_item("reuses", p.reuses)?;
+    pool.set_item("evictions", p.evictions)?;
+    pool.set_item("waits", p.waits)?;
+    pool.set_item("pending_blocks", p.pending_blocks)?;
+    Ok(pool)
+}
+
+impl LoaderCore {
+    fn image_figures(&self, py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<()> {
+        if let Some(images) = &self.images {
+            let i = PyDict::new(py);
+            i.set_item("decoded", images.decoded())?;
+            i.set_item("skipped", images.skipped())?;
+            i.set_item("last_skipped", images.last_skipped())?;
+            d.set_item("images", i)?;
+        }
+        Ok(())
+    }
+
+    /// A device loader's figures: the consumer's (as the host path's, same keys), the host
+    /// loader's as the copy thread sees them, and `device`: the copy stage and the device pool.
+    #[cfg(feature = "cuda")]
+    fn device_stats<'py>(
+        &self,
+        py: Python<'py>,
+        s: gpufeed::cuda::DeviceStats,
+        name: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let elapsed = s.elapsed.as_secs_f64();
+        d.set_item("batches", s.batches)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("elapsed_s", elapsed)?;
+        d.set_item("waited_s", s.waited.as_secs_f64())?;
+        d.set_item("wait_fraction", s.wait_fraction())?;
+        let per_sec = |n: u64| {
+            if elapsed > 0.0 {
+                n as f64 / elapsed
+            } else {
+                0.0
+            }
+        };
+        d.set_item("samples_per_s", per_sec(s.samples))?;
+        d.set_item("bytes_per_s", s.bytes_per_sec())?;
+        if let Some(host) = &s.loader {
+            d.set_item("first_batch_s", host.first_batch.map(|f| f.as_secs_f64()))?;
+            host_figures(py, &d, host)?;
+        }
+        let dev = PyDict::new(py);
+        dev.set_item("ordinal", self.device)?;
+        dev.set_item("name", name)?;
+        dev.set_item("h2d_bytes", s.h2d_bytes)?;
+        dev.set_item("h2d_copies", s.h2d_copies)?;
+        dev.set_item("h2d_busy_s", s.h2d_busy.as_secs_f64())?;
+        dev.set_item("h2d_bytes_per_s", s.h2d_bytes_per_sec())?;
+        dev.set_item("pool", pool_figures(py, &s.device_pool)?)?;
+        dev.set_item("leaked_buffers", s.device_leaked)?;
+        dev.set_item("reserved_bytes_all_pools", gpufeed::cuda::reserved_bytes())?;
+        d.set_item("device", dev)?;
+        self.image_figures(py, &d)?;
+        d.set_item("text", s.to_string())?;
+        Ok(d)
+    }
+}
+
 impl Drop for LoaderCore {
     fn drop(&mut self) {
         if std::process::id() != self.pid {
@@ -633,4 +951,24 @@ impl Drop for LoaderCore {
 #[pyfunction]
 pub fn _live() -> (u64, u64) {
     crate::dlpack::live_counts()
+}
+
+/// (device bytes all of gpufeed's device pools hold, device buffers leaked), after waiting for
+/// the pools let go of so far to be dropped (`gpufeed::cuda::settle`): for leak checks. Zeros
+/// without the `cuda` feature.
+#[pyfunction]
+pub fn _device_memory(py: Python<'_>) -> (u64, u64) {
+    #[cfg(feature = "cuda")]
+    {
+        py.detach(gpufeed::cuda::settle);
+        (
+            gpufeed::cuda::reserved_bytes(),
+            gpufeed::cuda::leaked_buffers(),
+        )
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = py;
+        (0, 0)
+    }
 }

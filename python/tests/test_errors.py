@@ -22,8 +22,12 @@ from conftest import N, read_offset_table, rows
         (dict(workers=0), "workers", "at least 1"),
         (dict(prefetch=0), "prefetch", "at least 1"),
         (dict(evaluation=True, drop_last=True), "evaluation", "drop_last"),
-        (dict(output="pandas"), "output", "'torch', 'numpy', 'dlpack'"),
-        (dict(device="cuda:0"), "device", "host memory only"),
+        (dict(output="pandas"), "output", "'torch', 'numpy', 'cupy', 'jax', 'dlpack'"),
+        (dict(device="cuda:x"), "device", "'cuda' (the local rank's GPU) or 'cuda:N'"),
+        (dict(device="gpu"), "device", "'cuda:N'"),
+        (dict(device=-1), "device", "at least 0"),
+        # Checked before any GPU is looked for: the same on every machine.
+        (dict(device="cuda:0"), "output", "numpy cannot hold GPU memory"),
         (dict(fields=["nope"]), "fields", "no field `nope`"),
         (dict(images={"size": 0}), "images['size']", "at least 1"),
         (dict(images={"colour": 1}), "images['colour']", "not an image option"),
@@ -202,3 +206,19 @@ def test_a_closed_loader_says_so(packed):
         import pickle
 
         pickle.dumps(gpufeed.Loader(packed, output="numpy"))
+
+
+def test_a_gpu_that_is_not_there_is_a_gpu_error(packed, monkeypatch):
+    # Without a driver (this machine, CI) or with one (no machine has 4,000 GPUs): the same class.
+    with pytest.raises(gpufeed.GpuError) as e:
+        gpufeed.Loader(packed, batch_size=10, device="cuda:4000", output="dlpack")
+    assert isinstance(e.value, RuntimeError) and e.value.kind == "no_gpu"
+    assert "4000" in str(e.value) or "libcuda" in str(e.value)
+    # "cuda" is the local rank's GPU: a launcher's variable that is no ordinal is named.
+    monkeypatch.setenv("LOCAL_RANK", "first")
+    with pytest.raises(gpufeed.ConfigError, match="LOCAL_RANK='first'") as e:
+        gpufeed.Loader(packed, batch_size=10, device="cuda", output="dlpack")
+    assert e.value.argument == "device"
+    monkeypatch.setenv("LOCAL_RANK", "4001")
+    with pytest.raises(gpufeed.GpuError):
+        gpufeed.Loader(packed, batch_size=10, device="cuda", output="dlpack")

@@ -8,14 +8,25 @@
 //! (PyTorch's `record_stream`). On drop, a fence is recorded on every registered stream and the
 //! buffer returns to its pool behind them and behind the copy. The events themselves never leave
 //! the crate: nobody can record them again and make a fence read as complete early.
+//!
+//! A batch can also be shared (`Arc<DeviceBatch>`, it is `Send + Sync`) by consumers outside
+//! cudarc, who name their streams by raw handle ([`RawStream`]): the DLPack capsules of its
+//! fields, on any thread. [`DeviceBatch::wait_on_raw`] orders such a stream after the copy and
+//! registers it; the batch's drop, wherever the last holder lets go (a DLPack deleter, with or
+//! without the GIL), records a fence on every registered stream and returns the buffer behind
+//! them, never waiting; if the driver cannot record a fence, the buffer is leaked and counted,
+//! never reused. Calls that reach the driver from a thread that is not gpufeed's leave that
+//! thread's current context as they found it.
 
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaStream, DevicePtr, DeviceSlice, SyncOnDrop, result, sys};
 
 use super::DeviceBuffer;
 use super::cuda_err;
+use super::device::ContextScope;
 use super::fence::EventFence;
 use crate::error::{Error, Result};
 use crate::format::DType;
@@ -34,22 +45,100 @@ pub(crate) struct FieldSpec {
     pub(crate) sample_bytes: usize,
 }
 
+/// A CUDA stream named by its raw handle (a `CUstream`), as consumers outside cudarc give it:
+/// DLPack's `stream` argument, PyTorch's `torch.cuda.Stream.cuda_stream`, CuPy's
+/// `Stream.ptr`.
+///
+/// The default streams are always valid ([`RawStream::LEGACY`], [`RawStream::PER_THREAD`],
+/// [`RawStream::NULL`]); any other handle comes from [`RawStream::from_raw`], which is `unsafe`
+/// because nothing can check a handle: the driver dereferences it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RawStream(usize);
+
+impl RawStream {
+    /// The null stream (`0`): gpufeed calls the driver's default (not per-thread) entry points,
+    /// so this is the legacy default stream.
+    pub const NULL: RawStream = RawStream(0);
+    /// The legacy default stream (`CU_STREAM_LEGACY`, DLPack's `1`, PyTorch's default stream):
+    /// its work waits for all earlier work of the context's blocking streams, and theirs for it.
+    pub const LEGACY: RawStream = RawStream(1);
+    /// The calling thread's per-thread default stream (`CU_STREAM_PER_THREAD`, DLPack's `2`).
+    /// Which stream it names depends on the thread: [`DeviceBatch::wait_on_raw`] waits on the
+    /// caller's; a release registered with it is recorded on [`RawStream::LEGACY`] instead,
+    /// since the batch may drop on another thread (per-thread default streams are blocking
+    /// streams, so the legacy stream's fence follows their work).
+    pub const PER_THREAD: RawStream = RawStream(2);
+
+    /// The stream with this handle.
+    ///
+    /// # Safety
+    ///
+    /// `handle` is `0`, `1`, `2` (the default streams), or a stream of the context of the
+    /// batches it is given to (created with `cuStreamCreate`, `torch.cuda.Stream`,
+    /// `cupy.cuda.Stream`, ...) that is not destroyed before every batch it is given to has
+    /// dropped: a batch records an event on it when it drops. PyTorch never destroys its
+    /// streams; the default streams live as long as the context.
+    pub const unsafe fn from_raw(handle: usize) -> RawStream {
+        RawStream(handle)
+    }
+
+    /// The handle.
+    pub fn handle(self) -> usize {
+        self.0
+    }
+
+    fn cu(self) -> sys::CUstream {
+        self.0 as sys::CUstream
+    }
+
+    /// The stream a fence recorded later, maybe on another thread, must go on to follow this
+    /// stream's work so far.
+    fn for_release(self) -> RawStream {
+        if self == RawStream::PER_THREAD {
+            RawStream::LEGACY
+        } else {
+            self
+        }
+    }
+}
+
+/// A stream registered as a user of a batch's memory.
+enum User {
+    /// A cudarc stream, kept alive by the batch.
+    Stream(Arc<CudaStream>),
+    /// A consumer's stream by handle (its owner keeps it alive: [`RawStream::from_raw`]).
+    Raw(RawStream),
+}
+
 /// A batch on the device: typed fields in one pooled device buffer, filled by an asynchronous
 /// copy. See [the rule for device memory](crate::cuda#the-rule-for-device-memory) for when its
 /// memory may be used and reused.
+///
+/// It is `Send + Sync`: every method takes `&self`, so an `Arc<DeviceBatch>` can be shared by
+/// the views of its fields on several threads (DLPack capsules, say); the buffer returns to its
+/// pool when the last holder drops it.
 pub struct DeviceBatch {
-    buffer: DeviceBuffer,
+    /// Taken only in `drop`, inside a context scope.
+    buffer: ManuallyDrop<DeviceBuffer>,
     fields: Arc<[FieldSpec]>,
     indices: Vec<u64>,
     padding: usize,
     skipped: usize,
     epoch: u64,
     number: u64,
-    /// Completes when the copy and conversions have; also a use of `buffer`.
-    ready: EventFence,
-    copy_stream: Arc<CudaStream>,
-    users: Vec<Arc<CudaStream>>,
+    /// Completes when the copy and conversions have; also a use of `buffer`. Dropped only in
+    /// `drop`, inside a context scope (destroying an event makes cudarc bind its context).
+    ready: ManuallyDrop<EventFence>,
+    /// As `ready`.
+    copy_stream: ManuallyDrop<Arc<CudaStream>>,
+    users: Mutex<Vec<User>>,
 }
+
+/// `DeviceBatch` is shared across threads by design (an `Arc` held by DLPack capsules).
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    shared::<DeviceBatch>()
+};
 
 impl std::fmt::Debug for DeviceBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,17 +163,28 @@ impl DeviceBatch {
         copy_stream: Arc<CudaStream>,
     ) -> DeviceBatch {
         DeviceBatch {
-            buffer,
+            buffer: ManuallyDrop::new(buffer),
             fields,
             indices,
             padding,
             skipped,
             epoch,
             number,
-            ready,
-            copy_stream,
-            users: Vec::new(),
+            ready: ManuallyDrop::new(ready),
+            copy_stream: ManuallyDrop::new(copy_stream),
+            users: Mutex::new(Vec::new()),
         }
+    }
+
+    fn users(&self) -> MutexGuard<'_, Vec<User>> {
+        // A panic under this lock leaves a list of streams: still right to use.
+        self.users.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The ordinal of the device that holds it (DLPack's `device_id`). Its memory is in that
+    /// device's primary context (the CUDA runtime's, so PyTorch's).
+    pub fn ordinal(&self) -> usize {
+        self.buffer.context().ordinal()
     }
 
     /// Samples in the batch.
@@ -173,7 +273,7 @@ impl DeviceBatch {
     /// wait), and registers `stream` as a user of the batch's memory (see [the rule for device
     /// memory](crate::cuda#the-rule-for-device-memory)). Call it before enqueueing work that
     /// reads the batch on `stream`.
-    pub fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+    pub fn wait_on(&self, stream: &Arc<CudaStream>) -> Result<()> {
         self.ready.order(stream)?;
         self.release_on(stream);
         Ok(())
@@ -182,18 +282,50 @@ impl DeviceBatch {
     /// Registers `stream` as a user of the batch's memory without ordering it after the copy:
     /// when the batch drops, a fence is recorded on `stream` and the buffer is reused only once
     /// `stream` has passed that point (PyTorch's `record_stream`).
-    pub fn release_on(&mut self, stream: &Arc<CudaStream>) {
-        if !self.users.iter().any(|s| Arc::ptr_eq(s, stream)) {
-            self.users.push(Arc::clone(stream));
+    pub fn release_on(&self, stream: &Arc<CudaStream>) {
+        let mut users = self.users();
+        if !users
+            .iter()
+            .any(|u| matches!(u, User::Stream(s) if Arc::ptr_eq(s, stream)))
+        {
+            users.push(User::Stream(Arc::clone(stream)));
+        }
+    }
+
+    /// [`wait_on`](Self::wait_on) for a stream named by its raw handle: makes `stream` wait
+    /// for the copy and conversions on the device (`cuStreamWaitEvent`; the host does not wait)
+    /// and registers it with [`release_on_raw`](Self::release_on_raw). The calling thread's
+    /// current context is left as it was. For [`RawStream::PER_THREAD`], call it on the
+    /// thread whose stream that is.
+    pub fn wait_on_raw(&self, stream: RawStream) -> Result<()> {
+        let _scope = ContextScope::enter(self.buffer.context())?;
+        // SAFETY: `RawStream`'s contract: a default stream or a live stream of this context.
+        unsafe { self.ready.order_raw(stream.cu()) }?;
+        self.release_on_raw(stream);
+        Ok(())
+    }
+
+    /// [`release_on`](Self::release_on) for a stream named by its raw handle: when the batch
+    /// drops, a fence is recorded on `stream` (on [`RawStream::LEGACY`] for
+    /// [`RawStream::PER_THREAD`]), and the buffer is reused only once `stream` has passed it.
+    /// Registering a stream twice registers it once. Calls no driver function.
+    pub fn release_on_raw(&self, stream: RawStream) {
+        let stream = stream.for_release();
+        let mut users = self.users();
+        if !users
+            .iter()
+            .any(|u| matches!(u, User::Raw(r) if *r == stream))
+        {
+            users.push(User::Raw(stream));
         }
     }
 
     /// True if `stream` is registered (the same CUDA stream as one given to `wait_on` or
     /// `release_on`, which the batch keeps alive, so the handle cannot name another stream).
     fn is_user(&self, stream: &CudaStream) -> bool {
-        self.users
+        self.users()
             .iter()
-            .any(|s| s.cu_stream() == stream.cu_stream())
+            .any(|u| matches!(u, User::Stream(s) if s.cu_stream() == stream.cu_stream()))
     }
 
     /// The bytes of field `name`, copied back to the host. Waits for the copy (blocking the
@@ -203,6 +335,7 @@ impl DeviceBatch {
         if field.spec.offset + field.bytes() > self.buffer.len() {
             return Err(Error::mismatch("a device field lies outside its buffer"));
         }
+        let _scope = ContextScope::enter(self.buffer.context())?;
         self.ready
             .event()
             .synchronize()
@@ -219,12 +352,43 @@ impl DeviceBatch {
 }
 
 impl Drop for DeviceBatch {
+    /// Records a fence on every registered stream and returns the buffer to its pool behind
+    /// them and the copy; never waits. If a fence cannot be recorded (a driver error), the
+    /// buffer is leaked instead ([`DevicePool::leaked`](super::DevicePool::leaked)): never
+    /// reused under work that nothing fences. The calling thread's current context is left as
+    /// it was.
     fn drop(&mut self) {
-        for stream in std::mem::take(&mut self.users) {
-            // Falls back to synchronising the stream when no event can be recorded.
-            let _ = self.buffer.record_use(&stream);
+        let users = std::mem::take(&mut *self.users());
+        // SAFETY: each is taken or dropped once, here, and not used again.
+        let (buffer, ready, copy_stream) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.buffer),
+                ManuallyDrop::take(&mut self.ready),
+                ManuallyDrop::take(&mut self.copy_stream),
+            )
+        };
+        let scope = ContextScope::enter(buffer.context());
+        let mut fenced = scope.is_ok() || users.is_empty();
+        if scope.is_ok() {
+            for user in &users {
+                fenced = fenced
+                    && match user {
+                        User::Stream(stream) => buffer.try_record_use(stream).is_ok(),
+                        // SAFETY: `RawStream`'s contract: the stream lives until this batch
+                        // has dropped, which is now; the batch's context is current (the scope).
+                        User::Raw(raw) => unsafe { buffer.try_record_raw(raw.cu()) }.is_ok(),
+                    };
+            }
         }
-        // `buffer` drops next and returns to its pool behind these fences and `ready`.
+        if fenced {
+            // Back to the pool behind the fences just recorded and `ready`.
+            drop(buffer);
+        } else {
+            buffer.leak();
+        }
+        // Inside the scope: destroying the last handle of an event or a stream binds its context.
+        drop((ready, copy_stream, users));
+        drop(scope);
     }
 }
 

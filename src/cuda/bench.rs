@@ -149,7 +149,7 @@ pub fn bench_device(
     while taken < limit {
         match dl.next() {
             Some(batch) => {
-                let mut batch = batch?;
+                let batch = batch?;
                 batch.wait_on(&stream)?;
                 taken += 1;
             }
@@ -210,7 +210,7 @@ pub fn bench_images_device(
 
         fn next_batch(&mut self) -> Option<Result<(u64, u64)>> {
             let batch = self.loader.next()?;
-            Some(batch.and_then(|mut b| {
+            Some(batch.and_then(|b| {
                 b.wait_on(&self.consumer)?;
                 Ok((b.len() as u64, b.skipped() as u64))
             }))

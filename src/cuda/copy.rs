@@ -12,6 +12,10 @@
 //! lets go of either buffer.
 //!
 //! The rule for device memory that this implements is in the [`cuda`](crate::cuda) module's docs.
+//!
+//! Optionally each device batch also carries the padding mask and the sample indices as fields
+//! of its own ([`DeviceLoaderOptions::mask`], [`DeviceLoaderOptions::indices`]): the copy thread
+//! writes them into a small pinned staging buffer and copies them with the batch.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,13 +29,15 @@ use serde::Serialize;
 
 use super::batch::FieldSpec;
 use super::cuda_err;
+use super::device::ContextScope;
 use super::fence::EventFence;
-use super::{Convert, Converter, Device, DeviceBatch, DeviceBuffer, DevicePool};
+use super::{Convert, Converter, Device, DeviceBatch, DeviceBuffer, DevicePool, PinnedBacking};
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};
-use crate::memory::{PoolStats, human_bytes};
+use crate::loader::{Batch, FIELD_ALIGN, Loader, LoaderBuilder, LoaderState, LoaderStats};
+use crate::memory::{HostPool, PoolStats, human_bytes};
 use crate::sampler::OrderSpec;
+use crate::transform::OutputField;
 
 /// Bytes of device batches the default depth aims to keep copied ahead.
 const DEPTH_BYTES: usize = 32 << 20;
@@ -55,6 +61,12 @@ pub struct DeviceLoaderOptions {
     /// Debugging: fill each device buffer with this byte before the copy, so that bytes the
     /// copy does not write show up (tests use it; it costs a memset per batch).
     pub poison: Option<u8>,
+    /// Adds a field of this name to each device batch: bool per sample, true for a real sample
+    /// and false for a padding slot ([`Batch::mask`]). Opt-in.
+    pub mask: Option<String>,
+    /// Adds a field of this name to each device batch: the samples' dataset indices, as i64
+    /// ([`Batch::indices`]). Opt-in.
+    pub indices: Option<String>,
 }
 
 impl DeviceLoaderOptions {
@@ -75,6 +87,32 @@ impl DeviceLoaderOptions {
         self.poison = Some(byte);
         self
     }
+
+    /// Sets [`mask`](Self::mask): each device batch gets its padding mask as field `name`.
+    pub fn mask(mut self, name: impl Into<String>) -> Self {
+        self.mask = Some(name.into());
+        self
+    }
+
+    /// Sets [`indices`](Self::indices): each device batch gets its samples' indices as field
+    /// `name`.
+    pub fn indices(mut self, name: impl Into<String>) -> Self {
+        self.indices = Some(name.into());
+        self
+    }
+}
+
+/// Where the mask and indices fields live: a region of the device buffer, staged on the host in
+/// a pinned buffer laid out the same way, copied in one piece.
+struct ExtrasPlan {
+    /// The region's offset in the device buffer.
+    offset: usize,
+    /// Its bytes.
+    bytes: usize,
+    /// The mask's offset in the region (`batch_size` bytes), if asked for.
+    mask: Option<usize>,
+    /// The indices' offset in the region (`8 * batch_size` bytes), if asked for.
+    indices: Option<usize>,
 }
 
 /// Where each field of a device batch lives, computed once.
@@ -85,13 +123,16 @@ struct Plan {
     fields: Arc<[FieldSpec]>,
     /// Conversions with their input and output offsets.
     converts: Vec<(Converter, usize, usize)>,
+    /// The mask and indices, if asked for.
+    extras: Option<ExtrasPlan>,
 }
 
 impl Plan {
-    fn new(loader: &Loader, device: &Device, converts: &[Convert]) -> Result<Plan> {
+    fn new(loader: &Loader, device: &Device, opts: &DeviceLoaderOptions) -> Result<Plan> {
+        let converts = &opts.convert;
         let layout = loader.layout();
         let host_bytes = layout.total_bytes();
-        let mut device_bytes = host_bytes.next_multiple_of(crate::loader::FIELD_ALIGN);
+        let mut device_bytes = host_bytes.next_multiple_of(FIELD_ALIGN);
         let mut fields = Vec::new();
         let mut prepared = Vec::new();
         for (k, f) in layout.fields().iter().enumerate() {
@@ -115,8 +156,7 @@ impl Plan {
                     let conv = Converter::new(device, (*c).clone(), &f.shape)?;
                     let out = device_bytes;
                     let out_bytes = conv.output_bytes(layout.batch_size());
-                    device_bytes =
-                        (device_bytes + out_bytes).next_multiple_of(crate::loader::FIELD_ALIGN);
+                    device_bytes = (device_bytes + out_bytes).next_multiple_of(FIELD_ALIGN);
                     fields.push(FieldSpec {
                         name: f.name.clone(),
                         dtype: c.dtype,
@@ -147,12 +187,60 @@ impl Plan {
                 ),
             ));
         }
+        let extras = Plan::extras(opts, layout.batch_size(), device_bytes, &mut fields)?;
+        if let Some(e) = &extras {
+            device_bytes = (e.offset + e.bytes).next_multiple_of(FIELD_ALIGN);
+        }
         Ok(Plan {
             host_bytes,
             device_bytes,
             fields: fields.into(),
             converts: prepared,
+            extras,
         })
+    }
+
+    /// Places the mask and indices fields (if asked for) in a region from `offset` on, and adds
+    /// their specs to `fields`.
+    fn extras(
+        opts: &DeviceLoaderOptions,
+        batch_size: usize,
+        offset: usize,
+        fields: &mut Vec<FieldSpec>,
+    ) -> Result<Option<ExtrasPlan>> {
+        let mut bytes = 0;
+        let mut place = |setting: &'static str,
+                         name: &Option<String>,
+                         dtype: DType,
+                         fields: &mut Vec<FieldSpec>|
+         -> Result<Option<usize>> {
+            let Some(name) = name else { return Ok(None) };
+            if fields.iter().any(|f| &f.name == name) {
+                return Err(Error::config(
+                    setting,
+                    format!("the batches already have a field `{name}`: choose another name"),
+                ));
+            }
+            let at = bytes;
+            let sample_bytes = dtype.size();
+            bytes = (bytes + sample_bytes * batch_size).next_multiple_of(FIELD_ALIGN);
+            fields.push(FieldSpec {
+                name: name.clone(),
+                dtype,
+                shape: Vec::new(),
+                offset: offset + at,
+                sample_bytes,
+            });
+            Ok(Some(at))
+        };
+        let mask = place("mask", &opts.mask, DType::Bool, fields)?;
+        let indices = place("indices", &opts.indices, DType::I64, fields)?;
+        Ok((bytes > 0).then_some(ExtrasPlan {
+            offset,
+            bytes,
+            mask,
+            indices,
+        }))
     }
 }
 
@@ -180,6 +268,9 @@ pub struct DeviceStats {
     pub h2d_busy: Duration,
     /// The device pool.
     pub device_pool: PoolStats,
+    /// Device buffers of this loader leaked because their release could not be fenced (a
+    /// driver error; see [`DevicePool::leaked`]). Zero unless the driver failed.
+    pub device_leaked: u64,
     /// The host loader's figures, as seen by the copy thread (its `waited` is the copy thread's).
     pub loader: Option<LoaderStats>,
 }
@@ -240,6 +331,13 @@ impl std::fmt::Display for DeviceStats {
             100.0 * self.wait_fraction()
         )?;
         write!(f, "{:<22} {}", "device pool", self.device_pool)?;
+        if self.device_leaked > 0 {
+            write!(
+                f,
+                "\n{:<22} {} buffers (driver errors)",
+                "device leaked", self.device_leaked
+            )?;
+        }
         if let Some(l) = &self.loader {
             write!(f, "\n{l}")?;
         }
@@ -283,6 +381,17 @@ impl Shared {
     }
 }
 
+/// What [`DeviceLoader::next_timeout`] found.
+#[derive(Debug)]
+pub enum NextDeviceBatch {
+    /// The next device batch of the epoch, or its error, as [`Iterator::next`] gives it.
+    Ready(Result<DeviceBatch>),
+    /// No batch came within the timeout. The position did not move: ask again.
+    Pending,
+    /// The epoch has been delivered to its end (where [`Iterator::next`] gives `None`).
+    EndOfEpoch,
+}
+
 /// Yields the loader's batches on the device, copied asynchronously ahead of the consumer (one
 /// `cuMemcpyHtoDAsync` of each whole batch buffer on the device's copy stream, then the
 /// conversions, then an event; see [the rule for device
@@ -318,6 +427,8 @@ pub struct DeviceLoader {
     samples: u64,
     bytes: u64,
     sample_bytes: usize,
+    /// The device batches' fields.
+    fields: Arc<[FieldSpec]>,
 }
 
 impl std::fmt::Debug for DeviceLoader {
@@ -333,6 +444,8 @@ impl DeviceLoader {
     /// Copies `loader`'s batches to `device`. Build the loader with
     /// `.backing(PinnedBacking::new(&device))` (or use [`DeviceLoader::from_builder`]): from
     /// pageable buffers the copies are correct but staged by the driver, and slow.
+    ///
+    /// The calling thread's current context is left as it was.
     pub fn new(loader: Loader, device: &Device, opts: DeviceLoaderOptions) -> Result<DeviceLoader> {
         if opts.depth == Some(0) {
             return Err(Error::config(
@@ -340,12 +453,20 @@ impl DeviceLoader {
                 "at least one device batch must be in flight",
             ));
         }
-        device.bind()?;
-        let plan = Plan::new(&loader, device, &opts.convert)?;
+        let _scope = ContextScope::enter(device.context())?;
+        let plan = Plan::new(&loader, device, &opts)?;
         let depth = opts
             .depth
             .unwrap_or_else(|| (DEPTH_BYTES / plan.device_bytes.max(1)).clamp(2, 16));
         let pool = DevicePool::new(device);
+        // Copies in flight hold a staging buffer each until they complete: a few dozen.
+        let extras = plan.extras.as_ref().map(|e| {
+            HostPool::with_backing(
+                PinnedBacking::small(device),
+                ((depth + 32) * HostPool::block_size(e.bytes)) as u64,
+            )
+        });
+        let fields = Arc::clone(&plan.fields);
         let (tx, rx) = crossbeam_channel::bounded(depth);
         let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
@@ -362,6 +483,7 @@ impl DeviceLoader {
             device: device.clone(),
             plan,
             pool: pool.clone(),
+            extras,
             poison: opts.poison,
             tx,
             control: ctl_rx,
@@ -395,6 +517,7 @@ impl DeviceLoader {
             samples: 0,
             bytes: 0,
             sample_bytes,
+            fields,
         })
     }
 
@@ -426,6 +549,20 @@ impl DeviceLoader {
     /// Batches in an epoch.
     pub fn batches_per_epoch(&self) -> u64 {
         self.batches_per_epoch
+    }
+
+    /// The device batches' fields, in order: name, dtype and per-sample shape (converted
+    /// fields as the conversion writes them; the mask and indices fields last, if asked for).
+    pub fn fields(&self) -> Vec<OutputField> {
+        self.fields
+            .iter()
+            .map(|f| OutputField::new(f.name.clone(), f.dtype, &f.shape))
+            .collect()
+    }
+
+    /// The order's settings (as [`Loader::order_spec`]): rank, world size, samples, batch size.
+    pub fn order_spec(&self) -> &OrderSpec {
+        &self.spec
     }
 
     /// Where the consumer stands: resuming from it (on a [`Loader`] or a `DeviceLoader`)
@@ -494,8 +631,10 @@ impl DeviceLoader {
         }
     }
 
-    /// Figures so far.
+    /// Figures so far. The calling thread's current context is left as it was.
     pub fn stats(&self) -> DeviceStats {
+        // Reading the pool's figures queries (and destroys) completed events.
+        let _scope = ContextScope::enter(self.device.context());
         let c = self.shared.counters();
         DeviceStats {
             batches: self.batches,
@@ -508,34 +647,52 @@ impl DeviceLoader {
             h2d_timed_bytes: c.h2d_timed_bytes,
             h2d_busy: c.h2d_busy,
             device_pool: self.pool.stats(),
+            device_leaked: self.pool.leaked().0,
             loader: c.loader.clone(),
         }
     }
-}
 
-impl Iterator for DeviceLoader {
-    type Item = Result<DeviceBatch>;
+    /// Like [`Iterator::next`], but waits at most `timeout` for the next device batch; a
+    /// timeout changes nothing (no batch is lost or skipped, the position does not move), so
+    /// the caller can do something else, such as look for an interrupt, and ask again. As
+    /// [`Loader::next_timeout`].
+    pub fn next_timeout(&mut self, timeout: Duration) -> NextDeviceBatch {
+        // A timeout too large for an `Instant` is a wait without a deadline.
+        self.next_until(Instant::now().checked_add(timeout))
+    }
 
-    fn next(&mut self) -> Option<Result<DeviceBatch>> {
+    fn next_until(&mut self, deadline: Option<Instant>) -> NextDeviceBatch {
         if self.ended {
-            return None;
+            return NextDeviceBatch::EndOfEpoch;
         }
         self.started.get_or_insert_with(Instant::now);
         if self.control.is_none() {
             self.ended = true;
-            return Some(Err(Error::Shutdown));
+            return NextDeviceBatch::Ready(Err(Error::Shutdown));
         }
-        let rx = self.rx.as_ref()?;
+        let Some(rx) = self.rx.as_ref() else {
+            return NextDeviceBatch::EndOfEpoch;
+        };
         loop {
             let t0 = Instant::now();
-            let message = rx.recv();
+            let message = match deadline {
+                None => rx.recv().ok(),
+                Some(d) => match rx.recv_deadline(d) {
+                    Ok(m) => Some(m),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        self.waited += t0.elapsed();
+                        return NextDeviceBatch::Pending;
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => None,
+                },
+            };
             self.waited += t0.elapsed();
             match message {
-                Err(_) => {
+                None => {
                     self.ended = true;
-                    return Some(Err(Error::Shutdown));
+                    return NextDeviceBatch::Ready(Err(Error::Shutdown));
                 }
-                Ok(Message::Batch {
+                Some(Message::Batch {
                     generation,
                     result,
                     advanced,
@@ -549,14 +706,29 @@ impl Iterator for DeviceLoader {
                         self.samples += b.len() as u64;
                         self.bytes += (b.len() * self.sample_bytes) as u64;
                     }
-                    return Some(result);
+                    return NextDeviceBatch::Ready(result);
                 }
-                Ok(Message::End(g)) if g == self.generation => {
+                Some(Message::End(g)) if g == self.generation => {
                     self.ended = true;
-                    return None;
+                    return NextDeviceBatch::EndOfEpoch;
                 }
-                Ok(_) => continue,
+                // A batch of an abandoned epoch: it drops here (a stale one of a generation
+                // that `set_epoch` or `load_state` replaced).
+                Some(_) => continue,
             }
+        }
+    }
+}
+
+impl Iterator for DeviceLoader {
+    type Item = Result<DeviceBatch>;
+
+    fn next(&mut self) -> Option<Result<DeviceBatch>> {
+        match self.next_until(None) {
+            NextDeviceBatch::Ready(result) => Some(result),
+            NextDeviceBatch::EndOfEpoch => None,
+            // Without a deadline the wait ends only with a message.
+            NextDeviceBatch::Pending => None,
         }
     }
 }
@@ -580,6 +752,8 @@ struct CopyThread {
     device: Device,
     plan: Plan,
     pool: DevicePool,
+    /// Pinned staging buffers of the mask and indices, if asked for.
+    extras: Option<HostPool>,
     poison: Option<u8>,
     tx: Sender<Message>,
     control: Receiver<Control>,
@@ -739,8 +913,15 @@ impl CopyThread {
         // the stream before either buffer drops.
         unsafe { result::memcpy_htod_async(buffer.addr(), &host[..n], stream.cu_stream()) }
             .map_err(cuda_err("copy a batch to the device (cuMemcpyHtoDAsync)"))?;
+        let staged = match (&plan.extras, &self.extras) {
+            (Some(e), Some(pool)) => Some(stage_extras(e, pool, batch, buffer, stream)?),
+            _ => None,
+        };
         let copied = EventFence::record_timed(stream)?;
         batch.buffer_mut().release_after(Box::new(copied.clone()));
+        if let Some(mut staged) = staged {
+            staged.release_after(Box::new(copied.clone()));
+        }
         let len = batch.len();
         for (conv, src, dst) in &plan.converts {
             // SAFETY: the plan placed the input field at `src` and the output at `dst` inside
@@ -820,4 +1001,46 @@ impl CopyThread {
             c.h2d_busy += busy;
         }
     }
+}
+
+/// Writes `batch`'s mask and indices into a pinned staging buffer laid out as the extras region,
+/// and enqueues its copy into `buffer` on `stream`. The caller fences the staging buffer behind
+/// the copy (`release_after`) and `buffer` behind the batch's `ready` fence, or, on an error,
+/// synchronises the stream before either drops.
+fn stage_extras(
+    plan: &ExtrasPlan,
+    pool: &HostPool,
+    batch: &Batch,
+    buffer: &DeviceBuffer,
+    stream: &CudaStream,
+) -> Result<crate::memory::HostBuffer> {
+    let mut staged = pool.acquire(plan.bytes)?;
+    let bytes = staged.as_mut_slice();
+    bytes.fill(0);
+    if let Some(at) = plan.mask {
+        for (slot, real) in bytes[at..].iter_mut().zip(batch.mask()) {
+            *slot = u8::from(real);
+        }
+    }
+    if let Some(at) = plan.indices {
+        for (slot, &index) in bytes[at..].chunks_exact_mut(8).zip(batch.indices()) {
+            let index = i64::try_from(index).unwrap_or(i64::MAX);
+            slot.copy_from_slice(&index.to_le_bytes());
+        }
+    }
+    // SAFETY: the staging buffer is pinned host memory of `plan.bytes` bytes, released behind
+    // the copy's fence by the caller before it can be reused; the destination is the extras
+    // region of this device buffer (`plan.offset + plan.bytes <= device_bytes`, the plan's
+    // layout), fenced behind `ready` (or the stream synchronised on an error) by the caller.
+    unsafe {
+        result::memcpy_htod_async(
+            buffer.addr() + plan.offset as u64,
+            &staged.as_slice()[..plan.bytes],
+            stream.cu_stream(),
+        )
+    }
+    .map_err(cuda_err(
+        "copy a batch's mask and indices (cuMemcpyHtoDAsync)",
+    ))?;
+    Ok(staged)
 }

@@ -49,7 +49,9 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    /// Opens GPU `ordinal`: retains its primary context and creates one copy stream.
+    /// Opens GPU `ordinal`: retains its primary context (the one the CUDA runtime, and so
+    /// PyTorch, uses) and creates one copy stream. The calling thread's current context is left
+    /// as it was.
     ///
     /// [`Error::NoGpu`] when no driver can be loaded, the driver finds no device, or no
     /// device has this ordinal; [`Error::Cuda`] when the driver fails otherwise.
@@ -62,6 +64,8 @@ impl Device {
         result::init().map_err(|e| Error::NoGpu {
             what: format!("cuInit failed: {e:?}"),
         })?;
+        // cudarc makes the context current while it opens it; the caller's thread keeps its own.
+        let _scope = ContextScope::keep();
         let count = result::device::get_count().map_err(|e| Error::NoGpu {
             what: format!("cannot count devices: {e:?}"),
         })?;
@@ -82,10 +86,9 @@ impl Device {
     /// Uses a context the caller already has (candle's, a `CudaContext` of its own): gpufeed
     /// creates its copy stream on it and changes none of its settings. Creating a context
     /// costs hundreds of milliseconds on a warm machine (`benches/RESULTS.md`); sharing one
-    /// pays it once.
+    /// pays it once. The calling thread's current context is left as it was.
     pub fn from_context(ctx: Arc<CudaContext>) -> Result<Device> {
-        ctx.bind_to_thread()
-            .map_err(cuda_err("make the context current"))?;
+        let _scope = ContextScope::enter(&ctx)?;
         let copy_stream = ctx
             .new_stream()
             .map_err(cuda_err("create the copy stream"))?;
@@ -194,6 +197,61 @@ impl Device {
             )
         }
         .map_err(cuda_err("launch gpufeed_spin"))
+    }
+}
+
+/// Makes a context current on the calling thread for a while, and puts back the one that was
+/// current before (or none) when it drops.
+///
+/// cudarc makes its context current on the calling thread and leaves it so; on a thread that
+/// belongs to someone else (a Python thread, where a DLPack deleter or `stats()` runs), that
+/// would change which device the CUDA runtime, and so PyTorch, takes as current. Entry points a
+/// foreign thread calls hold a scope while they call the driver.
+pub(crate) struct ContextScope {
+    /// The context current before, restored on drop (null: none).
+    previous: sys::CUcontext,
+}
+
+impl ContextScope {
+    /// Makes `ctx` current until the scope drops.
+    pub(crate) fn enter(ctx: &CudaContext) -> Result<ContextScope> {
+        let previous = result::ctx::get_current()
+            .map_err(cuda_err("read the current context (cuCtxGetCurrent)"))?
+            .unwrap_or(std::ptr::null_mut());
+        let scope = ContextScope { previous };
+        if previous != ctx.cu_ctx() {
+            // SAFETY: `ctx` is a live context (its `CudaContext` holds a retain of it); setting
+            // it current only changes this thread's binding, which the drop below restores.
+            unsafe { result::ctx::set_current(ctx.cu_ctx()) }
+                .map_err(cuda_err("make the context current (cuCtxSetCurrent)"))?;
+        }
+        Ok(scope)
+    }
+
+    /// Remembers the context current now, restores it on drop, and changes nothing else
+    /// (for calls that make a context current themselves, such as cudarc's).
+    pub(crate) fn keep() -> ContextScope {
+        let previous = result::ctx::get_current()
+            .ok()
+            .flatten()
+            .unwrap_or(std::ptr::null_mut());
+        ContextScope { previous }
+    }
+}
+
+impl Drop for ContextScope {
+    fn drop(&mut self) {
+        let now = result::ctx::get_current()
+            .ok()
+            .flatten()
+            .unwrap_or(std::ptr::null_mut());
+        if now != self.previous {
+            // SAFETY: `previous` was current on this thread when the scope began, so it was a
+            // live context then (or null, which unbinds); a caller that destroys the context it
+            // had current while a gpufeed call runs on its thread is not possible, since that
+            // call holds the thread. Only this thread's binding changes.
+            let _ = unsafe { result::ctx::set_current(self.previous) };
+        }
     }
 }
 

@@ -10,20 +10,51 @@
 //! completed, and freed (`trim`, out of memory, the pool's drop) only after the pool has waited
 //! for them. When `cuMemAlloc` runs out of memory, the pool waits for its pending blocks, gives
 //! its cached blocks back and tries once more.
+//!
+//! A pool's last handle (a [`DevicePool`] or a [`DeviceBuffer`]) never waits when it goes: the
+//! pool is dropped on gpufeed's release thread (`release.rs`), which waits for its blocks' work
+//! and frees them there. A buffer whose release cannot be fenced (a driver error) is leaked,
+//! never reused, and counted ([`DevicePool::leaked`], [`leaked_buffers`]).
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
 
 use super::Device;
 use super::cuda_err;
 use super::fence::{EventFence, StreamUse};
+use super::release;
 use crate::error::{Error, Result};
 use crate::memory::{Backing, Buffer, Pool, PoolStats};
+
+/// Bytes of device memory all of the process's device pools hold from the driver.
+static RESERVED: AtomicU64 = AtomicU64::new(0);
+/// Device buffers leaked by every pool of the process (see [`leaked_buffers`]).
+static LEAKED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of device memory that gpufeed's device pools hold from the driver now, all pools of
+/// the process together (blocks in use, cached, and waiting for their fences): what gpufeed adds
+/// to the device's used memory. It falls back to what live pools hold once dropped pools have
+/// been freed ([`settle`](super::settle) waits for that).
+pub fn reserved_bytes() -> u64 {
+    RESERVED.load(Ordering::Acquire)
+}
+
+/// Device buffers that gpufeed leaked because their release could not be fenced (the driver
+/// failed to record an event on a stream that used them): never reused, never freed. Zero
+/// unless the driver failed.
+pub fn leaked_buffers() -> u64 {
+    LEAKED.load(Ordering::Acquire)
+}
 
 /// Device memory of one context, from `cuMemAlloc`.
 pub(crate) struct DeviceMemory {
     ctx: Arc<CudaContext>,
+    /// Buffers of this pool leaked, and their bytes.
+    leaked: AtomicU64,
+    leaked_bytes: AtomicU64,
 }
 
 impl DeviceMemory {
@@ -48,16 +79,19 @@ unsafe impl Backing for DeviceMemory {
     fn allocate(&self, bytes: usize) -> Result<sys::CUdeviceptr> {
         self.bind()?;
         // SAFETY: a plain allocation of `bytes` (> 0) bytes in the current context.
-        unsafe { result::malloc_sync(bytes) }
-            .map_err(cuda_err("allocate device memory (cuMemAlloc)"))
+        let addr = unsafe { result::malloc_sync(bytes) }
+            .map_err(cuda_err("allocate device memory (cuMemAlloc)"))?;
+        RESERVED.fetch_add(bytes as u64, Ordering::AcqRel);
+        Ok(addr)
     }
 
-    unsafe fn free(&self, addr: sys::CUdeviceptr, _bytes: usize) {
+    unsafe fn free(&self, addr: sys::CUdeviceptr, bytes: usize) {
         let _ = self.bind();
         // SAFETY: `addr` came from `allocate` (cuMemAlloc) and is freed once, with no use
         // afterwards: the pool frees a block only when no buffer holds it and its fences (every
         // operation enqueued on it) have completed.
         let _ = unsafe { result::free_sync(addr) };
+        RESERVED.fetch_sub(bytes as u64, Ordering::AcqRel);
     }
 }
 
@@ -72,9 +106,29 @@ fn block_size(bytes: usize) -> usize {
 }
 
 /// A caching allocator of device memory on one device, with no budget. Cheap to clone (shared).
-#[derive(Clone)]
+///
+/// The pool lives while any handle or buffer of it does. Its last handle never waits when it
+/// drops: the pool is dropped on gpufeed's release thread, which waits there for the work still
+/// using its blocks and gives them back to the driver ([`settle`](super::settle) waits for it).
 pub struct DevicePool {
-    pool: Pool<DeviceMemory, StreamUse>,
+    /// Taken only in `drop`.
+    pool: ManuallyDrop<Pool<DeviceMemory, StreamUse>>,
+}
+
+impl Clone for DevicePool {
+    fn clone(&self) -> Self {
+        DevicePool::from_pool(Pool::clone(&self.pool))
+    }
+}
+
+impl Drop for DevicePool {
+    fn drop(&mut self) {
+        // SAFETY: `pool` is taken once, here, and the field is not used again.
+        let pool = unsafe { ManuallyDrop::take(&mut self.pool) };
+        if let Some(last) = pool.into_unique() {
+            release::drop_later(Box::new(last));
+        }
+    }
 }
 
 impl std::fmt::Debug for DevicePool {
@@ -90,9 +144,15 @@ impl DevicePool {
     pub fn new(device: &Device) -> DevicePool {
         let memory = DeviceMemory {
             ctx: Arc::clone(device.context()),
+            leaked: AtomicU64::new(0),
+            leaked_bytes: AtomicU64::new(0),
         };
+        DevicePool::from_pool(Pool::new(memory, None, block_size))
+    }
+
+    fn from_pool(pool: Pool<DeviceMemory, StreamUse>) -> DevicePool {
         DevicePool {
-            pool: Pool::new(memory, None, block_size),
+            pool: ManuallyDrop::new(pool),
         }
     }
 
@@ -100,10 +160,28 @@ impl DevicePool {
     /// last held). Never waits for the device, except after an out-of-memory error.
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
         match self.pool.acquire(bytes, || false)? {
-            Some(buf) => Ok(DeviceBuffer { buf }),
+            Some(buf) => Ok(DeviceBuffer {
+                buf,
+                pool: self.clone(),
+            }),
             // Only a cancelled or closed pool gives none; this one is neither.
             None => Err(Error::Shutdown),
         }
+    }
+
+    /// Buffers of this pool leaked (their release could not be fenced: a driver error), and
+    /// their bytes. Leaked memory is never reused nor freed.
+    pub fn leaked(&self) -> (u64, u64) {
+        let m = self.pool.backing();
+        (
+            m.leaked.load(Ordering::Acquire),
+            m.leaked_bytes.load(Ordering::Acquire),
+        )
+    }
+
+    /// The context of its memory.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.pool.backing().ctx
     }
 
     /// The pool's figures now (`budget_bytes` is `None`: device pools have no budget).
@@ -121,6 +199,9 @@ impl DevicePool {
 /// operation enqueued on it has completed (each records its fence on the buffer).
 pub struct DeviceBuffer {
     buf: Buffer<DeviceMemory, StreamUse>,
+    /// A handle of the pool, dropped after `buf` (fields drop in order): if the buffer is the
+    /// pool's last holder, this handle is, and the pool goes to the release thread.
+    pool: DevicePool,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -241,13 +322,14 @@ impl DeviceBuffer {
     }
 
     fn bind(&self) -> Result<()> {
-        self.buf.pool().backing().bind()
+        self.pool.pool.backing().bind()
     }
 
     /// Makes `stream`'s later work wait, on the device, for the buffer's uses on other streams.
     pub(crate) fn order_on(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let uses = self.buf.fences();
-        for u in uses.iter().filter(|u| !Arc::ptr_eq(&u.stream, stream)) {
+        let other = |u: &&StreamUse| u.stream.as_ref().is_none_or(|s| !Arc::ptr_eq(s, stream));
+        for u in uses.iter().filter(other) {
             u.fence.order(stream)?;
         }
         Ok(())
@@ -257,27 +339,60 @@ impl DeviceBuffer {
     /// If no event can be recorded, synchronises `stream` (so the block is never reused under
     /// that work) and returns the error.
     pub(crate) fn record_use(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.try_record_use(stream).inspect_err(|_| {
+            // If this fails too, the context is broken and runs nothing more.
+            let _ = stream.synchronize();
+        })
+    }
+
+    /// [`record_use`](Self::record_use) without the synchronisation: on an error, nothing fences
+    /// the work on `stream`, and the caller must not let the block be reused ([`leak`](Self::leak)).
+    pub(crate) fn try_record_use(&self, stream: &Arc<CudaStream>) -> Result<()> {
         // Recording under the lock keeps the fences of one stream in the order of their records,
         // so the replacement in `put` only ever puts a later fence in place of an earlier one.
         let mut uses = self.buf.fences();
-        match EventFence::record(stream) {
-            Ok(fence) => {
-                put(&mut uses, stream, fence);
-                Ok(())
-            }
-            Err(e) => {
-                drop(uses);
-                // If this fails too, the context is broken and runs nothing more.
-                let _ = stream.synchronize();
-                Err(e)
-            }
-        }
+        let fence = EventFence::record(stream)?;
+        put(&mut uses, Some(stream), fence);
+        Ok(())
+    }
+
+    /// Records a fence on a consumer's raw stream behind the work enqueued on it so far, as a
+    /// use of the block. The pool's context must be current on the calling thread. On an
+    /// error, nothing fences the work on `stream`: the caller must not let the block be reused
+    /// ([`leak`](Self::leak)).
+    ///
+    /// # Safety
+    ///
+    /// As [`RawStream::from_raw`](super::RawStream::from_raw): `stream` is live and of this
+    /// pool's context (or the null or legacy default stream).
+    pub(crate) unsafe fn try_record_raw(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: the caller's contract.
+        let fence = unsafe { EventFence::record_raw(self.pool.context(), stream) }?;
+        put(&mut self.buf.fences(), None, fence);
+        Ok(())
     }
 
     /// Adds `fence`, already recorded on `stream` behind every use of the buffer on `stream`
     /// registered so far, as a use of the block (the copy thread's `ready` event).
     pub(crate) fn add_use(&self, stream: &Arc<CudaStream>, fence: EventFence) {
-        put(&mut self.buf.fences(), stream, fence);
+        put(&mut self.buf.fences(), Some(stream), fence);
+    }
+
+    /// Lets go of the buffer without ever returning its block to the pool (nor the pool's
+    /// memory to the driver): for a buffer whose last uses could not be fenced. Counted in
+    /// [`DevicePool::leaked`] and [`leaked_buffers`].
+    pub(crate) fn leak(self) {
+        let m = self.pool.pool.backing();
+        m.leaked.fetch_add(1, Ordering::AcqRel);
+        m.leaked_bytes
+            .fetch_add(self.len() as u64, Ordering::AcqRel);
+        LEAKED.fetch_add(1, Ordering::AcqRel);
+        std::mem::forget(self);
+    }
+
+    /// The context of its memory.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        self.pool.context()
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<()> {
@@ -295,19 +410,22 @@ impl DeviceBuffer {
 
     /// The pool it returns to (a handle to it).
     pub fn pool(&self) -> DevicePool {
-        DevicePool {
-            pool: self.buf.pool().clone(),
-        }
+        self.pool.clone()
     }
 }
 
-/// Registers `fence` as the latest use of the block on `stream`: it replaces an earlier fence of
-/// the same stream, which completes before it (stream order).
-fn put(uses: &mut Vec<StreamUse>, stream: &Arc<CudaStream>, fence: EventFence) {
-    match uses.iter_mut().find(|u| Arc::ptr_eq(&u.stream, stream)) {
-        Some(u) => u.fence = fence,
-        None => uses.push(StreamUse {
-            stream: Arc::clone(stream),
+/// Registers `fence` as the latest use of the block on `stream`: on a known stream it replaces
+/// an earlier fence of the same stream, which completes before it (stream order); a fence on a
+/// raw stream (`None`) is added.
+fn put(uses: &mut Vec<StreamUse>, stream: Option<&Arc<CudaStream>>, fence: EventFence) {
+    let same = |u: &StreamUse| match (&u.stream, stream) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    };
+    match (stream, uses.iter_mut().find(|u| same(u))) {
+        (Some(_), Some(u)) => u.fence = fence,
+        _ => uses.push(StreamUse {
+            stream: stream.map(Arc::clone),
             fence,
         }),
     }

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 
 use super::cuda_err;
 use crate::error::Result;
@@ -50,10 +50,56 @@ impl EventFence {
         })
     }
 
+    /// Records a new event on the raw stream `stream` now, behind all the work enqueued on it
+    /// so far. Does not wait. The event's context must be current on the calling thread.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream of `ctx` (not destroyed), or the null or legacy default stream
+    /// (`0`, `CU_STREAM_LEGACY`): see [`RawStream`](super::RawStream).
+    pub(crate) unsafe fn record_raw(
+        ctx: &Arc<CudaContext>,
+        stream: sys::CUstream,
+    ) -> Result<EventFence> {
+        let event = ctx
+            .new_event(None)
+            .map_err(cuda_err("create an event (cuEventCreate)"))?;
+        // SAFETY: the event was just made on `ctx`, which is current; the stream is live by the
+        // caller's contract. A record only enqueues a marker: no memory is touched.
+        unsafe { result::event::record(event.cu_event(), stream) }
+            .map_err(cuda_err("record an event (cuEventRecord)"))?;
+        Ok(EventFence {
+            event: Arc::new(event),
+        })
+    }
+
     /// Makes `stream`'s later work wait for the fenced work, on the device
     /// (`cuStreamWaitEvent`); the host does not wait.
     pub(crate) fn order(&self, stream: &CudaStream) -> Result<()> {
         stream.wait(&self.event).map_err(cuda_err(
+            "make a stream wait on an event (cuStreamWaitEvent)",
+        ))
+    }
+
+    /// [`order`](Self::order) on a raw stream handle. The event's context must be current on
+    /// the calling thread.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream (not destroyed) of the event's context, or one of the default
+    /// streams (`0`, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`): see
+    /// [`RawStream`](super::RawStream).
+    pub(crate) unsafe fn order_raw(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: the event is live (we hold it); the stream is by the caller's contract. A
+        // wait only enqueues a dependency: no memory is touched.
+        unsafe {
+            result::stream::wait_event(
+                stream,
+                self.event.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(cuda_err(
             "make a stream wait on an event (cuStreamWaitEvent)",
         ))
     }
@@ -91,10 +137,12 @@ unsafe impl Fence for EventFence {
     }
 }
 
-/// A fence recorded on a known stream: how a device block remembers which streams use it. A
-/// later fence on the same stream replaces an earlier one (it completes after it, stream order).
+/// A fence recorded on a stream: how a device block remembers which streams use it. On a known
+/// stream (a cudarc stream the block keeps alive), a later fence replaces an earlier one (it
+/// completes after it, stream order). On a consumer's raw stream (`stream` is `None`) nothing is
+/// replaced: a raw handle may name another stream once its stream is destroyed, so it is no key.
 pub(crate) struct StreamUse {
-    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) stream: Option<Arc<CudaStream>>,
     pub(crate) fence: EventFence,
 }
 

@@ -22,8 +22,9 @@
 //! | `pinned` | [`PinnedBacking`]: page-locked host memory for [`HostPool`](crate::memory::HostPool) |
 //! | `fence` | [`EventFence`]: a CUDA event nobody outside the crate can record, as a pool fence |
 //! | `device_pool` | [`DevicePool`], [`DeviceBuffer`]: the crate's caching pool over device memory |
-//! | `batch` | [`DeviceBatch`] and its field views, [`DeviceField`] |
+//! | `batch` | [`DeviceBatch`] and its field views, [`DeviceField`]; [`RawStream`], a consumer's stream by handle |
 //! | `copy` | [`DeviceLoader`]: the copy stage |
+//! | `release` | the release thread, where a pool whose last handle goes is dropped ([`settle`]) |
 //! | `convert` | [`Convert`], [`Converter`]: u8 images to normalised f32/f16/bf16 CHW on the device |
 //! | `bench` | [`pinned_copy_ceiling`], [`bench_device`], [`bench_images_device`] |
 //!
@@ -62,6 +63,16 @@
 //!   completed, and the pool waits for them before it frees a block.
 //! - The events behind these fences never leave the crate ([`EventFence`]): nobody can record
 //!   them again and make a fence read as complete before its work is.
+//! - Consumers outside cudarc (DLPack, PyTorch) name their streams by raw handle
+//!   ([`RawStream`]): [`DeviceBatch::wait_on_raw`] and [`DeviceBatch::release_on_raw`] are
+//!   `wait_on` and `release_on` for them, through `&self`, so that an `Arc<DeviceBatch>` can be
+//!   shared by several views on several threads. The handle is the `unsafe` part: a stream
+//!   given to a batch must live until the batch drops.
+//! - Letting go never waits: a batch's drop records its fences and returns its buffer (or, if
+//!   the driver cannot record a fence, leaks it, counted); a pool whose last handle goes is
+//!   dropped on gpufeed's release thread ([`settle`] waits for it). Calls that reach the driver
+//!   from a thread that is not gpufeed's (a batch's drop, `wait_on_raw`, `DeviceLoader::new` and
+//!   `stats`) leave that thread's current context as they found it.
 //!
 //! # Conversion on the device
 //!
@@ -84,15 +95,17 @@ mod device;
 mod device_pool;
 mod fence;
 mod pinned;
+mod release;
 
-pub use batch::{DeviceBatch, DeviceField};
+pub use batch::{DeviceBatch, DeviceField, RawStream};
 pub use bench::{DeviceBenchReport, bench_device, bench_images_device, pinned_copy_ceiling};
 pub use convert::{Convert, Converter, ImageLayout};
-pub use copy::{DeviceLoader, DeviceLoaderOptions, DeviceStats};
+pub use copy::{DeviceLoader, DeviceLoaderOptions, DeviceStats, NextDeviceBatch};
 pub use device::{Device, driver_present};
-pub use device_pool::{DeviceBuffer, DevicePool};
+pub use device_pool::{DeviceBuffer, DevicePool, leaked_buffers, reserved_bytes};
 pub use fence::EventFence;
 pub use pinned::PinnedBacking;
+pub use release::settle;
 
 /// cudarc's driver API, re-exported so that users name the same types (`CudaStream`,
 /// `CudaEvent`, `sys::CUdeviceptr`) without a version mismatch.

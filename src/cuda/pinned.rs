@@ -59,6 +59,15 @@ impl PinnedBacking {
         }
     }
 
+    /// Pinned memory from `cuMemHostAlloc` only, never huge pages: for small buffers (a few
+    /// KiB each) that a huge page would round up to 2 MiB.
+    pub fn small(device: &Device) -> PinnedBacking {
+        PinnedBacking {
+            ctx: Arc::clone(device.context()),
+            huge: false,
+        }
+    }
+
     /// The bytes a block of `bytes` takes from the system.
     fn block_bytes(&self, bytes: usize) -> usize {
         if self.huge {

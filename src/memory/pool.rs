@@ -96,6 +96,17 @@ impl<B: Backing, F: Fence> Pool<B, F> {
         }
     }
 
+    /// This handle if it is the pool's last (no other handle and no buffer of the pool is
+    /// left), else `None` after dropping it. Of several last handles dropped this way at once,
+    /// exactly one gets `Some`. Lets a caller choose where the pool's drop, which waits on
+    /// pending fences, happens.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn into_unique(self) -> Option<Pool<B, F>> {
+        Arc::into_inner(self.shared).map(|shared| Pool {
+            shared: Arc::new(shared),
+        })
+    }
+
     /// The backing.
     pub(crate) fn backing(&self) -> &B {
         &self.shared.backing
@@ -601,6 +612,50 @@ mod tests {
         let _d = get(&pool, 5000);
         let _e = get(&pool, 100);
         assert!(pool.acquire(300, || false).is_err());
+    }
+
+    #[test]
+    fn into_unique_gives_the_pool_to_exactly_its_last_holder() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let backing = Numbers {
+            log: Arc::clone(&log),
+            ..Numbers::default()
+        };
+        let pool: Pool<Numbers, Flag> = Pool::new(backing, None, round);
+        let other = pool.clone();
+        let buffer = get(&pool, 100);
+        assert!(
+            pool.into_unique().is_none(),
+            "a handle and a buffer are left"
+        );
+        assert!(other.clone().into_unique().is_none(), "`other` is left");
+        assert!(other.into_unique().is_none(), "the buffer holds the pool");
+        assert!(
+            log.lock().unwrap().is_empty(),
+            "nothing freed while a buffer lives"
+        );
+        // The buffer is the last holder now: its drop frees the pool (no fences: no wait).
+        drop(buffer);
+        assert_eq!(log.lock().unwrap().clone(), ["free 0"]);
+
+        // Several last handles let go at once on several threads: exactly one gets the pool.
+        for _ in 0..50 {
+            let pool: Pool<Numbers, Flag> = Pool::new(Numbers::default(), None, round);
+            let handles: Vec<_> = (0..4).map(|_| pool.clone()).collect();
+            drop(pool);
+            let got = std::thread::scope(|s| {
+                let joins: Vec<_> = handles
+                    .into_iter()
+                    .map(|h| s.spawn(move || h.into_unique().is_some()))
+                    .collect();
+                joins
+                    .into_iter()
+                    .filter_map(|j| j.join().ok())
+                    .filter(|&x| x)
+                    .count()
+            });
+            assert_eq!(got, 1);
+        }
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub fn run(
         // the last copies' timings at the end of an epoch.
         let limit = args.max_batches.map_or(usize::MAX, |_| per_epoch as usize);
         for batch in feed.by_ref().take(limit) {
-            let mut batch = batch?;
+            let batch = batch?;
             batch.wait_on(&consumer)?;
             if first_device_batch_ms.is_none() {
                 sync(&consumer)?;
