@@ -1,0 +1,342 @@
+//! [`bench_images`]: the image pipeline through the loader, timed (for `gpufeed bench --images`;
+//! `gpufeed bench --images --device N` runs the same through the GPU path,
+//! `cuda::bench_images_device`).
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use gpufeed::format::DType;
+use gpufeed::loader::{Loader, LoaderBuilder};
+use gpufeed::source::{self, AnySource, ImageFolder};
+use gpufeed::transform::image::{ImageTransform, OnBadImage};
+use gpufeed::{Error, Result};
+
+/// Settings of [`bench_images`].
+#[derive(Clone, Debug)]
+pub struct ImageBenchConfig {
+    /// Worker threads.
+    pub workers: usize,
+    /// Images per batch.
+    pub batch_size: usize,
+    /// Output side (RandomResizedCrop(size) + flip).
+    pub size: u32,
+    /// Output dtype (u8 CHW, or f16/bf16/f32 normalised with ImageNet's statistics).
+    pub dtype: DType,
+    /// Epochs to run, back to back (the loader makes the next epoch's first batches while the
+    /// last ones of the current epoch are delivered).
+    pub epochs: u64,
+    /// Drop each epoch's last short batch (as PyTorch's `drop_last=True`).
+    pub drop_last: bool,
+    /// Stop after this many images in all; `None`: every epoch to its end.
+    pub limit: Option<u64>,
+    /// Shuffle seed.
+    pub seed: u64,
+    /// Skip bad images instead of failing.
+    pub skip_bad: bool,
+    /// Shuffle (with `seed`) or read in order.
+    pub shuffle: bool,
+    /// Batches in flight (`None`: the loader's default, twice the workers).
+    pub prefetch: Option<usize>,
+    /// Stop each epoch after this many batches; `None`: every epoch to its end.
+    pub max_batches: Option<u64>,
+    /// The field of encoded images (`None`: `image`, as packed image folders name it).
+    pub image_field: Option<String>,
+    /// Check every record of a packed file against its checksum as it is read
+    /// ([`ReadOptions::verify_checksums`](gpufeed::format::ReadOptions::verify_checksums)); an
+    /// image folder has no checksums, and refuses it.
+    pub verify_checksums: bool,
+}
+
+impl Default for ImageBenchConfig {
+    fn default() -> Self {
+        ImageBenchConfig {
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            batch_size: 128,
+            size: 224,
+            dtype: DType::U8,
+            epochs: 1,
+            drop_last: false,
+            limit: None,
+            seed: 0,
+            skip_bad: false,
+            shuffle: true,
+            prefetch: None,
+            max_batches: None,
+            image_field: None,
+            verify_checksums: false,
+        }
+    }
+}
+
+/// What [`bench_images`] measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImageBenchReport {
+    /// The directory or packed file read.
+    pub source: String,
+    /// `imagefolder` or `packed`.
+    pub kind: &'static str,
+    /// Images delivered, all epochs.
+    pub images: u64,
+    /// Epochs run (the last one may have been cut short by the limit).
+    pub epochs: u64,
+    /// Bad images skipped.
+    pub skipped: u64,
+    /// Seconds from the loader's creation to the last batch.
+    pub seconds: f64,
+    /// Images per second over the whole run, start-up included.
+    pub images_per_sec: f64,
+    /// Images per second of each epoch, in order. The first one includes start-up (threads,
+    /// buffer allocation, cold caches): it is what a one-epoch measurement, such as
+    /// `torch_baseline.py`'s, sees.
+    pub epoch_images_per_sec: Vec<f64>,
+    /// Images per second over the epochs after the first (with 2 epochs or more): the rate a
+    /// training run sustains.
+    pub steady_images_per_sec: Option<f64>,
+    /// Images per second per worker thread.
+    pub images_per_sec_per_worker: f64,
+    /// Worker threads.
+    pub workers: usize,
+    /// Fraction of the time the consumer waited for data (≈ 1 here: nothing else runs).
+    pub wait_fraction: f64,
+    /// The GPU the batches were copied to (and converted on), if any.
+    pub device: Option<String>,
+}
+
+impl std::fmt::Display for ImageBenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}): {} images in {:.2} s ({} epochs): {:.0} images/s, {:.0} per worker ({} workers), {} skipped",
+            self.source,
+            self.kind,
+            self.images,
+            self.seconds,
+            self.epochs,
+            self.images_per_sec,
+            self.images_per_sec_per_worker,
+            self.workers,
+            self.skipped
+        )?;
+        if let Some(device) = &self.device {
+            write!(f, ", to {device}")?;
+        }
+        if self.epoch_images_per_sec.len() > 1 {
+            let rates: Vec<String> = self
+                .epoch_images_per_sec
+                .iter()
+                .map(|r| format!("{r:.0}"))
+                .collect();
+            write!(f, "\nper epoch (images/s): {}", rates.join(", "))?;
+        }
+        if let Some(steady) = self.steady_images_per_sec {
+            write!(
+                f,
+                "\nsteady state (epochs after the first): {steady:.0} images/s, {:.0} per worker",
+                steady / self.workers as f64
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs decode + RandomResizedCrop + flip over `path` (an ImageFolder directory, or a packed
+/// file of images written by [`pack_image_folder`](gpufeed::source::pack_image_folder)) through
+/// the loader and reports images/s.
+pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchReport> {
+    let setup = ImageBenchSetup::new(path, cfg, cfg.dtype)?;
+    // Timed from the loader's creation (its threads start in `build`), as a DataLoader's first
+    // epoch is timed from `iter()`, which starts its worker processes.
+    let started = Instant::now();
+    let mut loader = setup.builder.build()?;
+    let times = EpochTimes::measure(cfg, started, &mut loader)?;
+    let wait = loader.stats().wait_fraction();
+    let skipped = times.skipped;
+    ImageBenchReport::new(path, setup.kind, cfg, times, skipped, wait, None)
+}
+
+/// The source and loader settings of an image bench.
+pub(crate) struct ImageBenchSetup {
+    /// Every loader setting but the backing.
+    pub builder: LoaderBuilder,
+    /// `imagefolder` or `packed`.
+    pub kind: &'static str,
+}
+
+impl ImageBenchSetup {
+    /// Opens `path` and sets up RandomResizedCrop(`cfg.size`) + flip to `dtype` in CHW
+    /// (normalised with ImageNet's statistics unless u8).
+    pub fn new(path: &Path, cfg: &ImageBenchConfig, dtype: DType) -> Result<ImageBenchSetup> {
+        if cfg.epochs == 0 {
+            return Err(Error::InvalidConfig {
+                setting: "epochs",
+                what: "the image bench needs at least one epoch".to_owned(),
+            });
+        }
+        let (dataset, kind): (AnySource, _) = if path.is_dir() {
+            if cfg.verify_checksums {
+                return Err(Error::InvalidConfig {
+                    setting: "verify_checksums",
+                    what: format!(
+                        "{} is an image folder, which has no checksums to verify (packed files do)",
+                        path.display()
+                    ),
+                });
+            }
+            (Box::new(ImageFolder::open(path)?), "imagefolder")
+        } else {
+            let options = gpufeed::format::ReadOptions {
+                verify_checksums: cfg.verify_checksums,
+                ..Default::default()
+            };
+            (source::open_with(path, options)?, "packed")
+        };
+        let mut t = ImageTransform::train(cfg.size).dtype(dtype);
+        if let Some(field) = &cfg.image_field {
+            t = t.image_field(field.as_str());
+        }
+        // A bench needs no labels: unlabelled packed files are read as they are.
+        if dataset.schema().index_of("label").is_none() {
+            t = t.label_field(None);
+        }
+        if dtype != DType::U8 {
+            t = t.normalize(gpufeed::transform::image::Normalize::IMAGENET);
+        }
+        if cfg.skip_bad {
+            t = t.on_bad_image(OnBadImage::Skip);
+        }
+        let t = t.build()?;
+        let mut builder = Loader::builder(dataset)
+            .transform(t)
+            .batch_size(cfg.batch_size)
+            .drop_last(cfg.drop_last)
+            .workers(cfg.workers)
+            .shard(0, 1);
+        if cfg.shuffle {
+            builder = builder.shuffle(cfg.seed);
+        }
+        if let Some(prefetch) = cfg.prefetch {
+            builder = builder.prefetch(prefetch);
+        }
+        Ok(ImageBenchSetup { builder, kind })
+    }
+}
+
+/// Where an image bench takes its batches from: the loader, or the GPU path.
+pub(crate) trait EpochSource {
+    /// Starts epoch `epoch` (called before every epoch after the first).
+    fn start_epoch(&mut self, epoch: u64) -> Result<()>;
+    /// The next batch's image count and the images of it skipped as bad, `None` at the end
+    /// of the epoch.
+    fn next_batch(&mut self) -> Option<Result<(u64, u64)>>;
+    /// Waits until the epoch's batches are where the consumer uses them (before the epoch's
+    /// time is taken); nothing to wait for on the host.
+    fn end_epoch(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl EpochSource for Loader {
+    fn start_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.set_epoch(epoch);
+        Ok(())
+    }
+
+    fn next_batch(&mut self) -> Option<Result<(u64, u64)>> {
+        self.next()
+            .map(|b| b.map(|b| (b.len() as u64, b.skipped() as u64)))
+    }
+}
+
+/// What the epochs of an image bench took.
+pub(crate) struct EpochTimes {
+    images: u64,
+    /// Bad images skipped in the batches delivered.
+    pub skipped: u64,
+    epochs: u64,
+    seconds: f64,
+    rates: Vec<f64>,
+}
+
+impl EpochTimes {
+    /// Runs up to `cfg.epochs` epochs of `source` (each cut after `cfg.max_batches` batches),
+    /// until `cfg.limit` images; times each epoch and the whole, the first epoch and the whole
+    /// from `started` (when the source was made).
+    pub fn measure(
+        cfg: &ImageBenchConfig,
+        started: Instant,
+        source: &mut impl EpochSource,
+    ) -> Result<EpochTimes> {
+        let (mut images, mut epochs, mut rates) = (0u64, 0u64, Vec::new());
+        let mut skipped = 0u64;
+        'run: for epoch in 0..cfg.epochs {
+            if epoch > 0 {
+                source.start_epoch(epoch)?;
+            }
+            epochs += 1;
+            let begin = if epoch == 0 { started } else { Instant::now() };
+            let (mut n, mut batches) = (0u64, 0u64);
+            while cfg.max_batches.is_none_or(|m| batches < m) {
+                let Some(batch) = source.next_batch() else {
+                    break;
+                };
+                let (len, bad) = batch?;
+                n += len;
+                skipped += bad;
+                batches += 1;
+                if cfg.limit.is_some_and(|l| images + n >= l) {
+                    source.end_epoch()?;
+                    images += n;
+                    break 'run;
+                }
+            }
+            source.end_epoch()?;
+            images += n;
+            rates.push(n as f64 / begin.elapsed().as_secs_f64().max(1e-9));
+        }
+        Ok(EpochTimes {
+            images,
+            skipped,
+            epochs,
+            seconds: started.elapsed().as_secs_f64(),
+            rates,
+        })
+    }
+}
+
+impl ImageBenchReport {
+    /// The report of a run; an error if it delivered no image.
+    pub(crate) fn new(
+        path: &Path,
+        kind: &'static str,
+        cfg: &ImageBenchConfig,
+        times: EpochTimes,
+        skipped: u64,
+        wait_fraction: f64,
+        device: Option<String>,
+    ) -> Result<ImageBenchReport> {
+        if times.images == 0 {
+            return Err(Error::Mismatch {
+                what: format!("{}: no image to read", path.display()),
+            });
+        }
+        let steady = gpufeed::loader::steady_rate(&times.rates);
+        let rate = times.images as f64 / times.seconds.max(1e-9);
+        Ok(ImageBenchReport {
+            source: path.display().to_string(),
+            kind,
+            images: times.images,
+            epochs: times.epochs,
+            skipped,
+            seconds: times.seconds,
+            images_per_sec: rate,
+            epoch_images_per_sec: times.rates,
+            steady_images_per_sec: steady,
+            images_per_sec_per_worker: rate / cfg.workers as f64,
+            workers: cfg.workers,
+            wait_fraction,
+            device,
+        })
+    }
+}

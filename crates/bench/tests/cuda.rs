@@ -1,0 +1,36 @@
+//! The device benches on a GPU (feature `cuda`), under the GPU tests' harness: ignored, not
+//! passed, without a GPU; failed with `GPUFEED_REQUIRE_GPU=1` and no GPU.
+
+#[path = "../../gpufeed/tests/cuda_common/mod.rs"]
+mod cuda_common;
+#[path = "../../gpufeed/tests/image_common/mod.rs"]
+mod image_common;
+
+mod device {
+    use gpufeed::format::DType;
+    use gpufeed_bench::{ImageBenchConfig, bench_images_device};
+
+    use crate::cuda_common::device;
+    use crate::image_common;
+
+    pub fn device_image_bench_counts_every_image() {
+        let Some(device) = device() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        image_common::jpeg_folder(dir.path(), 2, 5, 64, 48);
+        let cfg = ImageBenchConfig {
+            workers: 2,
+            batch_size: 4,
+            size: 24,
+            dtype: DType::F16,
+            epochs: 2,
+            ..ImageBenchConfig::default()
+        };
+        let r = bench_images_device(dir.path(), &cfg, &device).unwrap();
+        assert_eq!((r.images, r.epochs, r.skipped), (20, 2, 0));
+        assert!(r.device.is_some() && r.steady_images_per_sec.is_some());
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    cuda_common::run_gpu_tests(gpu_tests![device: [device_image_bench_counts_every_image]])
+}

@@ -1,0 +1,136 @@
+//! Settings checked against the machine before anything is allocated or started, so that an
+//! impossible `--batch-size`, `--prefetch` or `--workers` fails at once with the flag's name
+//! instead of aborting on a huge allocation or starting thousands of threads.
+
+use crate::messages::human_bytes;
+use gpufeed::{Error, Result};
+
+/// The most worker threads the command starts.
+pub const MAX_WORKERS: usize = 1024;
+/// The most batches the command puts in flight.
+pub const MAX_PREFETCH: usize = 65_536;
+
+fn flag(flag: &'static str, what: String) -> Error {
+    Error::InvalidConfig {
+        setting: flag,
+        what,
+    }
+}
+
+/// Memory this process can still allocate, in bytes: the kernel's estimate of available memory
+/// (`MemAvailable`), lowered to what the cgroup (a container's limit) has left. `None` where
+/// neither can be read.
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let available = meminfo.as_deref().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    });
+    let read = |p: &str| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    let cgroup = match (
+        read("/sys/fs/cgroup/memory.max"),
+        read("/sys/fs/cgroup/memory.current"),
+    ) {
+        (Some(max), Some(current)) => Some(max.saturating_sub(current)),
+        _ => None,
+    };
+    match (available, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// The loader settings of a bench, before defaults.
+pub struct LoaderSizes {
+    /// `--batch-size`.
+    pub batch_size: usize,
+    /// `--workers`, or its default.
+    pub workers: usize,
+    /// `--prefetch` as given.
+    pub prefetch: Option<usize>,
+    /// Bytes of one sample in a batch.
+    pub sample_bytes: u64,
+}
+
+impl LoaderSizes {
+    /// Checks the counts, then that a batch, and the batch pool (`prefetch + 2` batches),
+    /// fit in the memory available now. Returns the prefetch to use.
+    pub fn check(&self) -> Result<usize> {
+        if self.batch_size == 0 {
+            return Err(flag("--batch-size", "must be at least 1".into()));
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if self.workers == 0 {
+            return Err(flag(
+                "--workers",
+                "at least one worker thread is needed".into(),
+            ));
+        }
+        if self.workers > MAX_WORKERS {
+            return Err(flag(
+                "--workers",
+                format!(
+                    "{} is more threads than gpufeed starts (at most {MAX_WORKERS}; this machine has {cores} cores)",
+                    self.workers
+                ),
+            ));
+        }
+        let (prefetch, prefetch_flag) = match self.prefetch {
+            Some(p) => (p, "--prefetch"),
+            None => (
+                gpufeed::loader::default_prefetch(
+                    self.workers,
+                    self.sample_bytes.saturating_mul(self.batch_size as u64),
+                ),
+                "--prefetch (by default about 64 MiB of batches, --workers + 2 at least)",
+            ),
+        };
+        if prefetch == 0 {
+            return Err(flag(
+                "--prefetch",
+                "at least one batch must be in flight".into(),
+            ));
+        }
+        if prefetch > MAX_PREFETCH {
+            return Err(flag(
+                prefetch_flag,
+                format!(
+                    "{prefetch} batches in flight is more than gpufeed allows ({MAX_PREFETCH})"
+                ),
+            ));
+        }
+        let Some(memory) = available_memory() else {
+            return Ok(prefetch);
+        };
+        let batch = (self.batch_size as u64).checked_mul(self.sample_bytes);
+        if batch.is_none_or(|b| b > memory) {
+            return Err(flag(
+                "--batch-size",
+                format!(
+                    "one batch of {} samples of {} needs {}, more than the {} of memory available",
+                    self.batch_size,
+                    human_bytes(self.sample_bytes),
+                    batch.map_or_else(|| "more than 16 EiB".to_owned(), human_bytes),
+                    human_bytes(memory)
+                ),
+            ));
+        }
+        let batch = batch.unwrap_or(u64::MAX);
+        let pool = (prefetch as u64 + 2).checked_mul(batch);
+        if pool.is_none_or(|p| p > memory) {
+            return Err(flag(
+                prefetch_flag,
+                format!(
+                    "{prefetch} batches in flight and 2 held make a batch pool of {}, more than the {} of memory available \
+                     (batches of {}): lower --prefetch or --batch-size",
+                    pool.map_or_else(|| "more than 16 EiB".to_owned(), human_bytes),
+                    human_bytes(memory),
+                    human_bytes(batch)
+                ),
+            ));
+        }
+        Ok(prefetch)
+    }
+}

@@ -1,0 +1,544 @@
+//! `gpufeed pack`: writes a packed record file from `.npy` arrays, raw fixed-size records or an
+//! ImageFolder directory.
+//!
+//! Inputs are read in place (`.npy` arrays are memory-mapped one at a time, raw files are read
+//! in large chunks) and streamed through one [`RecordWriter`], which writes a temporary file and
+//! renames it over the destination only once it is complete. Several inputs concatenate, in the
+//! order given. This module never leaves a half-written file under the destination's name: any
+//! error drops the writer, which removes its temporary file (signals: see `cleanup.rs`).
+//!
+//! Before reading anything it checks the output (`check_output`): never one of the inputs
+//! (same device and inode, through any link), never anything but a regular file, never an
+//! existing file without `--force`, and a directory that exists and can be written.
+
+use std::fs::File;
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::messages::human_bytes;
+use gpufeed::format::{DType, Field, PackSummary, RecordWriter, Schema};
+
+use gpufeed::{Dataset, Error, NpyArray, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// What the inputs of `gpufeed pack` are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum InputKind {
+    /// `.npy` arrays: row `i` (along the first axis) is record `i`.
+    Npy,
+    /// Raw files of fixed-size records (`--record-bytes`), back to back.
+    Raw,
+    /// One ImageFolder directory (class subdirectories of JPEG/PNG files): each record stores
+    /// the encoded bytes, the label, the image size and the relative path.
+    Imagefolder,
+}
+
+/// Arguments of `gpufeed pack`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// What the inputs are.
+    #[arg(long = "from", value_enum)]
+    from: InputKind,
+    /// Input files, concatenated in this order.
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+    /// The packed file to write (atomically: a temporary name, then a rename). It must not
+    /// exist (see --force) and must not be one of the inputs.
+    #[arg(short = 'o', long = "output")]
+    output: PathBuf,
+    /// Replace OUTPUT if it is an existing regular file (never an input, a link or a device).
+    #[arg(long)]
+    force: bool,
+    /// The name of the data field (with --from npy or raw; default `data`). Name it `image`
+    /// for programs that read images under that name, as the examples do.
+    #[arg(long, value_name = "NAME")]
+    field: Option<String>,
+    /// A `.npy` array with one row per record of the inputs, stored as the field `label`
+    /// (with `--from npy` only).
+    #[arg(long)]
+    labels: Option<PathBuf>,
+    /// The size of one record of the raw inputs, in bytes (with `--from raw` only).
+    #[arg(long)]
+    record_bytes: Option<u64>,
+}
+
+/// Runs `gpufeed pack`.
+pub fn run(args: Args) -> Result<()> {
+    let start = Instant::now();
+    let field = args.field.as_deref().unwrap_or(NpyArray::FIELD);
+    let output = Output {
+        path: &args.output,
+        replace: args.force,
+    };
+    let (summary, data_bytes) = match args.from {
+        InputKind::Npy => {
+            if args.record_bytes.is_some() {
+                return Err(config("--record-bytes", "applies to --from raw only"));
+            }
+            let mut inputs: Vec<&Path> = args.inputs.iter().map(PathBuf::as_path).collect();
+            inputs.extend(args.labels.as_deref());
+            check_inputs(&inputs, "--from npy takes .npy files")?;
+            output.check(&inputs)?;
+            pack_npy(&args.inputs, args.labels.as_deref(), field, &output)?
+        }
+        InputKind::Raw => {
+            if args.labels.is_some() {
+                return Err(config("--labels", "applies to --from npy only"));
+            }
+            let Some(record_bytes) = args.record_bytes else {
+                return Err(config("--record-bytes", "is required with --from raw"));
+            };
+            let inputs: Vec<&Path> = args.inputs.iter().map(PathBuf::as_path).collect();
+            check_inputs(&inputs, "--from raw takes files of records")?;
+            output.check(&inputs)?;
+            pack_raw(&args.inputs, record_bytes, field, &output)?
+        }
+        InputKind::Imagefolder => {
+            if args.labels.is_some() || args.record_bytes.is_some() || args.field.is_some() {
+                return Err(config(
+                    "--from imagefolder",
+                    "takes its labels from the class directories and names its fields `image`, `label`, \
+                     `size` and `path`; --labels, --record-bytes and --field do not apply",
+                ));
+            }
+            let [dir] = args.inputs.as_slice() else {
+                return Err(config("--from imagefolder", "takes exactly one directory"));
+            };
+            output.check_beside_folder(dir)?;
+            let summary = crate::images::pack_imagefolder(
+                dir,
+                &args.output,
+                std::io::stderr().is_terminal(),
+            )?;
+            let bytes = summary.file_bytes;
+            (summary, bytes)
+        }
+    };
+    let secs = start.elapsed().as_secs_f64();
+    crate::out(format_args!(
+        "packed {} records ({} bytes of input, {} bytes written) into {} in {:.2} s: {:.0} MB/s",
+        summary.records,
+        data_bytes,
+        summary.file_bytes,
+        args.output.display(),
+        secs,
+        summary.file_bytes as f64 / 1e6 / secs.max(1e-9),
+    ))
+}
+
+/// The file `gpufeed pack` writes, as the user named it.
+struct Output<'a> {
+    path: &'a Path,
+    /// `--force`: an existing regular file may be replaced.
+    replace: bool,
+}
+
+/// Device and inode: what makes two paths the same file.
+fn identity(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
+}
+
+/// What a file that is not a regular file is, in words.
+fn kind_of(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Refuses inputs that are not regular files (before `.npy` mapping says "No such device").
+pub fn check_inputs(inputs: &[&Path], takes: &str) -> Result<()> {
+    for path in inputs {
+        let meta = std::fs::metadata(path).map_err(|e| Error::Io {
+            path: path.to_path_buf(),
+            op: "open",
+            source: e,
+        })?;
+        if !meta.is_file() {
+            let hint = if meta.is_dir() {
+                "; for a folder of images: gpufeed pack --from imagefolder DIR -o OUT"
+            } else {
+                ""
+            };
+            return Err(Error::user(format!(
+                "{}: is {}, not a file: {takes}{hint}",
+                path.display(),
+                kind_of(meta.file_type())
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Output<'_> {
+    fn refuse(&self, what: impl std::fmt::Display) -> Error {
+        Error::user(format!("-o {}: {what}", self.path.display()))
+    }
+
+    /// Checks the output before anything is read or written: see the module docs. `inputs`
+    /// are every file that will be read.
+    fn check(&self, inputs: &[&Path]) -> Result<()> {
+        if let Some(meta) = self.existing()? {
+            for input in inputs {
+                if let Ok(m) = std::fs::metadata(input)
+                    && identity(&m) == identity(&meta)
+                {
+                    return Err(self.refuse(format_args!(
+                        "is the input {} (the same file{}): packing into it would destroy it; choose another -o",
+                        input.display(),
+                        if input == &self.path {
+                            ""
+                        } else {
+                            ", through a link"
+                        }
+                    )));
+                }
+            }
+            if !self.replace {
+                return Err(self.refuse("exists; pass --force to replace it, or choose another -o"));
+            }
+        }
+        self.check_directory()?;
+        self.clear_stale()
+    }
+
+    /// The output's metadata if it exists (as a regular file: anything else is refused).
+    fn existing(&self) -> Result<Option<std::fs::Metadata>> {
+        let ends_in_slash = self.path.as_os_str().as_encoded_bytes().ends_with(b"/");
+        match std::fs::symlink_metadata(self.path) {
+            Ok(meta) if meta.is_file() && !ends_in_slash => Ok(Some(meta)),
+            Ok(meta) => {
+                let what = kind_of(meta.file_type());
+                let advice = if meta.is_dir() {
+                    "; -o names the file to write, such as DIR/train.gfd"
+                } else {
+                    "; gpufeed pack writes a new regular file and replaces nothing else: choose another -o"
+                };
+                Err(self.refuse(format_args!("is {what}{advice}")))
+            }
+            // Absent, or under a path that is not a directory: `check_directory` says which.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                if ends_in_slash {
+                    return Err(self.refuse("names a directory; -o names the file to write"));
+                }
+                Ok(None)
+            }
+            Err(e) => Err(Error::Io {
+                path: self.path.to_path_buf(),
+                op: "stat",
+                source: e,
+            }),
+        }
+    }
+
+    /// The directory the output goes in: it must exist and be writable.
+    fn check_directory(&self) -> Result<()> {
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(self.refuse(format_args!("{} is not a directory", dir.display())));
+            }
+            Err(e) => {
+                return Err(self.refuse(format_args!(
+                    "its directory {} cannot be used: {e}",
+                    dir.display()
+                )));
+            }
+        }
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| self.refuse("the path holds a NUL byte"))?;
+        // SAFETY: `c` is a NUL-terminated path that lives across the call; access reads it only.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+            return Err(self.refuse(format_args!(
+                "its directory {} cannot be written: {}",
+                dir.display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The image folder's files are the inputs of `--from imagefolder`: refuse an output
+    /// among them, then check as for other inputs.
+    fn check_beside_folder(&self, dir: &Path) -> Result<()> {
+        if self.existing()?.is_some() {
+            let inside = match (std::fs::canonicalize(dir), std::fs::canonicalize(self.path)) {
+                (Ok(d), Ok(o)) => o.starts_with(d),
+                _ => false,
+            };
+            if inside {
+                return Err(self.refuse(format_args!(
+                    "is a file inside the image folder {} (it could be one of its images): write the packed file elsewhere",
+                    dir.display()
+                )));
+            }
+        }
+        self.check(&[])
+    }
+
+    /// Removes the temporaries that killed packs to this output left, and says so.
+    fn clear_stale(&self) -> Result<()> {
+        let removed = gpufeed::format::remove_stale_temporaries(self.path)?;
+        if !removed.is_empty() {
+            let bytes: u64 = removed.iter().map(|(_, b)| b).sum();
+            let _ = writeln!(
+                std::io::stderr(),
+                "gpufeed pack: removed {} temporary file(s) ({}) that killed packs to {} left behind",
+                removed.len(),
+                human_bytes(bytes),
+                self.path.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// The writer: one that replaces nothing unless `--force` was given.
+    fn writer(&self, schema: Schema) -> Result<RecordWriter> {
+        if self.replace {
+            RecordWriter::create(self.path, schema)
+        } else {
+            RecordWriter::create_new(self.path, schema)
+        }
+    }
+}
+
+fn config(setting: &'static str, what: &str) -> Error {
+    Error::InvalidConfig {
+        setting,
+        what: what.to_string(),
+    }
+}
+
+/// A byte-counting progress bar on stderr; hidden when stderr is not a terminal.
+fn progress(total_bytes: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{bar:40} {bytes}/{total_bytes} ({binary_bytes_per_sec}, {eta} left)",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Bytes between two updates of the progress bar, so that it costs nothing per record.
+const PROGRESS_STEP: u64 = 16 << 20;
+
+/// What one `.npy` input holds, from its header (the array is not kept mapped).
+struct NpyInput {
+    path: PathBuf,
+    dtype: DType,
+    row_shape: Vec<u64>,
+    rows: u64,
+    row_bytes: u64,
+}
+
+fn pack_npy(
+    inputs: &[PathBuf],
+    labels: Option<&Path>,
+    field: &str,
+    output: &Output<'_>,
+) -> Result<(PackSummary, u64)> {
+    // Headers first, each array mapped and unmapped in turn: the kernel limits how many maps
+    // a process holds (vm.max_map_count, 65,530 by default), and inputs can be more.
+    let mut arrays = Vec::with_capacity(inputs.len());
+    for path in inputs {
+        let a = NpyArray::open(path)?;
+        arrays.push(NpyInput {
+            path: path.clone(),
+            dtype: a.dtype(),
+            row_shape: a.shape()[1..].to_vec(),
+            rows: a.len(),
+            row_bytes: a.row_bytes() as u64,
+        });
+    }
+    let Some(first) = arrays.first() else {
+        return Err(config("INPUT", "at least one input is needed"));
+    };
+    let (dtype, row_shape) = (first.dtype, first.row_shape.clone());
+    for a in &arrays[1..] {
+        if a.dtype != dtype || a.row_shape != row_shape {
+            return Err(Error::Mismatch {
+                what: format!(
+                    "{} has rows of {}{:?}, {} has rows of {dtype}{row_shape:?}: inputs must agree",
+                    a.path.display(),
+                    a.dtype,
+                    a.row_shape,
+                    first.path.display(),
+                ),
+            });
+        }
+    }
+    let rows: u64 = arrays.iter().map(|a| a.rows).sum();
+    let labels = match labels {
+        Some(path) => {
+            let l = NpyArray::open_as(path, "label")?;
+            if l.len() != rows {
+                let inputs: Vec<String> = arrays
+                    .iter()
+                    .map(|a| format!("{} ({} rows)", a.path.display(), a.rows))
+                    .collect();
+                return Err(Error::Mismatch {
+                    what: format!(
+                        "labels file {} has {} rows, the inputs have {rows}: {}",
+                        path.display(),
+                        l.len(),
+                        inputs.join(", ")
+                    ),
+                });
+            }
+            Some(l)
+        }
+        None => None,
+    };
+    let mut fields = vec![Field::tensor(field, dtype, &row_shape)];
+    if let Some(l) = &labels {
+        fields.extend(l.schema().fields().iter().cloned());
+    }
+    let schema = Schema::new(fields)
+        .map_err(|what| Error::user(format!("the schema of the output: {what}")))?;
+    let total: u64 = arrays.iter().map(|a| a.rows * a.row_bytes).sum();
+    let bar = progress(total);
+    let mut writer = output.writer(schema)?;
+    let mut done = 0u64;
+    let mut shown = 0u64;
+    let mut label_row = 0u64;
+    for input in &arrays {
+        let a = NpyArray::open(&input.path)?;
+        if a.dtype() != input.dtype
+            || a.len() != input.rows
+            || a.shape()[1..] != input.row_shape[..]
+        {
+            return Err(Error::Mismatch {
+                what: format!(
+                    "{} changed while it was being packed: it was {}{:?}, it is {}{:?}",
+                    input.path.display(),
+                    input.dtype,
+                    [&[input.rows][..], &input.row_shape[..]].concat(),
+                    a.dtype(),
+                    a.shape()
+                ),
+            });
+        }
+        for i in 0..a.len() {
+            let row = a.row(i)?;
+            match &labels {
+                Some(l) => {
+                    let label = l.row(label_row)?;
+                    writer.append(&[row, label])?;
+                }
+                None => writer.append(&[row])?,
+            }
+            label_row += 1;
+            done += row.len() as u64;
+            if done - shown >= PROGRESS_STEP {
+                bar.set_position(done);
+                shown = done;
+            }
+        }
+    }
+    bar.set_position(done);
+    let summary = writer.finish()?;
+    bar.finish_and_clear();
+    Ok((summary, total))
+}
+
+fn pack_raw(
+    inputs: &[PathBuf],
+    record_bytes: u64,
+    field: &str,
+    output: &Output<'_>,
+) -> Result<(PackSummary, u64)> {
+    let rb = usize::try_from(record_bytes)
+        .ok()
+        .filter(|&n| n > 0 && n <= u32::MAX as usize)
+        .ok_or_else(|| {
+            config(
+                "--record-bytes",
+                &format!("{record_bytes} is not from 1 to 4 GiB"),
+            )
+        })?;
+    let mut sizes = Vec::with_capacity(inputs.len());
+    for path in inputs {
+        let size = std::fs::metadata(path).map_err(|e| Error::Io {
+            path: path.clone(),
+            op: "stat",
+            source: e,
+        })?;
+        let size = size.len();
+        if size % record_bytes != 0 {
+            return Err(Error::Malformed {
+                path: path.clone(),
+                format: "raw record",
+                what: format!(
+                    "its size, {size} bytes, is not a multiple of --record-bytes {record_bytes} \
+                     ({} whole records and {} bytes over)",
+                    size / record_bytes,
+                    size % record_bytes
+                ),
+            });
+        }
+        sizes.push(size);
+    }
+    let schema = Schema::new(vec![Field::tensor(field, DType::U8, &[record_bytes])])
+        .map_err(|what| Error::user(format!("the schema of the output: {what}")))?;
+    let total: u64 = sizes.iter().sum();
+    let bar = progress(total);
+    let mut writer = output.writer(schema)?;
+    // Whole records per read: about 8 MiB, at least one record.
+    let per_chunk = ((8usize << 20) / rb).max(1);
+    let mut buf = vec![0u8; per_chunk * rb];
+    let mut done = 0u64;
+    let mut shown = 0u64;
+    for (path, &size) in inputs.iter().zip(&sizes) {
+        let mut file = File::open(path).map_err(|e| Error::Io {
+            path: path.clone(),
+            op: "open",
+            source: e,
+        })?;
+        let mut left = size;
+        while left > 0 {
+            let want = (buf.len() as u64).min(left) as usize;
+            file.read_exact(&mut buf[..want]).map_err(|e| Error::Io {
+                path: path.clone(),
+                op: "read (did the file shrink while being packed?)",
+                source: e,
+            })?;
+            for record in buf[..want].chunks_exact(rb) {
+                writer.append(&[record])?;
+            }
+            left -= want as u64;
+            done += want as u64;
+            if done - shown >= PROGRESS_STEP {
+                bar.set_position(done);
+                shown = done;
+            }
+        }
+    }
+    bar.set_position(done);
+    let summary = writer.finish()?;
+    bar.finish_and_clear();
+    Ok((summary, total))
+}

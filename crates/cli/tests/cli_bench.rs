@@ -1,0 +1,526 @@
+//! `gpufeed bench` (and the command's messages), run as the built binary: no panic, hang or
+//! abort on impossible settings or a closed pipe, no temporary data set left behind, flags that
+//! do not apply refused, messages in flags, one report for every kind of run.
+
+use crate::cli_common;
+use crate::image_common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use cli_common::*;
+use gpufeed::format::{Codec, DType, Field, RecordWriter, Schema};
+use serde_json::Value;
+
+/// A small generated data set: quick runs.
+const SMALL: [&str; 4] = ["--records", "300", "--record-bytes", "1024"];
+
+fn bench(extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["bench"];
+    args.extend_from_slice(extra);
+    output_with_limit(cmd(&args), Duration::from_secs(120))
+}
+
+/// The command failed with exit code 1 (no panic, no abort) and said every one of `want`.
+fn refused(o: &std::process::Output, want: &[&str]) -> String {
+    let e = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "status {:?}: {e}", o.status);
+    assert!(!e.contains("panicked"), "{e}");
+    for w in want {
+        assert!(e.contains(w), "`{w}` missing from: {e}");
+    }
+    e
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = dir.path().join("r.bin");
+    std::fs::write(&raw, [1u8; 640]).unwrap();
+    let packed = dir.path().join("r.gfd");
+    let o = gpufeed(&[
+        "pack",
+        "--from",
+        "raw",
+        s(&raw),
+        "--record-bytes",
+        "64",
+        "-o",
+        s(&packed),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut small = vec!["bench"];
+    small.extend_from_slice(&SMALL);
+    small.extend_from_slice(&["--epochs", "1"]);
+    for args in [
+        small.clone(),
+        vec!["bench", s(&packed), "--epochs", "1", "--batch-size", "4"],
+        vec!["inspect", s(&packed)],
+        vec!["inspect", "--json", s(&packed)],
+    ] {
+        // As `gpufeed ... | head -0`: the reader is gone before the first write.
+        let mut child = cmd(&args)
+            .env("TMPDIR", dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let status = wait_with_limit(&mut child, Duration::from_secs(120));
+        let mut e = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut e).unwrap();
+        assert!(
+            status.success() || status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {status}: {e}"
+        );
+        assert!(e.is_empty(), "{args:?}: {e}");
+    }
+    // Nothing left in the temporary directory but what the test put there.
+    assert!(files_with(dir.path(), "gpufeed-").is_empty());
+}
+
+#[test]
+fn impossible_sizes_fail_fast_naming_the_flag() {
+    for (args, flag) in [
+        (vec!["--prefetch", "1000000000"], "--prefetch"),
+        (vec!["--prefetch", "10000000"], "--prefetch"),
+        (vec!["--workers", "10000"], "--workers"),
+        (vec!["--batch-size", "1000000000"], "--batch-size"),
+        (vec!["--batch-size", "0"], "--batch-size"),
+        (vec!["--workers", "0"], "--workers"),
+        (vec!["--prefetch", "0"], "--prefetch"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cmd(&["bench", "--records", "256", "--record-bytes", "150528"]);
+        c.args(&args).env("TMPDIR", dir.path());
+        let o = output_with_limit(c, Duration::from_secs(60));
+        let e = refused(&o, &[flag]);
+        for rust in ["batch_size", "pool_budget", "prefetch`", "workers`"] {
+            assert!(!e.contains(rust), "{args:?}: Rust name {rust} in: {e}");
+        }
+        assert!(files_with(dir.path(), "gpufeed-").is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn library_settings_are_reported_as_flags() {
+    // More than the data set with --drop-last: the sampler's `drop_last` is the user's flag.
+    let o = bench(&[
+        "--records",
+        "10",
+        "--record-bytes",
+        "8",
+        "--batch-size",
+        "64",
+        "--drop-last",
+    ]);
+    let e = refused(&o, &["--drop-last"]);
+    assert!(!e.contains("drop_last"), "{e}");
+    assert!(!e.contains("invalid setting"), "{e}");
+}
+
+#[test]
+fn an_interrupted_bench_removes_its_generated_data_set() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let dir = tempfile::tempdir().unwrap();
+        // Big enough to be interrupted while it is written.
+        let mut c = cmd(&["bench", "--records", "200000", "--record-bytes", "150528"]);
+        let mut child = default_signals(&mut c)
+            .env("TMPDIR", dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_file(dir.path(), "gpufeed-bench-", &mut child);
+        std::thread::sleep(Duration::from_millis(200));
+        signal(&child, sig);
+        let status = wait_with_limit(&mut child, Duration::from_secs(60));
+        assert!(
+            status.signal() == Some(sig) || status.code() == Some(128 + sig),
+            "{status}"
+        );
+        let left = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(left, 0, "signal {sig} left the data set behind");
+    }
+}
+
+#[test]
+fn a_failed_bench_removes_its_generated_data_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cmd(&[
+        "bench",
+        "--records",
+        "64",
+        "--record-bytes",
+        "64",
+        "--fields",
+        "nosuch",
+    ]);
+    c.env("TMPDIR", dir.path());
+    let o = output_with_limit(c, Duration::from_secs(60));
+    refused(&o, &["nosuch"]);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// An ImageFolder of 2 classes of 6 JPEGs, and one of its files made bad if `bad`.
+fn image_folder(root: &Path, bad: bool) {
+    image_common::jpeg_folder(root, 2, 6, 40, 30);
+    if bad {
+        let p = root.join("class_1/0003.jpg");
+        let b = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &b[..b.len() / 3]).unwrap();
+    }
+}
+
+#[test]
+fn flags_that_do_not_apply_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    image_folder(&images, false);
+    let raw = dir.path().join("r.bin");
+    std::fs::write(&raw, [1u8; 640]).unwrap();
+    let packed = dir.path().join("r.gfd");
+    let o = gpufeed(&[
+        "pack",
+        "--from",
+        "raw",
+        s(&raw),
+        "--record-bytes",
+        "64",
+        "-o",
+        s(&packed),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for (args, want) in [
+        (vec!["--epochs", "0"], "--epochs"),
+        (vec!["--max-batches", "0"], "--max-batches"),
+        (vec!["--images", s(&images), "--baseline"], "--baseline"),
+        (vec!["--images", s(&images), "--records", "5"], "--records"),
+        (vec!["--images", s(&images), "--fields", "a"], "--fields"),
+        (vec!["--images", s(&images), "--epochs", "0"], "--epochs"),
+        (
+            vec!["--images", s(&images), "--max-batches", "0"],
+            "--max-batches",
+        ),
+        (vec![s(&packed), "--records", "5"], "--records"),
+        (vec![s(&packed), "--record-bytes", "5"], "--record-bytes"),
+        (vec![s(&packed), "--image-size", "64"], "--image-size"),
+        (vec![s(&packed), "--skip-bad-images"], "--skip-bad-images"),
+        (vec![s(&packed), "--limit", "5"], "--limit"),
+        (vec![s(&packed), "--image-field", "x"], "--image-field"),
+    ] {
+        let o = bench(&args);
+        refused(&o, &[want]);
+        assert!(stdout(&o).is_empty(), "{args:?}: {}", stdout(&o));
+    }
+}
+
+#[test]
+fn image_runs_honour_max_batches_no_shuffle_and_prefetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    image_folder(&images, false);
+    let o = bench(&[
+        "--images",
+        s(&images),
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+        "--max-batches",
+        "1",
+        "--no-shuffle",
+        "--prefetch",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["samples"], 8, "{v}");
+    assert_eq!(v["shuffle"], false);
+    assert_eq!(v["prefetch"], 1);
+    assert_eq!(v["mode"], "images");
+}
+
+#[test]
+fn a_folder_of_images_is_pointed_to_images_and_encoded_fields_to_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    image_folder(&images, false);
+    let o = bench(&[s(&images)]);
+    refused(&o, &["--images", s(&images)]);
+    // A packed file of images read as records: its encoded field cannot be batched as it is.
+    let packed = dir.path().join("images.gfd");
+    let o = gpufeed(&[
+        "pack",
+        "--from",
+        "imagefolder",
+        s(&images),
+        "-o",
+        s(&packed),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = bench(&[s(&packed), "--epochs", "1"]);
+    let e = refused(&o, &["--images", "--fields"]);
+    assert!(!e.contains("CopyFields"), "{e}");
+    // Its tensor fields can be.
+    let o = bench(&[
+        s(&packed),
+        "--epochs",
+        "1",
+        "--fields",
+        "label,size",
+        "--batch-size",
+        "4",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["sample_bytes"], 8 + 8);
+}
+
+#[test]
+fn image_field_and_skip_bad_images_are_the_command_s_choices() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    image_folder(&images, true);
+    // A bad image fails the run, and the message offers the flag that skips it.
+    let o = bench(&[
+        "--images",
+        s(&images),
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+    ]);
+    let e = refused(&o, &["0003.jpg", "--skip-bad-images"]);
+    assert!(!e.contains("OnBadImage"), "{e}");
+    let o = bench(&[
+        "--images",
+        s(&images),
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--skip-bad-images",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["skipped"], 1);
+
+    // A packed file whose images are in a field named `photo`, without labels.
+    let packed = dir.path().join("photos.gfd");
+    let schema = Schema::new(vec![Field::bytes("photo", Codec::Jpeg)]).unwrap();
+    let mut w = RecordWriter::create(&packed, schema).unwrap();
+    let jpeg = std::fs::read(images.join("class_0/0000.jpg")).unwrap();
+    for _ in 0..5 {
+        w.append(&[&jpeg]).unwrap();
+    }
+    w.finish().unwrap();
+    let o = bench(&[
+        "--images",
+        s(&packed),
+        "--image-size",
+        "16",
+        "--batch-size",
+        "2",
+        "--epochs",
+        "1",
+    ]);
+    let e = refused(&o, &["--image-field"]);
+    assert!(!e.contains("image_field()"), "{e}");
+    let o = bench(&[
+        "--images",
+        s(&packed),
+        "--image-field",
+        "photo",
+        "--image-size",
+        "16",
+        "--batch-size",
+        "2",
+        "--epochs",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["samples"], 5);
+}
+
+#[test]
+fn the_report_has_one_unit_a_comparison_and_internals_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cmd(&["bench", "--epochs", "2"]);
+    c.args(SMALL).env("TMPDIR", dir.path());
+    let o = output_with_limit(c, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        !text.contains(s(dir.path())),
+        "a removed temporary path shown:\n{text}"
+    );
+    assert!(text.contains("generated"), "{text}");
+    assert!(
+        text.contains("compared:") && text.contains("memcpy gather"),
+        "{text}"
+    );
+    assert!(text.contains("GB/s"), "{text}");
+    for other_unit in ["samples/s", "MiB/s", "GiB/s", "images/s"] {
+        assert!(!text.contains(other_unit), "{other_unit} in:\n{text}");
+    }
+    for internal in ["reuses", "ready out of order"] {
+        assert!(
+            !text.contains(internal),
+            "{internal} without --verbose:\n{text}"
+        );
+    }
+    // The stage table: shares of one denominator, adding up to 100%.
+    let shares: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("  ") && l.trim_end().ends_with('%'))
+        .map(|l| {
+            let pct = l.split_whitespace().last().unwrap();
+            pct.trim_end_matches('%').parse::<f64>().unwrap()
+        })
+        .collect();
+    assert_eq!(shares.len(), 4, "{text}");
+    let total: f64 = shares.iter().sum();
+    assert!((total - 100.0).abs() < 0.5, "{total}: {text}");
+
+    let mut c = cmd(&["bench", "--epochs", "1", "--verbose"]);
+    c.args(SMALL).env("TMPDIR", dir.path());
+    let o = output_with_limit(c, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("reuses"), "{}", stdout(&o));
+}
+
+#[test]
+fn json_has_the_same_keys_for_records_and_images() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    image_folder(&images, false);
+    let mut c = cmd(&["bench", "--epochs", "2", "--json"]);
+    c.args(SMALL).env("TMPDIR", dir.path());
+    let raw = output_with_limit(c, Duration::from_secs(120));
+    assert!(raw.status.success(), "{}", stderr(&raw));
+    let img = bench(&[
+        "--images",
+        s(&images),
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "2",
+        "--json",
+    ]);
+    assert!(img.status.success(), "{}", stderr(&img));
+    let keys = |o: &std::process::Output| -> Vec<String> {
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&raw), keys(&img));
+    let v: Value = serde_json::from_slice(&raw.stdout).unwrap();
+    assert_eq!(v["mode"], "records");
+    assert_eq!(v["generated"], true);
+    assert!(v["baseline_ratio"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(!v["dataset"].as_str().unwrap().contains(s(dir.path())));
+    let v: Value = serde_json::from_slice(&img.stdout).unwrap();
+    assert_eq!(v["records"], 12);
+    assert_eq!(v["samples"], 24);
+    assert_eq!(v["epoch_samples_per_sec"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn help_names_every_input_kind() {
+    for args in [vec!["--help"], vec!["pack", "--help"]] {
+        let o = gpufeed(&args);
+        assert!(o.status.success());
+        let text = stdout(&o);
+        for kind in ["npy", "raw", "imagefolder"] {
+            assert!(
+                text.contains(kind),
+                "{args:?} does not name {kind}:\n{text}"
+            );
+        }
+    }
+    let o = gpufeed(&["bench", "--help"]);
+    for flag in [
+        "--images",
+        "--image-field",
+        "--fields",
+        "--skip-bad-images",
+        "--verbose",
+    ] {
+        assert!(
+            stdout(&o).contains(flag),
+            "{flag} missing from bench --help"
+        );
+    }
+}
+
+#[test]
+fn raw_records_still_bench_with_a_dtype_of_their_own() {
+    // A .npy of f32 rows: records runs read any tensor dtype.
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_npy(&dir.path().join("a.npy"), DType::F32, &[40, 3], &[0; 480]);
+    let o = bench(&[s(&a), "--epochs", "1", "--batch-size", "8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["samples"], 40);
+    assert_eq!(v["sample_bytes"], 12);
+    assert_eq!(v["generated"], false);
+}
+
+#[test]
+fn fifos_and_devices_are_refused_not_read_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    for args in [
+        vec!["inspect", s(&fifo)],
+        vec!["bench", s(&fifo)],
+        vec!["bench", "--images", s(&fifo)],
+        vec!["inspect", "/dev/zero"],
+    ] {
+        let o = output_with_limit(cmd(&args), Duration::from_secs(60));
+        refused(&o, &["not a file"]);
+    }
+}
+
+#[test]
+fn shard_reads_one_ranks_share_and_speaks_in_flags() {
+    let json = |extra: &[&str]| -> Value {
+        let mut args = SMALL.to_vec();
+        args.extend_from_slice(&["--epochs", "1", "--batch-size", "10", "--json"]);
+        args.extend_from_slice(extra);
+        let o = bench(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    assert_eq!(json(&[])["samples"], 300);
+    assert_eq!(json(&["--shard", "1/3"])["samples"], 100);
+    // Evaluation over 7 ranks: 300 samples, 43 slots each (one padding slot per rank but 6).
+    assert_eq!(json(&["--shard", "2/7", "--evaluation"])["samples"], 43);
+    let mut args = SMALL.to_vec();
+    args.extend_from_slice(&["--shard", "3/3"]);
+    refused(&bench(&args), &["--shard", "rank 3"]);
+    let mut args = SMALL.to_vec();
+    args.extend_from_slice(&["--shard", "half"]);
+    refused(&bench(&args), &["--shard", "RANK/WORLD"]);
+}

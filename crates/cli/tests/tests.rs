@@ -1,0 +1,10 @@
+//! The command's tests: they run the built `gpufeed` (`CARGO_BIN_EXE_gpufeed`, or the binary
+//! named by `GPUFEED_BIN`, as on the GPU machine), in one test binary.
+
+mod cli_common;
+#[path = "../../gpufeed/tests/image_common/mod.rs"]
+mod image_common;
+
+mod cli_bench;
+mod cli_pack_inspect;
+mod cli_pack_safety;

@@ -1,0 +1,61 @@
+//! The GPU tests (feature `cuda`): one binary with its own harness (`cuda_common::run_gpu_tests`,
+//! over libtest-mimic), so that on a machine without a GPU each test that needs one is reported
+//! as ignored, not as passed, and `GPUFEED_REQUIRE_GPU=1` makes no GPU a failure. A test is a
+//! plain `pub fn` listed below: one left out of the list is dead code, which the lints refuse.
+
+mod cuda_common;
+mod image_common;
+
+mod cuda_convert;
+mod cuda_copy;
+mod cuda_device;
+mod cuda_images;
+mod cuda_raw_streams;
+mod cuda_resume;
+mod cuda_sound;
+
+fn main() -> std::process::ExitCode {
+    cuda_common::run_gpu_tests(gpu_tests![
+        cuda_convert: [
+            conversion_matches_the_cpu_reference,
+            conversion_rejects_bad_settings,
+            the_device_loader_converts_fields_end_to_end,
+        ],
+        cuda_copy: [
+            copied_bytes_equal_the_source_with_poisoned_device_buffers,
+            two_pinned_buffers_are_never_reused_under_a_copy_in_flight,
+            dropping_the_loader_mid_epoch_stops_promptly,
+            consumer_stream_waits_and_buffers_are_recycled_behind_it,
+            pinned_copy_ceiling_is_measured,
+        ],
+        cuda_device: [
+            device_opens_with_a_copy_stream_and_kernels,
+            a_device_on_the_callers_context_leaves_its_settings_and_copies,
+        ] without_gpu: [
+            open_without_a_driver_is_no_gpu_not_a_panic,
+            an_invalid_ordinal_is_an_error,
+        ],
+        cuda_images: [device_normalised_batches_equal_the_host_ones],
+        cuda_raw_streams: [
+            a_block_is_reused_only_after_the_raw_consumer_stream_passed_its_read,
+            wait_on_raw_orders_the_consumer_after_a_copy_still_queued,
+            foreign_threads_keep_their_current_context,
+            next_timeout_moves_nothing,
+            mask_and_indices_fields_match_the_host_batches,
+            batches_outlive_their_loader_and_many_loaders_leave_no_memory,
+        ],
+        cuda_resume: [
+            device_loaders_resume_exactly_through_the_readme_loop_twice,
+            load_state_on_a_running_device_loader_continues_from_the_state,
+            a_host_budget_of_one_batch_delivers_every_device_batch,
+            evaluation_masks_travel_with_device_batches,
+        ],
+        cuda_sound: [
+            a_dropped_buffer_is_not_reused_under_its_fill,
+            a_converter_launch_keeps_its_buffers_until_it_ran,
+            a_slow_consumer_stream_never_sees_a_batch_overwritten,
+            poisoned_device_batches_hold_every_byte_of_the_host_batches,
+            the_device_context_keeps_event_tracking,
+        ],
+    ])
+}

@@ -1,0 +1,20 @@
+//! The library's integration tests: one binary (ripgrep's `tests/tests.rs` shape) instead of
+//! one per file, each linking the whole crate. The GPU tests are `tests/cuda.rs`.
+
+mod image_common;
+
+mod file_changes;
+mod format_errors;
+mod format_fuzz;
+mod format_roundtrip;
+mod format_writer;
+mod image_decode;
+mod image_fuzz;
+mod image_pipeline;
+mod loader;
+mod loader_timeout;
+mod npy_errors;
+mod read_modes;
+mod shard_errors;
+mod shard_fixtures;
+mod shard_fuzz;
