@@ -50,6 +50,7 @@ use serde::{Deserialize, Serialize};
 
 pub use baseline::gather_baseline;
 pub use batch::{Batch, BatchLayout, Element, FIELD_ALIGN};
+pub(crate) use batch::{cast_slice, cast_slice_mut};
 use stats::StageTimes;
 pub use stats::{LoaderStats, StageSnapshot, steady_rate};
 
