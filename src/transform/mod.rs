@@ -156,11 +156,12 @@ impl SampleRng {
 ///   [`field`](Slots::field) or [`field_mut`](Slots::field_mut)) fails the sample, with an
 ///   error naming the field (and, through [`Error::Sample`], the sample and its batch);
 /// - in debug builds (`debug_assertions`), every slot is filled with a marker pattern before
-///   the transform runs, and a run of 8 bytes of the marker (4 at the end of a slot) still
-///   there afterwards fails the sample the same way, naming the field and the bytes left
-///   unwritten. Data that happens to repeat the marker is a false alarm with a chance of
-///   2^-64 per run of random bytes; slots of fewer than 4 bytes (scalar `u8` or `u16`
-///   labels) are covered by the first check only.
+///   the transform runs, and a run of 8 bytes of the marker anywhere in a slot, or of 4 at
+///   its end, still there afterwards fails the sample the same way, naming the field and the
+///   bytes left unwritten. The marker is no value ordinary data holds (as `f32` it is a NaN
+///   with a payload), so a false alarm needs data that repeats it byte for byte; slots of
+///   fewer than 4 bytes (scalar `u8` or `u16` labels), and fewer than 8 bytes left unwritten
+///   in the middle of a slot, are covered by the first check only.
 ///
 /// A sample marked skipped ([`mark_skipped`](Slots::mark_skipped)) is not checked: its slots
 /// are placeholders that the training loop masks.
@@ -359,17 +360,13 @@ impl<'a> Slots<'a> {
                 continue;
             }
             let slot = &self.buffer[self.range(k)?];
-            let left = slot
-                .chunks(MARKER.len())
-                .enumerate()
-                .find(|(_, c)| c.len() >= 4 && **c == MARKER[..c.len()]);
-            if let Some((i, chunk)) = left {
-                let start = i * MARKER.len();
+            if let Some(left) = marker_left(slot) {
                 return Err(Error::user(format!(
-                    "the transform did not write bytes {start}..{} of output field `{}` (its \
+                    "the transform did not write bytes {}..{} of output field `{}` (its \
                      slot has {} bytes): a transform must write every byte of every slot, or \
                      the batch holds bytes of an earlier one",
-                    start + chunk.len(),
+                    left.start,
+                    left.end,
                     field.name,
                     slot.len()
                 )));
@@ -377,6 +374,21 @@ impl<'a> Slots<'a> {
         }
         Ok(())
     }
+}
+
+/// The first run of [`MARKER`] left in `slot` that cannot be data: 8 bytes or more anywhere,
+/// or 4 or more at the slot's end (a transform that wrote a prefix); `None` if there is none.
+fn marker_left(slot: &[u8]) -> Option<std::ops::Range<usize>> {
+    let mut start = 0;
+    for (i, &b) in slot.iter().enumerate() {
+        if b != MARKER[i % MARKER.len()] {
+            if i - start >= MARKER.len() {
+                return Some(start..i);
+            }
+            start = i + 1;
+        }
+    }
+    (slot.len() - start >= 4).then_some(start..slot.len())
 }
 
 /// The short name of an element type (`f32`, `bf16`), for messages.
@@ -687,9 +699,31 @@ mod tests {
         s.field(1).unwrap()[0] = 0;
         let e = s.check_written(true).unwrap_err();
         assert!(
-            e.to_string().contains("bytes 0..8 of output field `x`"),
+            e.to_string().contains("bytes 0..12 of output field `x`"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn marker_runs_are_found_in_the_middle_and_at_the_end() {
+        let marked: Vec<u8> = (0..40).map(|i| MARKER[i % 8]).collect();
+        let with = |written: std::ops::Range<usize>| {
+            let mut s = marked.clone();
+            s[written].fill(0);
+            s
+        };
+        // 8 unwritten bytes between written ones, at any offset.
+        let mut s = with(0..40);
+        s[13..21].copy_from_slice(&marked[13..21]);
+        assert_eq!(marker_left(&s), Some(13..21));
+        // 7 in the middle pass; 4 at the end do not.
+        let mut s = with(0..40);
+        s[13..20].copy_from_slice(&marked[13..20]);
+        assert_eq!(marker_left(&s), None);
+        assert_eq!(marker_left(&with(0..36)), Some(36..40));
+        assert_eq!(marker_left(&with(0..37)), None);
+        assert_eq!(marker_left(&with(0..0)), Some(0..40));
+        assert_eq!(marker_left(&marked[..3]), None);
     }
 
     #[test]
