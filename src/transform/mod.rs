@@ -398,6 +398,59 @@ pub(crate) fn element_name<T: Element>() -> &'static str {
 }
 
 /// Writes one sample into its slots of a batch. Shared by every worker thread.
+///
+/// A transform with settings of its own: random crops of a 1-D signal, the crop's place drawn
+/// from [`SampleContext::rng`] (the same for a sample whichever worker runs it, and after a
+/// resume). Its output follows the input: the signal's dtype, `len` values.
+///
+/// ```
+/// use gpufeed::{DType, Dataset, Field, Loader, OutputField, Result, Sample, SampleContext, SampleTransform, Schema, Slots};
+///
+/// struct RandomCrop {
+///     len: usize,
+/// }
+///
+/// impl SampleTransform for RandomCrop {
+///     fn output(&self, input: &Schema) -> Result<Vec<OutputField>> {
+///         let signal = OutputField::like(input, "signal")?;
+///         if signal.shape.len() != 1 || signal.shape[0] < self.len {
+///             return Err(gpufeed::Error::user(format!("`signal` {:?} is shorter than a crop", signal.shape)));
+///         }
+///         Ok(vec![OutputField::new("signal", signal.dtype, &[self.len])])
+///     }
+///
+///     fn apply(&self, sample: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>) -> Result<()> {
+///         let signal = sample.field_as::<f32>("signal")?;
+///         let start = ctx.rng().below((signal.len() - self.len + 1) as u64) as usize;
+///         slots.field_mut::<f32>("signal")?.copy_from_slice(&signal[start..start + self.len]);
+///         Ok(())
+///     }
+/// }
+/// # struct Signals(Schema);
+/// # impl Dataset for Signals {
+/// #     fn len(&self) -> u64 { 16 }
+/// #     fn schema(&self) -> &Schema { &self.0 }
+/// #     fn get(&self, i: u64) -> Result<Sample<'_>> {
+/// #         Sample::owned((0..100).flat_map(|t| (i as f32 * 1000.0 + t as f32).to_le_bytes()).collect(), &self.0)
+/// #     }
+/// # }
+/// # let signals = Signals(Schema::new(vec![Field::tensor("signal", DType::F32, &[100])]).unwrap());
+///
+/// // `signals`: 16 samples of `signal`, 100 f32 each.
+/// let mut loader = Loader::builder(signals)
+///     .batch_size(8)
+///     .shuffle(1)
+///     .transform(RandomCrop { len: 10 })
+///     .build()?;
+/// let batch = loader.next().unwrap()?;
+/// assert_eq!(batch.shape("signal")?, [8, 10]);
+/// let crops = batch.field::<f32>("signal")?;
+/// for (crop, &i) in crops.chunks(10).zip(batch.indices()) {
+///     assert_eq!(crop[0] as u64 / 1000, i); // from sample i
+///     assert!(crop.windows(2).all(|w| w[1] == w[0] + 1.0)); // contiguous
+/// }
+/// # Ok::<(), gpufeed::Error>(())
+/// ```
 pub trait SampleTransform: Send + Sync + 'static {
     /// The batch fields this transform writes, given the dataset's schema; called once, by
     /// the loader's `build()`, which fails with this error if there is one.
