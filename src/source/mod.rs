@@ -752,7 +752,8 @@ mod tests {
             data[at..at + 12].copy_from_slice(&values);
             let data = bytes::Bytes::from(data);
             let base = data.as_ptr() as usize;
-            let s = Sample::shared_fields(data, vec![at..at + 12], &schema).unwrap();
+            let ranges: Vec<_> = std::iter::once(at..at + 12).collect();
+            let s = Sample::shared_fields(data, ranges, &schema).unwrap();
             let v = s.field_as::<u32>("v").unwrap();
             assert_eq!(*v, [7, 8, 9]);
             let aligned = (base + at).is_multiple_of(4);

@@ -745,7 +745,6 @@ mod tests {
         x[..3].copy_from_slice(&MARKER[..3]);
         s.check_written(true).unwrap();
         // A new sample's slots start unwritten again.
-        drop(s);
         let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched);
         s.fill_marker();
         s.field(0).unwrap();
