@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::messages::human_bytes;
 use gpufeed::format::{DType, Field, FieldKind, RecordWriter, Schema};
-use gpufeed::source::{self, Dataset};
+use gpufeed::source::{self, Dataset, NpyArray, Zip};
 use gpufeed::transform::{CopyFields, SampleTransform};
 use gpufeed::{Error, Loader, LoaderStats, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -38,6 +38,10 @@ pub struct Args {
     /// A packed record file or a .npy array; without it, an embedded default is generated.
     /// (For an ImageFolder directory or a packed file of images: --images.)
     pub dataset: Option<PathBuf>,
+    /// A .npy array of one label per sample of DATASET (the same number of rows), read beside
+    /// it as its field `label` (a .npy DATASET's own field is `data`): no packing needed.
+    #[arg(long, value_name = "LABELS.npy")]
+    pub labels: Option<PathBuf>,
     /// Records in the generated default data set [default: 8192].
     #[arg(long)]
     pub records: Option<u64>,
@@ -358,6 +362,7 @@ fn check_flags(args: &Args) -> Result<()> {
             ("--records", args.records.is_some()),
             ("--record-bytes", args.record_bytes.is_some()),
             ("--fields", args.fields.is_some()),
+            ("--labels", args.labels.is_some()),
             ("--baseline", args.baseline),
             ("--no-baseline", args.no_baseline),
         ] {
@@ -378,6 +383,12 @@ fn check_flags(args: &Args) -> Result<()> {
                 "applies to the image pipeline only (--images DIR|PACKED)",
             ));
         }
+    }
+    if args.labels.is_some() && args.dataset.is_none() {
+        return Err(refuse(
+            "--labels",
+            "labels a named DATASET (gpufeed bench X.npy --labels Y.npy); the generated default has its own",
+        ));
     }
     if args.dataset.is_some() {
         for (flag, given) in [
@@ -454,6 +465,22 @@ fn sample_bytes(path: &Path, schema: &Schema, transform: &CopyFields) -> Result<
         .sum())
 }
 
+/// Opens DATASET, zipped with `--labels` (a .npy array read as the field `label`) if given.
+fn open_dataset(
+    path: &Path,
+    labels: Option<&Path>,
+    options: gpufeed::format::ReadOptions,
+) -> Result<Box<dyn Dataset>> {
+    let data = source::open_with(path, options)?;
+    let Some(labels) = labels else {
+        return Ok(data);
+    };
+    let label = labels.display().to_string();
+    let labels: Box<dyn Dataset> = Box::new(NpyArray::open_with(labels, "label", options.mode)?);
+    let zipped = Zip::new([(path.display().to_string(), data), (label, labels)])?;
+    Ok(Box::new(zipped))
+}
+
 /// Runs `gpufeed bench`.
 pub fn run(args: Args) -> Result<()> {
     check_flags(&args)?;
@@ -477,7 +504,10 @@ pub fn run(args: Args) -> Result<()> {
                 )));
             }
             crate::pack::check_inputs(&[path], "DATASET is a packed file or a .npy array")?;
-            let dataset = source::open(path)?;
+            if let Some(labels) = &args.labels {
+                crate::pack::check_inputs(&[labels], "--labels is a .npy array")?;
+            }
+            let dataset = open_dataset(path, args.labels.as_deref(), Default::default())?;
             sample_bytes(path, dataset.schema(), &copy_fields(&args))?
         }
         None => record_bytes + 4,
@@ -507,11 +537,15 @@ pub fn run(args: Args) -> Result<()> {
         0.0
     };
     warm_page_cache(&path)?;
+    if let Some(labels) = &args.labels {
+        warm_page_cache(labels)?;
+    }
     let options = gpufeed::format::ReadOptions {
         verify_checksums: args.verify,
         ..Default::default()
     };
-    let dataset: Arc<dyn Dataset> = Arc::from(source::open_with(&path, options)?);
+    let dataset: Arc<dyn Dataset> =
+        Arc::from(open_dataset(&path, args.labels.as_deref(), options)?);
     let mut builder = Loader::builder_shared(Arc::clone(&dataset))
         .transform(copy_fields(&args))
         .batch_size(args.batch_size)
@@ -575,6 +609,9 @@ pub fn run(args: Args) -> Result<()> {
         prefetch,
         generate_secs,
     );
+    if let Some(labels) = &args.labels {
+        report.dataset = format!("{} with labels {}", path.display(), labels.display());
+    }
     report.steady_bytes_per_sec = gpufeed::loader::steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
     if !args.no_baseline {

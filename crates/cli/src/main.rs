@@ -25,6 +25,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the size of `bench`'s arguments costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Write a packed record file from .npy arrays, raw fixed-size records or an ImageFolder
     /// directory (--from npy|raw|imagefolder).

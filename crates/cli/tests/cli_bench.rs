@@ -524,3 +524,70 @@ fn shard_reads_one_ranks_share_and_speaks_in_flags() {
     args.extend_from_slice(&["--shard", "half"]);
     refused(&bench(&args), &["--shard", "RANK/WORLD"]);
 }
+
+#[test]
+fn labels_npy_is_read_beside_a_npy_data_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = write_npy(&dir.path().join("x.npy"), DType::U8, &[40, 6], &[7; 240]);
+    let labels: Vec<u8> = (0..40u32).flat_map(|l| (l % 5).to_le_bytes()).collect();
+    let y = write_npy(&dir.path().join("y.npy"), DType::U32, &[40], &labels);
+    let o = bench(&[
+        s(&x),
+        "--labels",
+        s(&y),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["records"], 40);
+    assert_eq!(v["samples"], 80);
+    // 6 bytes of `data` and a 4-byte `label` per sample.
+    assert_eq!(v["sample_bytes"], 10);
+    let dataset = v["dataset"].as_str().unwrap();
+    assert!(
+        dataset.contains("x.npy") && dataset.contains("y.npy"),
+        "{dataset}"
+    );
+    // `--fields` picks among the zipped fields.
+    let o = bench(&[
+        s(&x),
+        "--labels",
+        s(&y),
+        "--fields",
+        "label",
+        "--epochs",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["sample_bytes"], 4);
+}
+
+#[test]
+fn labels_of_another_length_or_name_are_refused_naming_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = write_npy(&dir.path().join("x.npy"), DType::U8, &[40, 6], &[7; 240]);
+    let short = write_npy(&dir.path().join("short.npy"), DType::U32, &[39], &[0; 156]);
+    let o = bench(&[s(&x), "--labels", s(&short), "--epochs", "1"]);
+    refused(&o, &["short.npy", "39", "x.npy", "40"]);
+    // Without a DATASET, or with --images, --labels has nothing to label.
+    let o = bench(&["--labels", s(&short)]);
+    refused(&o, &["--labels", "DATASET"]);
+    let o = bench(&["--images", s(dir.path()), "--labels", s(&short)]);
+    refused(&o, &["--labels"]);
+    // A packed DATASET that has a field `label` already.
+    let packed = dir.path().join("p.gfd");
+    let schema = Schema::new(vec![Field::tensor("label", DType::U32, &[])]).unwrap();
+    let mut w = RecordWriter::create(&packed, schema).unwrap();
+    for i in 0..39u32 {
+        w.append(&[&i.to_le_bytes()]).unwrap();
+    }
+    w.finish().unwrap();
+    let o = bench(&[s(&packed), "--labels", s(&short), "--epochs", "1"]);
+    refused(&o, &["`label`", "p.gfd", "short.npy"]);
+}

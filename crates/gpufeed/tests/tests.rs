@@ -18,3 +18,4 @@ mod read_modes;
 mod shard_errors;
 mod shard_fixtures;
 mod shard_fuzz;
+mod typed_transforms;

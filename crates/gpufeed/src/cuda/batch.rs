@@ -117,6 +117,26 @@ enum User {
 /// It is `Send + Sync`: every method takes `&self`, so an `Arc<DeviceBatch>` can be shared by
 /// the views of its fields on several threads (DLPack capsules, say); the buffer returns to its
 /// pool when the last holder drops it.
+///
+/// ```no_run
+/// use gpufeed::cuda::cudarc_driver::{CudaStream, DevicePtr};
+/// use gpufeed::cuda::{DeviceBatch, RawStream};
+///
+/// /// Hands a batch's `x` field (f32) to a consumer that works on `stream`.
+/// fn consume(batch: &DeviceBatch, stream: &std::sync::Arc<CudaStream>) -> gpufeed::Result<()> {
+///     batch.wait_on(stream)?; // `stream` waits for the batch's copy, on the device
+///     let x = batch.field::<f32>("x")?;
+///     println!("{} f32 of shape {:?} for samples {:?}", x.len(), x.shape(), batch.indices());
+///     let (ptr, _sync) = x.device_ptr(stream); // for a kernel launched on `stream`
+///     # let _ = ptr;
+///     // A consumer outside cudarc (PyTorch, CuPy) names its stream by handle instead:
+///     batch.release_on_raw(RawStream::PER_THREAD);
+///     // A copy back to the host, for checks (synchronises).
+///     let bytes = batch.field_to_host("x")?;
+///     assert_eq!(bytes.len(), x.len() * 4);
+///     Ok(())
+/// }
+/// ```
 pub struct DeviceBatch {
     /// Taken only in `drop`, inside a context scope.
     buffer: ManuallyDrop<DeviceBuffer>,

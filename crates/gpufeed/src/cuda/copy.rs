@@ -402,6 +402,35 @@ pub enum NextDeviceBatch {
 /// delivered to the consumer (not those copied ahead), a loader built with
 /// [`LoaderBuilder::resume`] or given [`load_state`](Self::load_state) yields the rest of that
 /// epoch, and the first [`set_epoch`](Self::set_epoch) of that epoch keeps the position.
+///
+/// ```no_run
+/// use gpufeed::cuda::{Device, DeviceLoader, DeviceLoaderOptions};
+/// use gpufeed::source::Zip;
+/// use gpufeed::Loader;
+///
+/// # fn main() -> gpufeed::Result<()> {
+/// let device = Device::from_env()?; // LOCAL_RANK's GPU (else SLURM_LOCALID's, else 0)
+/// let data = Zip::npy([("image", "images.npy"), ("label", "labels.npy")])?;
+/// let builder = Loader::builder(data).batch_size(256).shuffle(0).workers(8);
+/// // Pinned host buffers, copied ahead of the consumer on the device's copy stream.
+/// let mut loader = DeviceLoader::from_builder(builder, &device, DeviceLoaderOptions::default())?;
+/// let compute = device.new_stream()?; // where the model runs
+/// for epoch in 0..2 {
+///     loader.set_epoch(epoch);
+///     for batch in loader.by_ref() {
+///         let batch = batch?;
+///         batch.wait_on(&compute)?; // `compute` waits for the copy, on the device
+///         let images = batch.field::<u8>("image")?; // a device view: enqueue work on `compute`
+///         let labels = batch.field::<i64>("label")?;
+///         # let _ = (images, labels);
+///         // Dropping the batch fences its buffer behind the work enqueued on `compute`.
+///     }
+/// }
+/// let state = loader.state(); // checkpoint it; resume with `builder.resume(state)`
+/// # let _ = state;
+/// # Ok(())
+/// # }
+/// ```
 pub struct DeviceLoader {
     device: Device,
     pool: DevicePool,

@@ -161,6 +161,37 @@ pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
 ///
 /// A batch holds one of the loader's batch buffers until it is dropped; see
 /// [`LoaderBuilder::pool_budget`](super::LoaderBuilder::pool_budget).
+///
+/// ```
+/// use gpufeed::{DType, Dataset, Field, Loader, Sample, Schema};
+/// # use gpufeed::Result;
+/// # struct Pairs(Schema);
+/// # impl Dataset for Pairs {
+/// #     fn len(&self) -> u64 { 10 }
+/// #     fn schema(&self) -> &Schema { &self.0 }
+/// #     fn get(&self, i: u64) -> Result<Sample<'_>> {
+/// #         let mut r = Vec::new();
+/// #         let half = half::f16::from_f32(i as f32).to_le_bytes();
+/// #         self.0.build_record(&[&[half, half, half].concat(), &(i as i64).to_le_bytes()], &mut r).map_err(gpufeed::Error::user)?;
+/// #         Sample::owned(r, &self.0)
+/// #     }
+/// # }
+/// # let dataset = Pairs(Schema::new(vec![Field::tensor("x", DType::F16, &[3]), Field::tensor("label", DType::I64, &[])]).unwrap());
+/// // `dataset`: 10 samples of `x` (3 f16) and `label` (i64).
+/// let mut loader = Loader::builder(dataset).batch_size(4).build()?;
+/// let batch = loader.next().unwrap()?;
+/// assert_eq!((batch.len(), batch.epoch(), batch.number()), (4, 0, 0));
+/// assert_eq!(batch.indices(), [0, 1, 2, 3]);
+/// assert_eq!(batch.shape("x")?, [4, 3]);
+/// assert_eq!(batch.dtype("x")?, DType::F16);
+/// let x: &[half::f16] = batch.field("x")?; // `u16` views it too
+/// assert_eq!(x[3 * 2].to_f32(), 2.0);
+/// assert_eq!(batch.field::<i64>("label")?, [0, 1, 2, 3]);
+/// assert!(batch.field::<f32>("x").is_err()); // not its dtype
+/// // The whole batch is one buffer (one device copy): every field at its offset.
+/// assert_eq!(batch.layout().field_offset(1), Some(256));
+/// # Ok::<(), gpufeed::Error>(())
+/// ```
 pub struct Batch {
     pub(crate) buffer: HostBuffer,
     pub(crate) layout: Arc<BatchLayout>,

@@ -48,6 +48,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::{Deserialize, Serialize};
 
 pub use batch::{Batch, BatchLayout, Element, FIELD_ALIGN};
+pub(crate) use batch::{cast_slice, cast_slice_mut};
 use stats::StageTimes;
 pub use stats::{LoaderStats, StageSnapshot, steady_rate};
 
@@ -74,6 +75,43 @@ enum ShardChoice {
 }
 
 /// Settings of a [`Loader`]; see [`Loader::builder`].
+///
+/// Every setting has a default (one sample per batch, sequential order, the available
+/// parallelism's workers, [`CopyFields::all`]); [`build`](LoaderBuilder::build) checks them
+/// all against the dataset and the machine, and starts the worker threads.
+///
+/// ```
+/// # use gpufeed::{DType, Dataset};
+/// # use gpufeed::source::{npy_header, Zip};
+/// # fn data() -> gpufeed::Result<(tempfile::TempDir, Zip<gpufeed::NpyArray>)> {
+/// #     let dir = tempfile::tempdir().map_err(gpufeed::Error::user)?;
+/// #     let (x, y) = (dir.path().join("x.npy"), dir.path().join("y.npy"));
+/// #     let mut b = npy_header(DType::F32, &[100, 4])?;
+/// #     b.extend((0..400).flat_map(|i| (i as f32).to_le_bytes()));
+/// #     std::fs::write(&x, b).map_err(gpufeed::Error::user)?;
+/// #     let mut b = npy_header(DType::U32, &[100])?;
+/// #     b.extend((0..100u32).flat_map(|i| (i % 10).to_le_bytes()));
+/// #     std::fs::write(&y, b).map_err(gpufeed::Error::user)?;
+/// #     let zip = Zip::npy([("x", &x), ("label", &y)])?;
+/// #     Ok((dir, zip))
+/// # }
+/// # fn main() -> gpufeed::Result<()> {
+/// # let (_dir, dataset) = data()?;
+/// use gpufeed::{CopyFields, Loader};
+///
+/// // `dataset`: 100 samples of `x` (4 f32) and `label` (u32).
+/// let loader = Loader::builder(dataset)
+///     .batch_size(32)
+///     .shuffle(42) // a seeded shuffle, different every epoch
+///     .workers(2)
+///     .drop_last(true)
+///     .shard(0, 1) // rank 0 of 1 (`shard_from_env()` reads torchrun's or Slurm's)
+///     .transform(CopyFields::named(["x"]))
+///     .build()?;
+/// assert_eq!(loader.batches_per_epoch(), 3);
+/// # Ok(())
+/// # }
+/// ```
 pub struct LoaderBuilder {
     dataset: Arc<dyn Dataset>,
     transform: Arc<dyn SampleTransform>,
@@ -506,6 +544,74 @@ pub fn rank_from_env() -> Result<(u64, u64)> {
 /// old rank had delivered the same number of batches (as data-parallel training does), and
 /// batch numbers start again from 0 for the rest of that epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// A training loop that resumes: save the state with each checkpoint, build the loader with
+/// [`resume`](LoaderBuilder::resume), and run the same loop from the state's epoch. Its
+/// first `set_epoch` keeps the position, so the rest of that epoch comes next:
+///
+/// ```
+/// # use gpufeed::{DType, Dataset};
+/// # use gpufeed::source::{npy_header, Zip};
+/// # fn data() -> gpufeed::Result<(tempfile::TempDir, Zip<gpufeed::NpyArray>)> {
+/// #     let dir = tempfile::tempdir().map_err(gpufeed::Error::user)?;
+/// #     let (x, y) = (dir.path().join("x.npy"), dir.path().join("y.npy"));
+/// #     let mut b = npy_header(DType::F32, &[100, 4])?;
+/// #     b.extend((0..400).flat_map(|i| (i as f32).to_le_bytes()));
+/// #     std::fs::write(&x, b).map_err(gpufeed::Error::user)?;
+/// #     let mut b = npy_header(DType::U32, &[100])?;
+/// #     b.extend((0..100u32).flat_map(|i| (i % 10).to_le_bytes()));
+/// #     std::fs::write(&y, b).map_err(gpufeed::Error::user)?;
+/// #     let zip = Zip::npy([("x", &x), ("label", &y)])?;
+/// #     Ok((dir, zip))
+/// # }
+/// # fn main() -> gpufeed::Result<()> {
+/// # let (_dir, dataset) = data()?;
+/// use std::sync::Arc;
+/// use gpufeed::{Dataset, Loader, LoaderState};
+///
+/// let dataset: Arc<dyn Dataset> = Arc::new(dataset); // shared by both runs below
+/// let loader = |resume: Option<LoaderState>| {
+///     let builder = Loader::builder_shared(Arc::clone(&dataset)).batch_size(10).shuffle(3);
+///     match resume {
+///         Some(state) => builder.resume(state),
+///         None => builder,
+///     }
+///     .build()
+/// };
+///
+/// // A run that stops after 13 batches, the checkpoint written after the 13th step.
+/// let (mut first, mut checkpoint, mut seen) = (loader(None)?, None, Vec::new());
+/// 'run: for epoch in 0..3 {
+///     first.set_epoch(epoch);
+///     while let Some(batch) = first.next() {
+///         seen.extend_from_slice(batch?.indices());
+///         checkpoint = Some(serde_json::to_string(&first.state()).map_err(gpufeed::Error::user)?);
+///         if seen.len() == 130 {
+///             break 'run; // a crash
+///         }
+///     }
+/// }
+/// drop(first);
+///
+/// // The restart: the same loop, from the saved epoch.
+/// let state: LoaderState = serde_json::from_str(&checkpoint.unwrap()).map_err(gpufeed::Error::user)?;
+/// let (start, mut resumed) = (state.epoch, loader(Some(state))?);
+/// for epoch in start..3 {
+///     resumed.set_epoch(epoch);
+///     for batch in resumed.by_ref() {
+///         seen.extend_from_slice(batch?.indices());
+///     }
+/// }
+/// // Every sample of every epoch exactly once: none repeated, none lost.
+/// assert_eq!(seen.len(), 300);
+/// for epoch in seen.chunks(100) {
+///     let mut e = epoch.to_vec();
+///     e.sort();
+///     assert!(e.iter().copied().eq(0..100));
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub struct LoaderState {
     /// The epoch.
     pub epoch: u64,
@@ -552,6 +658,47 @@ impl LoaderState {
 }
 
 /// Yields the batches of one epoch, in order; see the [module docs](self).
+///
+/// An iterator of `Result<Batch>`: [`set_epoch`](Loader::set_epoch) at the top of each epoch
+/// (a new shuffle), then take the epoch's batches. A failed batch is an `Err` naming the
+/// sample at fault, and the loader goes on with the next one.
+///
+/// ```
+/// # use gpufeed::{DType, Dataset};
+/// # use gpufeed::source::{npy_header, Zip};
+/// # fn data() -> gpufeed::Result<(tempfile::TempDir, Zip<gpufeed::NpyArray>)> {
+/// #     let dir = tempfile::tempdir().map_err(gpufeed::Error::user)?;
+/// #     let (x, y) = (dir.path().join("x.npy"), dir.path().join("y.npy"));
+/// #     let mut b = npy_header(DType::F32, &[100, 4])?;
+/// #     b.extend((0..400).flat_map(|i| (i as f32).to_le_bytes()));
+/// #     std::fs::write(&x, b).map_err(gpufeed::Error::user)?;
+/// #     let mut b = npy_header(DType::U32, &[100])?;
+/// #     b.extend((0..100u32).flat_map(|i| (i % 10).to_le_bytes()));
+/// #     std::fs::write(&y, b).map_err(gpufeed::Error::user)?;
+/// #     let zip = Zip::npy([("x", &x), ("label", &y)])?;
+/// #     Ok((dir, zip))
+/// # }
+/// # fn main() -> gpufeed::Result<()> {
+/// # let (_dir, dataset) = data()?;
+/// use gpufeed::Loader;
+///
+/// let mut loader = Loader::builder(dataset).batch_size(32).shuffle(7).workers(2).build()?;
+/// for epoch in 0..2 {
+///     loader.set_epoch(epoch);
+///     let mut seen = 0;
+///     for batch in loader.by_ref() {
+///         let batch = batch?;
+///         let x: &[f32] = batch.field("x")?; // [len, 4]
+///         let labels: &[u32] = batch.field("label")?; // [len]
+///         assert_eq!(x.len(), 4 * labels.len());
+///         seen += batch.len();
+///     }
+///     assert_eq!(seen, 100); // the last batch is short: 4 samples
+/// }
+/// println!("{}", loader.stats()); // time per stage, time waited, pool figures
+/// # Ok(())
+/// # }
+/// ```
 pub struct Loader {
     shared: Arc<Shared>,
     spec: OrderSpec,

@@ -105,13 +105,20 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
     };
     let (mut fetch_ns, mut transform_ns) = (0u64, 0u64);
     let mut skipped = 0usize;
-    let slots = shared.layout.slots();
+    let (fields, slots) = (shared.layout.fields(), shared.layout.slots());
+    let mut touched = vec![false; slots.len()];
     let buf = batch.buffer.as_mut_slice();
     for (position, &index) in indices.iter().enumerate() {
         if position % 16 == 15 && shared.generation.load(Ordering::Relaxed) != task.generation {
             return None;
         }
-        let mut slot = Slots::new(buf, slots, position);
+        let mut slot = Slots::new(buf, fields, slots, position, &mut touched);
+        // Debug builds mark every slot first, so that bytes the transform leaves unwritten
+        // are found (`Slots::check_written`), not delivered as an earlier batch's.
+        let marker = cfg!(debug_assertions);
+        if marker {
+            slot.fill_marker();
+        }
         // User code runs here twice (a Dataset's `get`, the transform): a panic in either
         // becomes this batch's error instead of ending the worker thread.
         let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<(u64, u64)> {
@@ -121,6 +128,7 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
             shared
                 .transform
                 .apply(sample, &ctx(position, index), &mut slot)?;
+            slot.check_written(marker)?;
             Ok(((b - a).as_nanos() as u64, b.elapsed().as_nanos() as u64))
         }));
         match outcome {

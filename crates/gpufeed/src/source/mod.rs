@@ -4,6 +4,8 @@
 //! - [`NpyArray`]: a `.npy` array, memory-mapped in place, one row a sample;
 //! - [`ImageFolder`]: a directory of class subdirectories of JPEG/PNG files (torchvision's);
 //! - [`Concat`]: several sources of one schema as one dataset (a few files, all opened);
+//! - [`Zip`]: several sources of one length as one dataset whose fields are theirs together
+//!   (`images.npy` and `labels.npy`, say);
 //! - [`shards`]: sharded datasets (packed shards, WebDataset tar shards, MosaicML MDS), each
 //!   shard opened on first use, a bounded number open at once;
 //! - [`open`]: whichever of these a path names.
@@ -42,7 +44,9 @@ mod file;
 mod image_folder;
 mod npy;
 pub mod shards;
+mod zip;
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -50,11 +54,13 @@ pub use concat::Concat;
 pub use file::ReadMode;
 pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
+pub use zip::Zip;
 
 pub(crate) use file::{FileData, FileIdentity, RecordBuf, open_file};
 
 use crate::error::{Error, Result};
-use crate::format::{ReadOptions, RecordFile, Schema};
+use crate::format::{DType, FieldKind, ReadOptions, RecordFile, Schema};
+use crate::loader::{Element, cast_slice};
 
 /// A map-style dataset: a length, a schema, and samples by index.
 ///
@@ -194,6 +200,14 @@ enum SampleBytes<'a> {
     Read(RecordBuf),
     /// A fixed-size record of a file, read when asked for.
     Unread(UnreadRecord<'a>),
+    /// Fields gathered from samples of several datasets ([`Zip`]): field `k` is field
+    /// `fields[k].1` of `parts[fields[k].0]`. The record of the zipped schema is laid out on
+    /// first use of [`Sample::bytes`] only.
+    Zipped {
+        parts: Vec<Sample<'a>>,
+        fields: &'a [(usize, usize)],
+        record: OnceLock<Vec<u8>>,
+    },
 }
 
 /// Where a fixed-size record lies in a file opened with [`ReadMode::Pread`].
@@ -272,6 +286,23 @@ impl<'a> Sample<'a> {
         }
     }
 
+    /// A sample whose field `k` is field `fields[k].1` of `parts[fields[k].0]` ([`Zip`]);
+    /// the caller checked that `fields` indexes `parts` and agrees with `schema`.
+    pub(crate) fn zipped(
+        parts: Vec<Sample<'a>>,
+        fields: &'a [(usize, usize)],
+        schema: &'a Schema,
+    ) -> Sample<'a> {
+        Sample {
+            bytes: SampleBytes::Zipped {
+                parts,
+                fields,
+                record: OnceLock::new(),
+            },
+            schema,
+        }
+    }
+
     /// A sample that borrows its record bytes (laid out as `schema` says); checked here.
     /// For sources that keep their data in memory they own.
     pub fn borrowed(bytes: &'a [u8], schema: &'a Schema) -> Result<Sample<'a>> {
@@ -345,6 +376,10 @@ impl<'a> Sample<'a> {
     pub fn field(&self, k: usize) -> Option<&[u8]> {
         match &self.bytes {
             SampleBytes::Shared { data, fields } => data.get(fields.get(k)?.clone()),
+            SampleBytes::Zipped { parts, fields, .. } => {
+                let &(part, j) = fields.get(k)?;
+                parts.get(part)?.field(j)
+            }
             _ => self.schema.field_in(self.bytes().ok()?, k),
         }
     }
@@ -363,6 +398,15 @@ impl<'a> Sample<'a> {
                     ))
                 });
         }
+        if let SampleBytes::Zipped { parts, fields, .. } = &self.bytes {
+            let &(part, j) = fields.get(k).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "no field {k} in a sample of schema [{}]",
+                    self.schema
+                ))
+            })?;
+            return parts[part].try_field(j);
+        }
         let bytes = self.bytes()?;
         self.schema.field_in(bytes, k).ok_or_else(|| {
             Error::mismatch(format!(
@@ -377,6 +421,76 @@ impl<'a> Sample<'a> {
         self.field(self.schema.index_of(name)?)
     }
 
+    /// The field called `name` as elements of `T`: a tensor field's values, or (with `T =
+    /// u8`) a bytes field's bytes.
+    ///
+    /// `T` must be the field's element type (`u8` also views `bool`, `u16` also views `f16`
+    /// and `bf16`); an unknown name or another type is an [`Error::Mismatch`] naming the field
+    /// and the sample's fields. Inside a transform the loader adds the sample's index and
+    /// batch to any error ([`Error::Sample`]).
+    ///
+    /// Borrowed, without a copy, when the field's bytes are aligned for `T`: tensor fields of
+    /// packed record files and of `.npy` arrays written by NumPy are. Bytes that are not
+    /// (a tensor inside a tar member, an array whose header leaves its data unaligned) are
+    /// copied into an owned vector: this never returns a misaligned slice.
+    ///
+    /// ```
+    /// use gpufeed::{DType, Field, Sample, Schema};
+    ///
+    /// let schema = Schema::new(vec![
+    ///     Field::tensor("x", DType::F32, &[2]),
+    ///     Field::tensor("label", DType::U32, &[]),
+    /// ])
+    /// .unwrap();
+    /// let mut record = Vec::new();
+    /// schema
+    ///     .build_record(&[&[0, 0, 128, 63, 0, 0, 0, 64], &7u32.to_le_bytes()], &mut record)
+    ///     .unwrap();
+    /// let sample = Sample::owned(record, &schema)?;
+    /// assert_eq!(*sample.field_as::<f32>("x")?, [1.0, 2.0]);
+    /// assert_eq!(*sample.field_as::<u32>("label")?, [7]);
+    /// assert!(sample.field_as::<f64>("x").is_err()); // x is f32
+    /// assert!(sample.field_as::<u32>("y").is_err()); // no such field
+    /// # Ok::<(), gpufeed::Error>(())
+    /// ```
+    pub fn field_as<T: Element>(&self, name: &str) -> Result<Cow<'_, [T]>> {
+        let k = self.schema.index_of(name).ok_or_else(|| {
+            let names: Vec<&str> = self
+                .schema
+                .fields()
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect();
+            Error::mismatch(format!(
+                "the sample has no field `{name}` (its fields: {names:?})"
+            ))
+        })?;
+        let what = match &self.schema.fields()[k].kind {
+            FieldKind::Tensor { dtype, .. } if T::matches(*dtype) => None,
+            FieldKind::Tensor { dtype, .. } => Some(dtype.to_string()),
+            FieldKind::Bytes { .. } if T::matches(DType::U8) => None,
+            FieldKind::Bytes { codec } => Some(format!("{} bytes (read them as u8)", codec.name())),
+        };
+        if let Some(what) = what {
+            return Err(Error::mismatch(format!(
+                "field `{name}` is {what}, not {}",
+                crate::transform::element_name::<T>()
+            )));
+        }
+        let bytes = self.try_field(k)?;
+        if let Some(typed) = cast_slice::<T>(bytes) {
+            return Ok(Cow::Borrowed(typed));
+        }
+        if !bytes.len().is_multiple_of(std::mem::size_of::<T>()) {
+            return Err(Error::mismatch(format!(
+                "field `{name}` has {} bytes, not a whole number of {}",
+                bytes.len(),
+                crate::transform::element_name::<T>()
+            )));
+        }
+        Ok(Cow::Owned(copy_to_vec(bytes)))
+    }
+
     /// The record's bytes as stored (fields, length table, padding). A sample of a file
     /// opened with [`ReadMode::Pread`] reads them on first use, which can fail. For a sample
     /// made by [`Sample::shared_fields`], the bytes that hold it in its container (its fields
@@ -388,6 +502,19 @@ impl<'a> Sample<'a> {
             SampleBytes::Shared { data, .. } => Ok(data),
             SampleBytes::Read(b) => Ok(b.as_slice()),
             SampleBytes::Unread(u) => u.load(),
+            SampleBytes::Zipped { record, .. } => {
+                if let Some(r) = record.get() {
+                    return Ok(r);
+                }
+                let values = (0..self.schema.fields().len())
+                    .map(|k| self.try_field(k))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut out = Vec::new();
+                self.schema
+                    .build_record(&values, &mut out)
+                    .map_err(|e| Error::mismatch(format!("zipped sample: {e}")))?;
+                Ok(record.get_or_init(|| out))
+            }
         }
     }
 
@@ -399,6 +526,14 @@ impl<'a> Sample<'a> {
             SampleBytes::Shared { data, .. } => data.len(),
             SampleBytes::Read(b) => b.as_slice().len(),
             SampleBytes::Unread(u) => u.len,
+            SampleBytes::Zipped { record, .. } => match record.get() {
+                Some(r) => r.len(),
+                None => self.schema.record_bytes(
+                    (0..self.schema.fields().len())
+                        .filter(|&k| self.schema.fixed_range(k).is_none())
+                        .map(|k| self.field(k).map_or(0, <[u8]>::len)),
+                ),
+            },
         }
     }
 
@@ -415,6 +550,15 @@ impl<'a> Sample<'a> {
     /// straight into `dst`: no intermediate buffer, no allocation. [`CopyFields`](crate::CopyFields)
     /// writes every field this way.
     pub fn copy_field_into(&self, k: usize, dst: &mut [u8]) -> Result<()> {
+        if let SampleBytes::Zipped { parts, fields, .. } = &self.bytes {
+            let &(part, j) = fields.get(k).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "no field {k} in a sample of schema [{}]",
+                    self.schema
+                ))
+            })?;
+            return parts[part].copy_field_into(j, dst);
+        }
         if let SampleBytes::Unread(u) = &self.bytes
             && u.loaded.get().is_none()
         {
@@ -443,6 +587,23 @@ impl<'a> Sample<'a> {
     }
 }
 
+/// `bytes` (a whole number of `T`s, at any alignment) copied into a vector of `T`.
+fn copy_to_vec<T: Element>(bytes: &[u8]) -> Vec<T> {
+    let size = std::mem::size_of::<T>();
+    let n = bytes.len() / size;
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    // SAFETY: `out` has room for `n` elements, `n * size` bytes, and `bytes` holds at least as
+    // many; a fresh vector does not overlap `bytes`. Every one of the `n` elements is written in
+    // full before `set_len`, and `T: Element` (sealed) has no padding and is valid for every
+    // bit pattern, so they are initialised values of `T`. A byte copy needs no alignment of
+    // the source.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), n * size);
+        out.set_len(n);
+    }
+    out
+}
+
 fn size_mismatch(k: usize, field: usize, slot: usize) -> Error {
     Error::mismatch(format!(
         "field {k} has {field} bytes, its batch slot {slot}"
@@ -457,6 +618,7 @@ impl std::fmt::Debug for Sample<'_> {
             SampleBytes::Shared { .. } => "shared",
             SampleBytes::Read(_) => "read",
             SampleBytes::Unread(_) => "unread",
+            SampleBytes::Zipped { .. } => "zipped",
         };
         f.debug_struct("Sample")
             .field("bytes", &self.len())
@@ -535,4 +697,67 @@ pub fn open_shards_with<P: AsRef<Path>>(
         .map(|p| open_with(p, options))
         .collect::<Result<Vec<_>>>()?;
     Concat::new(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Codec, Field};
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::tensor("x", DType::F32, &[2]),
+            Field::tensor("half", DType::F16, &[]),
+            Field::bytes("name", Codec::Utf8),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn field_as_reads_fields_by_name_and_type() {
+        let schema = schema();
+        let mut record = Vec::new();
+        let x = [1.5f32, -2.0].map(f32::to_le_bytes).concat();
+        let h = half::f16::from_f32(0.25).to_le_bytes();
+        schema.build_record(&[&x, &h, b"cat"], &mut record).unwrap();
+        let s = Sample::owned(record, &schema).unwrap();
+        assert_eq!(*s.field_as::<f32>("x").unwrap(), [1.5, -2.0]);
+        assert_eq!(
+            *s.field_as::<half::f16>("half").unwrap(),
+            [half::f16::from_f32(0.25)]
+        );
+        assert_eq!(s.field_as::<u16>("half").unwrap().len(), 1);
+        assert_eq!(*s.field_as::<u8>("name").unwrap(), *b"cat");
+        for (e, want) in [
+            (s.field_as::<f64>("x").unwrap_err(), "`x` is f32, not f64"),
+            (
+                s.field_as::<half::bf16>("half").unwrap_err(),
+                "`half` is f16, not bf16",
+            ),
+            (s.field_as::<i8>("name").unwrap_err(), "read them as u8"),
+            (s.field_as::<u8>("nope").unwrap_err(), "no field `nope`"),
+        ] {
+            assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+            assert!(e.to_string().contains(want), "`{want}` not in: {e}");
+        }
+    }
+
+    #[test]
+    fn field_as_borrows_aligned_bytes_and_copies_the_others() {
+        let schema = Schema::new(vec![Field::tensor("v", DType::U32, &[3])]).unwrap();
+        let values = [7u32, 8, 9].map(u32::to_le_bytes).concat();
+        // The same 12 bytes at offset 4 (aligned) and at offset 1 (not) of one buffer.
+        for at in [4usize, 1] {
+            let mut data = vec![0u8; 20];
+            data[at..at + 12].copy_from_slice(&values);
+            let data = bytes::Bytes::from(data);
+            let base = data.as_ptr() as usize;
+            let ranges: Vec<_> = std::iter::once(at..at + 12).collect();
+            let s = Sample::shared_fields(data, ranges, &schema).unwrap();
+            let v = s.field_as::<u32>("v").unwrap();
+            assert_eq!(*v, [7, 8, 9]);
+            let aligned = (base + at).is_multiple_of(4);
+            assert_eq!(matches!(v, Cow::Borrowed(_)), aligned, "offset {at}");
+        }
+    }
 }

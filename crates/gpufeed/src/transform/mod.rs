@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::{DType, FieldKind, Schema};
+use crate::loader::{Element, cast_slice_mut};
 use crate::source::Sample;
 
 /// One field of a batch: every sample of the batch has this dtype and shape.
@@ -40,6 +41,32 @@ impl OutputField {
             name: name.into(),
             dtype,
             shape: shape.to_vec(),
+        }
+    }
+
+    /// The output field that holds tensor field `name` of `input` as it is stored: the same
+    /// name, dtype and shape. For transforms whose output follows their input (see
+    /// [`FnTransform::with_output`]); a field that is not in `input`, or holds variable-size
+    /// bytes, is an [`Error::Mismatch`] naming it.
+    pub fn like(input: &Schema, name: &str) -> Result<OutputField> {
+        let field = input
+            .index_of(name)
+            .map(|k| &input.fields()[k])
+            .ok_or_else(|| {
+                Error::mismatch(format!(
+                    "no field `{name}` in the dataset's schema [{input}]"
+                ))
+            })?;
+        match &field.kind {
+            FieldKind::Tensor { dtype, shape } => Ok(OutputField {
+                name: field.name.clone(),
+                dtype: *dtype,
+                shape: shape.iter().map(|&d| d as usize).collect(),
+            }),
+            FieldKind::Bytes { codec } => Err(Error::mismatch(format!(
+                "field `{name}` holds variable-size {} bytes, which have no fixed shape to copy",
+                codec.name()
+            ))),
         }
     }
 
@@ -119,11 +146,58 @@ impl SampleRng {
 }
 
 /// The slots of one sample in a batch buffer: one byte slice per output field.
+///
+/// A transform finds its slots by name and type with [`Slots::field_mut`] (or by position, as
+/// bytes, with [`Slots::field`]), and must write every byte of each: batch buffers are reused,
+/// so a byte left unwritten holds whatever an earlier batch put there. Two checks catch a
+/// transform that does not:
+///
+/// - in every build, a field whose slot the transform never asked for (with
+///   [`field`](Slots::field) or [`field_mut`](Slots::field_mut)) fails the sample, with an
+///   error naming the field (and, through [`Error::Sample`], the sample and its batch);
+/// - in debug builds (`debug_assertions`), every slot is filled with a marker pattern before
+///   the transform runs, and a run of 8 bytes of the marker anywhere in a slot, or of 4 at
+///   its end, still there afterwards fails the sample the same way, naming the field and the
+///   bytes left unwritten. The marker is no value ordinary data holds (as `f32` it is a NaN
+///   with a payload), so a false alarm needs data that repeats it byte for byte; slots of
+///   fewer than 4 bytes (scalar `u8` or `u16` labels), and fewer than 8 bytes left unwritten
+///   in the middle of a slot, are covered by the first check only.
+///
+/// A sample marked skipped ([`mark_skipped`](Slots::mark_skipped)) is not checked: its slots
+/// are placeholders that the training loop masks.
+///
+/// # Example
+///
+/// A transform that turns a `u8` image into `f32` in `[0, 1]` and copies its label:
+///
+/// ```
+/// use gpufeed::{DType, FnTransform, OutputField, Sample, SampleContext, Slots};
+///
+/// let transform = FnTransform::new(
+///     vec![
+///         OutputField::new("image", DType::F32, &[3, 8, 8]),
+///         OutputField::new("label", DType::U32, &[]),
+///     ],
+///     |sample: Sample<'_>, _: &SampleContext, slots: &mut Slots<'_>| {
+///         let pixels = sample.field_as::<u8>("image")?;
+///         for (out, &p) in slots.field_mut::<f32>("image")?.iter_mut().zip(pixels.iter()) {
+///             *out = f32::from(p) / 255.0;
+///         }
+///         let label = sample.field_as::<u32>("label")?;
+///         slots.field_mut::<u32>("label")?.copy_from_slice(&label);
+///         Ok(())
+///     },
+/// );
+/// # let _ = transform;
+/// ```
 pub struct Slots<'a> {
     buffer: &'a mut [u8],
-    fields: &'a [FieldSlot],
+    fields: &'a [OutputField],
+    slots: &'a [FieldSlot],
     position: usize,
     skipped: bool,
+    /// Per field, whether the transform asked for its slot.
+    touched: &'a mut [bool],
 }
 
 /// Where one output field lives in a batch buffer.
@@ -133,13 +207,31 @@ pub(crate) struct FieldSlot {
     pub sample_bytes: usize,
 }
 
+/// The marker written into every slot before a transform runs, in debug builds: byte `i` of a
+/// slot is `MARKER[i % 8]`. Not a value typical data repeats (no run of equal bytes, no small
+/// integer, a NaN as `f32`).
+const MARKER: [u8; 8] = [0xa7, 0x3c, 0xe1, 0xff, 0x96, 0x0d, 0xf4, 0x7f];
+
 impl<'a> Slots<'a> {
-    pub(crate) fn new(buffer: &'a mut [u8], fields: &'a [FieldSlot], position: usize) -> Slots<'a> {
+    /// The slots of sample `position` of a batch laid out as `fields` and `slots` say;
+    /// `touched` (one entry per field) is scratch space, reset here.
+    pub(crate) fn new(
+        buffer: &'a mut [u8],
+        fields: &'a [OutputField],
+        slots: &'a [FieldSlot],
+        position: usize,
+        touched: &'a mut [bool],
+    ) -> Slots<'a> {
+        debug_assert_eq!(fields.len(), slots.len());
+        debug_assert_eq!(touched.len(), slots.len());
+        touched.fill(false);
         Slots {
             buffer,
             fields,
+            slots,
             position,
             skipped: false,
+            touched,
         }
     }
 
@@ -166,22 +258,199 @@ impl<'a> Slots<'a> {
         self.fields.is_empty()
     }
 
-    /// The bytes of output field `k` for this sample.
-    pub fn field(&mut self, k: usize) -> Result<&mut [u8]> {
-        let slot = self.fields.get(k).ok_or_else(|| {
+    /// The output fields, in order (what the transform's
+    /// [`output`](SampleTransform::output) declared).
+    pub fn fields(&self) -> &[OutputField] {
+        self.fields
+    }
+
+    /// This sample's position within its batch.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    fn range(&self, k: usize) -> Result<std::ops::Range<usize>> {
+        let slot = self.slots.get(k).ok_or_else(|| {
             Error::user(format!(
                 "output field {k} does not exist ({} fields)",
                 self.fields.len()
             ))
         })?;
         let start = slot.offset + self.position * slot.sample_bytes;
-        self.buffer
-            .get_mut(start..start + slot.sample_bytes)
-            .ok_or_else(|| Error::user("slot outside the batch buffer"))
+        let range = start..start + slot.sample_bytes;
+        if range.end > self.buffer.len() {
+            return Err(Error::user("slot outside the batch buffer"));
+        }
+        Ok(range)
+    }
+
+    /// The bytes of output field `k` for this sample.
+    pub fn field(&mut self, k: usize) -> Result<&mut [u8]> {
+        let range = self.range(k)?;
+        self.touched[k] = true;
+        Ok(&mut self.buffer[range])
+    }
+
+    /// The slot of the output field called `name`, as elements of `T`: exactly one sample's
+    /// worth (the product of the field's shape).
+    ///
+    /// `T` must be the field's element type (`u8` also views `bool`, `u16` also views `f16`
+    /// and `bf16`); an unknown name or another type is an [`Error::Mismatch`] naming the field.
+    /// Slots are always aligned for their element type: batch fields start at multiples of
+    /// [`FIELD_ALIGN`](crate::loader::FIELD_ALIGN) and each sample's slot at a multiple of
+    /// its element size, in buffers the pool aligns (a buffer that is not, from a
+    /// [`Backing`](crate::memory::Backing) that breaks its contract, is an error, never a
+    /// misaligned slice).
+    pub fn field_mut<T: Element>(&mut self, name: &str) -> Result<&mut [T]> {
+        let k = self
+            .fields
+            .iter()
+            .position(|f| f.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
+                Error::mismatch(format!(
+                    "the transform has no output field `{name}` (its fields: {names:?})"
+                ))
+            })?;
+        let dtype = self.fields[k].dtype;
+        if !T::matches(dtype) {
+            return Err(Error::mismatch(format!(
+                "output field `{name}` is {dtype}, not {}",
+                element_name::<T>()
+            )));
+        }
+        let range = self.range(k)?;
+        self.touched[k] = true;
+        cast_slice_mut(&mut self.buffer[range]).ok_or_else(|| {
+            Error::mismatch(format!(
+                "output field `{name}`: its slot is not aligned for {dtype} (the batch buffer's backing breaks its alignment contract)"
+            ))
+        })
+    }
+
+    /// Fills every slot of this sample with [`MARKER`] (debug builds, before the transform).
+    pub(crate) fn fill_marker(&mut self) {
+        for k in 0..self.slots.len() {
+            if let Ok(range) = self.range(k) {
+                for (i, b) in self.buffer[range].iter_mut().enumerate() {
+                    *b = MARKER[i % MARKER.len()];
+                }
+            }
+        }
+    }
+
+    /// Checks, after the transform, that it wrote each slot: that it asked for every slot, and
+    /// (with `marker`, after [`fill_marker`](Self::fill_marker)) that no run of the marker is
+    /// left. Skipped samples are not checked.
+    pub(crate) fn check_written(&self, marker: bool) -> Result<()> {
+        if self.skipped {
+            return Ok(());
+        }
+        for (k, field) in self.fields.iter().enumerate() {
+            if !self.touched[k] {
+                return Err(Error::user(format!(
+                    "the transform did not write output field `{}` ({} bytes per sample): a \
+                     transform must write every byte of every slot, or the batch holds bytes \
+                     of an earlier one",
+                    field.name,
+                    field.sample_bytes()
+                )));
+            }
+            if !marker {
+                continue;
+            }
+            let slot = &self.buffer[self.range(k)?];
+            if let Some(left) = marker_left(slot) {
+                return Err(Error::user(format!(
+                    "the transform did not write bytes {}..{} of output field `{}` (its \
+                     slot has {} bytes): a transform must write every byte of every slot, or \
+                     the batch holds bytes of an earlier one",
+                    left.start,
+                    left.end,
+                    field.name,
+                    slot.len()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
+/// The first run of [`MARKER`] left in `slot` that cannot be data: 8 bytes or more anywhere,
+/// or 4 or more at the slot's end (a transform that wrote a prefix); `None` if there is none.
+fn marker_left(slot: &[u8]) -> Option<std::ops::Range<usize>> {
+    let mut start = 0;
+    for (i, &b) in slot.iter().enumerate() {
+        if b != MARKER[i % MARKER.len()] {
+            if i - start >= MARKER.len() {
+                return Some(start..i);
+            }
+            start = i + 1;
+        }
+    }
+    (slot.len() - start >= 4).then_some(start..slot.len())
+}
+
+/// The short name of an element type (`f32`, `bf16`), for messages.
+pub(crate) fn element_name<T: Element>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    full.rsplit("::").next().unwrap_or(full)
+}
+
 /// Writes one sample into its slots of a batch. Shared by every worker thread.
+///
+/// A transform with settings of its own: random crops of a 1-D signal, the crop's place drawn
+/// from [`SampleContext::rng`] (the same for a sample whichever worker runs it, and after a
+/// resume). Its output follows the input: the signal's dtype, `len` values.
+///
+/// ```
+/// use gpufeed::{DType, Dataset, Field, Loader, OutputField, Result, Sample, SampleContext, SampleTransform, Schema, Slots};
+///
+/// struct RandomCrop {
+///     len: usize,
+/// }
+///
+/// impl SampleTransform for RandomCrop {
+///     fn output(&self, input: &Schema) -> Result<Vec<OutputField>> {
+///         let signal = OutputField::like(input, "signal")?;
+///         if signal.shape.len() != 1 || signal.shape[0] < self.len {
+///             return Err(gpufeed::Error::user(format!("`signal` {:?} is shorter than a crop", signal.shape)));
+///         }
+///         Ok(vec![OutputField::new("signal", signal.dtype, &[self.len])])
+///     }
+///
+///     fn apply(&self, sample: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>) -> Result<()> {
+///         let signal = sample.field_as::<f32>("signal")?;
+///         let start = ctx.rng().below((signal.len() - self.len + 1) as u64) as usize;
+///         slots.field_mut::<f32>("signal")?.copy_from_slice(&signal[start..start + self.len]);
+///         Ok(())
+///     }
+/// }
+/// # struct Signals(Schema);
+/// # impl Dataset for Signals {
+/// #     fn len(&self) -> u64 { 16 }
+/// #     fn schema(&self) -> &Schema { &self.0 }
+/// #     fn get(&self, i: u64) -> Result<Sample<'_>> {
+/// #         Sample::owned((0..100).flat_map(|t| (i as f32 * 1000.0 + t as f32).to_le_bytes()).collect(), &self.0)
+/// #     }
+/// # }
+/// # let signals = Signals(Schema::new(vec![Field::tensor("signal", DType::F32, &[100])]).unwrap());
+///
+/// // `signals`: 16 samples of `signal`, 100 f32 each.
+/// let mut loader = Loader::builder(signals)
+///     .batch_size(8)
+///     .shuffle(1)
+///     .transform(RandomCrop { len: 10 })
+///     .build()?;
+/// let batch = loader.next().unwrap()?;
+/// assert_eq!(batch.shape("signal")?, [8, 10]);
+/// let crops = batch.field::<f32>("signal")?;
+/// for (crop, &i) in crops.chunks(10).zip(batch.indices()) {
+///     assert_eq!(crop[0] as u64 / 1000, i); // from sample i
+///     assert!(crop.windows(2).all(|w| w[1] == w[0] + 1.0)); // contiguous
+/// }
+/// # Ok::<(), gpufeed::Error>(())
+/// ```
 pub trait SampleTransform: Send + Sync + 'static {
     /// The batch fields this transform writes, given the dataset's schema; called once, by
     /// the loader's `build()`, which fails with this error if there is one.
@@ -283,9 +552,50 @@ impl SampleTransform for CopyFields {
     }
 }
 
-/// A transform made of a list of output fields and a closure.
+/// The output fields of a [`FnTransform`]: given, or computed from the input's schema.
+enum Outputs {
+    Fixed(Vec<OutputField>),
+    #[allow(clippy::type_complexity)]
+    FromInput(Box<dyn Fn(&Schema) -> Result<Vec<OutputField>> + Send + Sync>),
+}
+
+/// A transform made of its output fields and a closure that writes each sample.
+///
+/// The closure finds its input by name with [`Sample::field_as`] and its output with
+/// [`Slots::field_mut`]; the output fields are given ([`FnTransform::new`]) or computed from
+/// the dataset's schema when the loader is built ([`FnTransform::with_output`], with
+/// [`OutputField::like`] for a field kept as it is).
+///
+/// ```
+/// use gpufeed::{DType, Dataset, Field, FnTransform, Loader, OutputField, Sample, SampleContext, Schema, Slots};
+/// # use gpufeed::Result;
+/// # struct Numbers(Schema);
+/// # impl Dataset for Numbers {
+/// #     fn len(&self) -> u64 { 8 }
+/// #     fn schema(&self) -> &Schema { &self.0 }
+/// #     fn get(&self, i: u64) -> Result<Sample<'_>> {
+/// #         Sample::owned([i as f32, -(i as f32)].iter().flat_map(|x| x.to_le_bytes()).collect(), &self.0)
+/// #     }
+/// # }
+/// # let dataset = Numbers(Schema::new(vec![Field::tensor("x", DType::F32, &[2])]).unwrap());
+/// // `dataset` has one field `x`: 2 f32s per sample. Keep it, add its sum as `total`.
+/// let transform = FnTransform::with_output(
+///     |input: &Schema| Ok(vec![OutputField::like(input, "x")?, OutputField::new("total", DType::F32, &[])]),
+///     |sample: Sample<'_>, _: &SampleContext, slots: &mut Slots<'_>| {
+///         let x = sample.field_as::<f32>("x")?;
+///         slots.field_mut::<f32>("x")?.copy_from_slice(&x);
+///         slots.field_mut::<f32>("total")?[0] = x.iter().sum();
+///         Ok(())
+///     },
+/// );
+/// let mut loader = Loader::builder(dataset).batch_size(4).transform(transform).build()?;
+/// let batch = loader.next().unwrap()?;
+/// assert_eq!(batch.shape("x")?, [4, 2]);
+/// assert_eq!(batch.field::<f32>("total")?, [0.0; 4]);
+/// # Ok::<(), gpufeed::Error>(())
+/// ```
 pub struct FnTransform<F> {
-    outputs: Vec<OutputField>,
+    outputs: Outputs,
     f: F,
 }
 
@@ -295,7 +605,23 @@ where
 {
     /// A transform that writes `outputs` by calling `f` for each sample.
     pub fn new(outputs: Vec<OutputField>, f: F) -> FnTransform<F> {
-        FnTransform { outputs, f }
+        FnTransform {
+            outputs: Outputs::Fixed(outputs),
+            f,
+        }
+    }
+
+    /// A transform whose output fields `outputs` computes from the dataset's schema (once,
+    /// when the loader is built, which fails with its error), and that writes them by calling
+    /// `f` for each sample.
+    pub fn with_output<O>(outputs: O, f: F) -> FnTransform<F>
+    where
+        O: Fn(&Schema) -> Result<Vec<OutputField>> + Send + Sync + 'static,
+    {
+        FnTransform {
+            outputs: Outputs::FromInput(Box::new(outputs)),
+            f,
+        }
     }
 }
 
@@ -303,8 +629,11 @@ impl<F> SampleTransform for FnTransform<F>
 where
     F: Fn(Sample<'_>, &SampleContext, &mut Slots<'_>) -> Result<()> + Send + Sync + 'static,
 {
-    fn output(&self, _input: &Schema) -> Result<Vec<OutputField>> {
-        Ok(self.outputs.clone())
+    fn output(&self, input: &Schema) -> Result<Vec<OutputField>> {
+        match &self.outputs {
+            Outputs::Fixed(outputs) => Ok(outputs.clone()),
+            Outputs::FromInput(outputs) => outputs(input),
+        }
     }
 
     fn apply(&self, sample: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>) -> Result<()> {
@@ -315,6 +644,156 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::format::Field;
+
+    /// Two fields, `x` (3 f32) and `id` (u8), of a batch of 2, laid out as the loader does.
+    fn layout() -> (Vec<OutputField>, Vec<FieldSlot>, Vec<u8>) {
+        let fields = vec![
+            OutputField::new("x", DType::F32, &[3]),
+            OutputField::new("id", DType::U8, &[]),
+        ];
+        let slots = vec![
+            FieldSlot {
+                offset: 0,
+                sample_bytes: 12,
+            },
+            FieldSlot {
+                offset: 256,
+                sample_bytes: 1,
+            },
+        ];
+        (fields, slots, vec![0u8; 512])
+    }
+
+    /// A buffer aligned for f32, whatever the allocator gives a `Vec<u8>`.
+    fn aligned(buf: &mut [u8]) -> &mut [u8] {
+        let skip = buf.as_ptr().align_offset(8);
+        &mut buf[skip..skip + 300]
+    }
+
+    #[test]
+    fn field_mut_gives_a_typed_slot_by_name() {
+        let (fields, slots, mut buf) = layout();
+        let mut touched = [false; 2];
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 1, &mut touched);
+        let x = s.field_mut::<f32>("x").unwrap();
+        assert_eq!(x.len(), 3);
+        x.copy_from_slice(&[1.0, 2.0, 3.0]);
+        s.field_mut::<u8>("id").unwrap()[0] = 9;
+        s.check_written(false).unwrap();
+        // Sample 1's slot of `x` is bytes 12..24; of `id`, byte 257.
+        let b = s.field(0).unwrap().to_vec();
+        assert_eq!(b, [1f32, 2.0, 3.0].map(f32::to_le_bytes).concat());
+        assert_eq!(s.field(1).unwrap(), [9]);
+    }
+
+    #[test]
+    fn field_mut_refuses_unknown_names_and_other_types_naming_the_field() {
+        let (fields, slots, mut buf) = layout();
+        let mut touched = [false; 2];
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched);
+        let e = s.field_mut::<f32>("y").unwrap_err();
+        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+        assert!(
+            e.to_string().contains("`y`") && e.to_string().contains("\"x\""),
+            "{e}"
+        );
+        let e = s.field_mut::<u32>("x").unwrap_err();
+        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+        assert!(e.to_string().contains("`x` is f32, not u32"), "{e}");
+        let e = s.field_mut::<half::f16>("x").unwrap_err();
+        assert!(e.to_string().contains("not f16"), "{e}");
+        // A failed lookup does not count as writing the field.
+        assert!(s.check_written(false).is_err());
+    }
+
+    #[test]
+    fn a_field_never_asked_for_is_an_error_naming_it() {
+        let (fields, slots, mut buf) = layout();
+        let mut touched = [false; 2];
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched);
+        s.field_mut::<f32>("x").unwrap().fill(0.5);
+        let e = s.check_written(false).unwrap_err();
+        assert!(
+            e.to_string().contains("did not write output field `id`"),
+            "{e}"
+        );
+        // A skipped sample holds placeholders: not checked.
+        s.mark_skipped();
+        s.check_written(true).unwrap();
+    }
+
+    #[test]
+    fn bytes_left_unwritten_are_found_by_the_marker() {
+        let (fields, slots, mut buf) = layout();
+        let mut touched = [false; 2];
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 1, &mut touched);
+        s.fill_marker();
+        // Writes 2 of the 3 floats of `x`: bytes 8..12 keep the marker.
+        s.field_mut::<f32>("x").unwrap()[..2].fill(0.0);
+        s.field_mut::<u8>("id").unwrap()[0] = 1;
+        let e = s.check_written(true).unwrap_err();
+        assert!(
+            e.to_string().contains("bytes 8..12 of output field `x`"),
+            "{e}"
+        );
+        // All of it written: no error, whatever the values (zeros, the marker's first bytes
+        // in a short run).
+        let x = s.field(0).unwrap();
+        x.fill(0);
+        x[..3].copy_from_slice(&MARKER[..3]);
+        s.check_written(true).unwrap();
+        // A new sample's slots start unwritten again.
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched);
+        s.fill_marker();
+        s.field(0).unwrap();
+        s.field(1).unwrap()[0] = 0;
+        let e = s.check_written(true).unwrap_err();
+        assert!(
+            e.to_string().contains("bytes 0..12 of output field `x`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn marker_runs_are_found_in_the_middle_and_at_the_end() {
+        let marked: Vec<u8> = (0..40).map(|i| MARKER[i % 8]).collect();
+        let with = |written: std::ops::Range<usize>| {
+            let mut s = marked.clone();
+            s[written].fill(0);
+            s
+        };
+        // 8 unwritten bytes between written ones, at any offset.
+        let mut s = with(0..40);
+        s[13..21].copy_from_slice(&marked[13..21]);
+        assert_eq!(marker_left(&s), Some(13..21));
+        // 7 in the middle pass; 4 at the end do not.
+        let mut s = with(0..40);
+        s[13..20].copy_from_slice(&marked[13..20]);
+        assert_eq!(marker_left(&s), None);
+        assert_eq!(marker_left(&with(0..36)), Some(36..40));
+        assert_eq!(marker_left(&with(0..37)), None);
+        assert_eq!(marker_left(&with(0..0)), Some(0..40));
+        assert_eq!(marker_left(&marked[..3]), None);
+    }
+
+    #[test]
+    fn output_like_copies_a_tensor_field_and_refuses_bytes() {
+        let schema = Schema::new(vec![
+            Field::tensor("x", DType::BF16, &[2, 3]),
+            Field::bytes("jpg", crate::format::Codec::Jpeg),
+        ])
+        .unwrap();
+        assert_eq!(
+            OutputField::like(&schema, "x").unwrap(),
+            OutputField::new("x", DType::BF16, &[2, 3])
+        );
+        let e = OutputField::like(&schema, "jpg").unwrap_err();
+        assert!(e.to_string().contains("`jpg`"), "{e}");
+        let e = OutputField::like(&schema, "y").unwrap_err();
+        assert!(e.to_string().contains("no field `y`"), "{e}");
+    }
 
     #[test]
     fn rng_depends_on_seed_epoch_and_index_only() {

@@ -292,19 +292,36 @@ impl ImageTransformBuilder {
 /// Output fields: `image` (`[H, W, 3]` or `[3, H, W]` of the chosen dtype) and, unless disabled,
 /// `label` (i64 scalar).
 ///
-/// ```no_run
+/// ```
 /// use gpufeed::format::DType;
 /// use gpufeed::source::ImageFolder;
 /// use gpufeed::transform::image::{ImageTransform, Normalize};
 /// use gpufeed::Loader;
-/// let folder = ImageFolder::open("/data/imagenet/train")?;
-/// let t = ImageTransform::train(224).dtype(DType::F16).normalize(Normalize::IMAGENET).build()?;
-/// let loader = Loader::builder(folder).transform(t).batch_size(256).shuffle(0).build()?;
-/// for batch in loader {
-///     let batch = batch?;
-///     // batch.field_named("image"), batch.field_named("label")
+///
+/// # fn main() -> gpufeed::Result<()> {
+/// // An ImageFolder as torchvision reads it: a directory per class (here 2 classes, 3 PNGs each).
+/// let root = tempfile::tempdir().map_err(gpufeed::Error::user)?;
+/// for (class, shade) in [("cat", 40u8), ("dog", 200)] {
+///     std::fs::create_dir(root.path().join(class)).map_err(gpufeed::Error::user)?;
+///     for k in 0..3 {
+///         let png = image::RgbImage::from_pixel(48, 32, image::Rgb([shade, shade, shade]));
+///         png.save(root.path().join(class).join(format!("{k}.png"))).map_err(gpufeed::Error::user)?;
+///     }
 /// }
-/// # Ok::<(), gpufeed::Error>(())
+/// let folder = ImageFolder::open(root.path())?;
+/// // RandomResizedCrop(16) + RandomHorizontalFlip, normalised with ImageNet's mean and std, as f16.
+/// let t = ImageTransform::train(16).dtype(DType::F16).normalize(Normalize::IMAGENET).build()?;
+/// let mut loader = Loader::builder(folder).transform(t).batch_size(6).shuffle(0).workers(2).build()?;
+/// let batch = loader.next().unwrap()?;
+/// assert_eq!(batch.shape("image")?, [6, 3, 16, 16]); // CHW by default
+/// let images: &[half::f16] = batch.field("image")?;
+/// let labels: &[i64] = batch.field("label")?; // the class's index, in sorted order
+/// for (image, &label) in images.chunks(3 * 16 * 16).zip(labels) {
+///     // A flat grey image stays flat: dark for `cat` (0), light for `dog` (1).
+///     assert_eq!(image[0].to_f32() > 0.0, label == 1);
+/// }
+/// # Ok(())
+/// # }
 /// ```
 pub struct ImageTransform {
     cfg: ImageTransformBuilder,
