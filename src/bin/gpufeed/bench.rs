@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::messages::human_bytes;
 use gpufeed::format::{DType, Field, FieldKind, RecordWriter, Schema};
-use gpufeed::memory::human_bytes;
 use gpufeed::source::{self, Dataset};
 use gpufeed::transform::{CopyFields, SampleTransform};
 use gpufeed::{Error, Loader, LoaderStats, Result};
@@ -254,9 +254,9 @@ fn generate(dir: &Path, records: u64, record_bytes: u64, quiet: bool) -> Result<
         Field::tensor("image", DType::U8, &shape),
         Field::tensor("label", DType::U32, &[]),
     ])
-    .map_err(|what| Error::InvalidConfig {
+    .map_err(|e| Error::InvalidConfig {
         setting: "--record-bytes",
-        what,
+        what: e.to_string(),
     })?;
     let mut w = RecordWriter::create(&file, schema)?;
     let bar = progress(records, "writing the default data set", quiet);
