@@ -157,34 +157,21 @@ pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
     })
 }
 
-/// A collated batch: `len()` samples, each field one contiguous slice of shape `[len, ...]`.
-///
-/// A batch holds one of the loader's batch buffers until it is dropped; see
-/// [`LoaderBuilder::pool_budget`](super::LoaderBuilder::pool_budget).
-pub struct Batch {
-    pub(crate) buffer: HostBuffer,
-    pub(crate) layout: Arc<BatchLayout>,
+/// What a batch is, wherever its memory is: the samples it holds, where it stands in the
+/// epoch, its padding and the samples skipped. [`Batch`] and `cuda::DeviceBatch` both
+/// dereference to it, so `batch.len()`, `batch.indices()`, `batch.epoch()`, ... are the same
+/// methods on both.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchInfo {
     pub(crate) indices: Vec<u64>,
     pub(crate) padding: usize,
     pub(crate) skipped: usize,
     pub(crate) epoch: u64,
     pub(crate) number: u64,
-    /// The batch's share of the loader's budget, given back when the batch drops.
-    pub(crate) permit: Option<BatchPermit>,
 }
 
-impl std::fmt::Debug for Batch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batch")
-            .field("epoch", &self.epoch)
-            .field("number", &self.number)
-            .field("len", &self.len())
-            .finish()
-    }
-}
-
-impl Batch {
-    /// Samples in this batch (the last batch of an epoch may be short without `drop_last`).
+impl BatchInfo {
+    /// Samples in the batch (the last batch of an epoch may be short without `drop_last`).
     pub fn len(&self) -> usize {
         self.indices.len()
     }
@@ -207,13 +194,13 @@ impl Batch {
         self.padding
     }
 
-    /// Samples of this batch that the transform skipped (see
+    /// Samples of the batch that the transform skipped (see
     /// [`Slots::mark_skipped`](crate::Slots::mark_skipped)): their slots hold placeholders.
     pub fn skipped(&self) -> usize {
         self.skipped
     }
 
-    /// Per slot, true for a real sample and false for padding (see [`Batch::padding`]).
+    /// Per slot, true for a real sample and false for padding (see [`BatchInfo::padding`]).
     pub fn mask(&self) -> Vec<bool> {
         let real = self.len() - self.padding.min(self.len());
         (0..self.len()).map(|k| k < real).collect()
@@ -228,6 +215,47 @@ impl Batch {
     pub fn number(&self) -> u64 {
         self.number
     }
+}
+
+/// A collated batch: `len()` samples, each field one contiguous slice of shape `[len, ...]`.
+///
+/// Its samples' indices, epoch, number, padding and mask are those of its [`BatchInfo`], which
+/// it dereferences to.
+///
+/// A batch holds one of the loader's batch buffers until it is dropped; see
+/// [`LoaderBuilder::pool_budget`](super::LoaderBuilder::pool_budget).
+pub struct Batch {
+    pub(crate) buffer: HostBuffer,
+    pub(crate) layout: Arc<BatchLayout>,
+    pub(crate) info: BatchInfo,
+    /// The batch's share of the loader's budget, given back when the batch drops.
+    pub(crate) permit: Option<BatchPermit>,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("epoch", &self.info.epoch)
+            .field("number", &self.info.number)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl std::ops::Deref for Batch {
+    type Target = BatchInfo;
+
+    fn deref(&self) -> &BatchInfo {
+        &self.info
+    }
+}
+
+impl Batch {
+    /// What the batch is: its samples' indices, epoch, number, padding (also reached through
+    /// `Deref`: `batch.len()`).
+    pub fn info(&self) -> &BatchInfo {
+        &self.info
+    }
 
     /// The layout of its buffer.
     pub fn layout(&self) -> &BatchLayout {
@@ -240,7 +268,8 @@ impl Batch {
     }
 
     /// The whole buffer, mutable (for device-copy fences).
-    pub fn buffer_mut(&mut self) -> &mut HostBuffer {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn buffer_mut(&mut self) -> &mut HostBuffer {
         &mut self.buffer
     }
 

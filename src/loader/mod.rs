@@ -49,7 +49,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::{Deserialize, Serialize};
 
 pub use baseline::gather_baseline;
-pub use batch::{Batch, BatchLayout, Element, FIELD_ALIGN};
+pub use batch::{Batch, BatchInfo, BatchLayout, Element, FIELD_ALIGN};
 use stats::StageTimes;
 pub use stats::{LoaderStats, StageSnapshot, steady_rate};
 
@@ -637,11 +637,6 @@ impl Loader {
     /// The layout of every batch.
     pub fn layout(&self) -> &BatchLayout {
         &self.shared.layout
-    }
-
-    /// The batch-buffer pool.
-    pub fn pool(&self) -> &HostPool {
-        &self.shared.pool
     }
 
     /// Where the loader stands now: resuming from it yields the batches not yet delivered.
