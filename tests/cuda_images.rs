@@ -6,10 +6,10 @@ mod cuda_common;
 #[path = "image_common/mod.rs"]
 mod image_common;
 
-use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions, ImageLayout, bench_images_device};
+use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions, bench_images_device};
 use gpufeed::source::ImageFolder;
 use gpufeed::transform::image::bench::ImageBenchConfig;
-use gpufeed::transform::image::{ImageTransform, Normalize};
+use gpufeed::transform::image::{ImageTransform, Layout, Normalize};
 use gpufeed::{DType, Loader};
 
 use cuda_common::device;
@@ -51,11 +51,8 @@ fn device_normalised_batches_equal_the_host_ones() {
         .collect();
 
     // u8 CHW on the host, the same normalisation on the device.
-    let opts = DeviceLoaderOptions::default().convert(Convert::imagenet(
-        "image",
-        ImageLayout::Chw,
-        DType::F16,
-    ));
+    let opts =
+        DeviceLoaderOptions::default().convert(Convert::imagenet("image", Layout::Chw, DType::F16));
     let u8_t = ImageTransform::train(32).build().unwrap();
     let feed = DeviceLoader::from_builder(builder(u8_t, 3), &device, opts).unwrap();
     let mut batches = 0;

@@ -865,8 +865,7 @@ impl CopyThread {
             Ok(ready) => Ok(DeviceBatch::new(
                 buffer,
                 Arc::clone(&self.plan.fields),
-                (batch.indices().to_vec(), batch.padding(), batch.skipped()),
-                (batch.epoch(), batch.number()),
+                batch.info().clone(),
                 ready,
                 stream,
             )),
