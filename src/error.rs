@@ -468,8 +468,15 @@ mod tests {
         // The source is the boxed inner error itself (thiserror hands out the `Box`).
         let sample = e.source().unwrap().downcast_ref::<Box<Error>>().unwrap();
         assert!(matches!(**sample, Error::Sample { index: 3, .. }));
-        let record = sample.source().unwrap().downcast_ref::<Box<Error>>().unwrap();
-        assert!(matches!(**record, Error::ChecksumMismatch { record: 3, .. }));
+        let record = sample
+            .source()
+            .unwrap()
+            .downcast_ref::<Box<Error>>()
+            .unwrap();
+        assert!(matches!(
+            **record,
+            Error::ChecksumMismatch { record: 3, .. }
+        ));
         assert!(
             e.to_string()
                 .starts_with("batch 4: sample 3 (batch 4): a.bin: record 3")

@@ -147,7 +147,7 @@ impl LoaderBuilder {
 
     /// Evaluation mode (default false): every sample exactly once across ranks, and every rank
     /// still gets the same number of batches. A rank's share is padded with slots marked as
-    /// padding ([`Batch::padding`], [`Batch::mask`]) instead of counting samples twice as
+    /// padding ([`BatchInfo::padding`], [`BatchInfo::mask`]) instead of counting samples twice as
     /// PyTorch's `DistributedSampler` does. Cannot be combined with `drop_last`.
     pub fn evaluation(mut self, yes: bool) -> Self {
         self.evaluation = yes;

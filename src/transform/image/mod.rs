@@ -133,7 +133,7 @@ impl ImageStats {
     }
 
     /// Bad images skipped (with [`OnBadImage::Skip`]) in every batch made, those made ahead
-    /// of the consumer and never delivered included; [`Batch::skipped`](crate::Batch::skipped)
+    /// of the consumer and never delivered included; [`BatchInfo::skipped`](crate::BatchInfo::skipped)
     /// counts a delivered batch's.
     pub fn skipped(&self) -> u64 {
         self.skipped.load(Ordering::Relaxed)
