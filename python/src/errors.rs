@@ -112,6 +112,15 @@ fn details(e: &Error) -> Details {
             batch: Some(*batch),
             ..details(source)
         },
+        // A batch hook's failure is of its cause's kind, and names the batch.
+        Error::Batch { batch, source } => Details {
+            batch: Some(*batch),
+            ..details(source)
+        },
+        Error::InvalidSchema { .. } => Details {
+            kind: "invalid_config",
+            ..Details::default()
+        },
         Error::User { .. } => Details {
             kind: "user",
             ..Details::default()
@@ -133,6 +142,11 @@ fn details(e: &Error) -> Details {
             kind: "cuda",
             ..Details::default()
         },
+        #[cfg(feature = "cuda")]
+        Error::Driver { .. } => Details {
+            kind: "cuda",
+            ..Details::default()
+        },
         _ => Details {
             kind: "other",
             ..Details::default()
@@ -151,6 +165,7 @@ fn message(e: &Error) -> String {
             batch,
             source,
         } => format!("sample {index} (batch {batch}): {}", message(source)),
+        Error::Batch { batch, source } => format!("batch {batch}: {}", message(source)),
         other => other.to_string(),
     }
 }

@@ -212,7 +212,7 @@ impl ImageArgs {
                 ),
             ));
         }
-        let mut c = Convert::new("image", gpufeed::cuda::ImageLayout::Chw, dtype);
+        let mut c = Convert::new("image", Layout::Chw, dtype);
         if let Some((mean, std)) = self.normalize {
             c = c.normalize(&mean, &std);
         }

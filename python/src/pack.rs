@@ -94,7 +94,7 @@ fn pack_npy(
     if let Some(l) = &labels {
         fields.extend(l.schema().fields().iter().cloned());
     }
-    let schema = Schema::new(fields).map_err(|what| PackError::Argument("inputs", what))?;
+    let schema = Schema::new(fields).map_err(|e| PackError::Argument("inputs", e.to_string()))?;
     let total: u64 = arrays.iter().map(|a| a.len() * a.row_bytes() as u64).sum();
     let mut writer = RecordWriter::create(output, schema)?;
     let (mut done, mut checked, mut label_row) = (0u64, 0u64, 0u64);
@@ -159,7 +159,7 @@ fn pack_raw(
         sizes.push(size);
     }
     let schema = Schema::new(vec![Field::tensor("data", DType::U8, &[record_bytes])])
-        .map_err(|what| PackError::Argument("record_bytes", what))?;
+        .map_err(|e| PackError::Argument("record_bytes", e.to_string()))?;
     let total: u64 = sizes.iter().sum();
     let mut writer = RecordWriter::create(output, schema)?;
     // Whole records per read: about 8 MiB, at least one record.

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use gpufeed::cuda::cudarc_driver::CudaStream;
 use gpufeed::cuda::{
-    Convert, Device, DeviceLoader, DeviceLoaderOptions, ImageLayout, PinnedBacking,
-    pinned_copy_ceiling,
+    Convert, Device, DeviceLoader, DeviceLoaderOptions, PinnedBacking, pinned_copy_ceiling,
 };
 use gpufeed::format::DType;
 use gpufeed::loader::{LoaderBuilder, LoaderStats};
 use gpufeed::memory::PoolStats;
+use gpufeed::transform::image::Layout;
 use gpufeed::{Error, Result};
 use serde::Serialize;
 
@@ -19,9 +19,9 @@ use crate::images::{EpochSource, EpochTimes, ImageBenchConfig, ImageBenchReport,
 
 /// Waits for everything enqueued on the consumer stream.
 fn synchronize(stream: &CudaStream) -> Result<()> {
-    stream.synchronize().map_err(|e| Error::Cuda {
+    stream.synchronize().map_err(|source| Error::Driver {
         op: "synchronize the consumer stream",
-        what: format!("{e:?}"),
+        source,
     })
 }
 
@@ -152,7 +152,7 @@ pub fn bench_images_device(
     let loader = setup.builder.backing(PinnedBacking::new(device)).build()?;
     let mut opts = DeviceLoaderOptions::default();
     if cfg.dtype != DType::U8 {
-        opts = opts.convert(Convert::imagenet("image", ImageLayout::Chw, cfg.dtype));
+        opts = opts.convert(Convert::imagenet("image", Layout::Chw, cfg.dtype));
     }
     let mut feed = Feed {
         loader: DeviceLoader::new(loader, device, opts)?,

@@ -258,9 +258,9 @@ fn generate(dir: &Path, records: u64, record_bytes: u64, quiet: bool) -> Result<
         Field::tensor("image", DType::U8, &shape),
         Field::tensor("label", DType::U32, &[]),
     ])
-    .map_err(|what| Error::InvalidConfig {
+    .map_err(|e| Error::InvalidConfig {
         setting: "--record-bytes",
-        what,
+        what: e.to_string(),
     })?;
     let mut w = RecordWriter::create(&file, schema)?;
     let bar = progress(records, "writing the default data set", quiet);

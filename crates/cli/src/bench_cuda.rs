@@ -54,9 +54,9 @@ pub fn run(
     let mut feed = DeviceLoader::new(loader, &device, DeviceLoaderOptions::default())?;
     let consumer = device.new_stream()?;
     let sync = |s: &gpufeed::cuda::cudarc_driver::CudaStream| {
-        s.synchronize().map_err(|e| Error::Cuda {
+        s.synchronize().map_err(|source| Error::Driver {
             op: "synchronize the consumer stream",
-            what: e.to_string(),
+            source,
         })
     };
     let bar = progress(per_epoch * args.epochs, "bench (device)", args.json);

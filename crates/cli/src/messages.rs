@@ -4,6 +4,22 @@
 
 use gpufeed::Error;
 
+/// Formats a byte count with a binary unit (`1.5 MiB`), as the library's reports do.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
 /// The flag (or flags) of the command that set the library's setting `setting`, if any.
 pub fn flag_of(setting: &str) -> Option<&'static str> {
     Some(match setting {
@@ -84,20 +100,4 @@ pub fn describe(e: &Error) -> String {
         );
     }
     text
-}
-
-/// Formats a byte count with a binary unit (`1.5 MiB`).
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }

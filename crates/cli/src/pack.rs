@@ -417,8 +417,8 @@ fn pack_npy(
     if let Some(l) = &labels {
         fields.extend(l.schema().fields().iter().cloned());
     }
-    let schema = Schema::new(fields)
-        .map_err(|what| Error::user(format!("the schema of the output: {what}")))?;
+    let schema =
+        Schema::new(fields).map_err(|e| Error::user(format!("the schema of the output: {e}")))?;
     let total: u64 = arrays.iter().map(|a| a.rows * a.row_bytes).sum();
     let bar = progress(total);
     let mut writer = output.writer(schema)?;
@@ -503,7 +503,7 @@ fn pack_raw(
         sizes.push(size);
     }
     let schema = Schema::new(vec![Field::tensor(field, DType::U8, &[record_bytes])])
-        .map_err(|what| Error::user(format!("the schema of the output: {what}")))?;
+        .map_err(|e| Error::user(format!("the schema of the output: {e}")))?;
     let total: u64 = sizes.iter().sum();
     let bar = progress(total);
     let mut writer = output.writer(schema)?;

@@ -116,7 +116,8 @@ fn main() -> Result<()> {
 /// Step 3 on the GPU: u8 CHW batches copied to `device` and normalised to f16 there.
 #[cfg(feature = "cuda")]
 fn on_device(packed: &std::path::Path, device: &gpufeed::cuda::Device) -> Result<()> {
-    use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions, ImageLayout};
+    use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions};
+    use gpufeed::transform::image::Layout;
 
     let transform = ImageTransform::train(224) // u8, CHW
         .on_bad_image(OnBadImage::Skip)
@@ -128,7 +129,7 @@ fn on_device(packed: &std::path::Path, device: &gpufeed::cuda::Device) -> Result
         .shuffle(42)
         .drop_last(true)
         .shard(0, 1);
-    let normalise = Convert::imagenet("image", ImageLayout::Chw, DType::F16);
+    let normalise = Convert::imagenet("image", Layout::Chw, DType::F16);
     let opts = DeviceLoaderOptions::default().convert(normalise);
     let mut feed = DeviceLoader::from_builder(builder, device, opts)?;
     // The training step's stream: it waits for each batch's copy and conversion on the GPU,

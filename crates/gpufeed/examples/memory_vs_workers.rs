@@ -86,8 +86,7 @@ fn main() -> Result<()> {
     let schema = Schema::new(vec![
         Field::tensor("features", DType::U8, &[64]),
         Field::tensor("label", DType::U32, &[]),
-    ])
-    .map_err(Error::user)?;
+    ])?;
     let mut w = RecordWriter::create(&path, schema)?;
     for i in 0..records {
         w.append(&[&[(i % 256) as u8; 64], &((i % 1000) as u32).to_le_bytes()])?;

@@ -26,8 +26,7 @@ fn main() -> gpufeed::Result<()> {
         .unwrap_or_else(|| std::env::temp_dir().join("gpufeed-open-large.gfd"));
     if !path.exists() {
         let t = Instant::now();
-        let schema = Schema::new(vec![Field::tensor("label", DType::U32, &[])])
-            .map_err(gpufeed::Error::user)?;
+        let schema = Schema::new(vec![Field::tensor("label", DType::U32, &[])])?;
         let mut w = RecordWriter::create(&path, schema)?;
         for i in 0..RECORDS {
             w.append(&[&(i as u32).to_le_bytes()])?;

@@ -32,8 +32,7 @@ fn make_dataset(dir: &std::path::Path) -> Result<PathBuf> {
     let schema = Schema::new(vec![
         Field::tensor("image", DType::U8, &[32, 32, 3]),
         Field::tensor("label", DType::U32, &[]),
-    ])
-    .map_err(gpufeed::Error::user)?;
+    ])?;
     let mut w = RecordWriter::create(&path, schema)?;
     let mut pixels = vec![0u8; 32 * 32 * 3];
     for i in 0..4096u32 {

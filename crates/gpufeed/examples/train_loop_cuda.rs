@@ -20,7 +20,8 @@ mod real {
     use std::io::Write;
     use std::time::{Duration, Instant};
 
-    use gpufeed::cuda::{Convert, Device, DeviceLoader, DeviceLoaderOptions, ImageLayout};
+    use gpufeed::cuda::{Convert, Device, DeviceLoader, DeviceLoaderOptions};
+    use gpufeed::transform::image::Layout;
     use gpufeed::{DType, Dataset, Loader, NpyArray};
 
     struct Args {
@@ -140,7 +141,7 @@ mod real {
             opts = opts.depth(depth);
         }
         if let Some(dtype) = args.convert {
-            opts = opts.convert(Convert::imagenet(field, ImageLayout::Hwc, dtype));
+            opts = opts.convert(Convert::imagenet(field, Layout::Hwc, dtype));
         }
         let builder = Loader::builder(dataset)
             .batch_size(args.batch)

@@ -2,14 +2,33 @@
 //!
 //! Every variant says *what* went wrong and *where*: the file, the record, the sample or the
 //! builder setting concerned. Nothing in gpufeed panics on bad input; it returns one of these.
+//!
+//! Three ways to look at an [`Error`]:
+//!
+//! - its message ([`Display`](std::fmt::Display)): one line that tells the whole story,
+//!   including the message of its cause (`sample 3 (batch 0): data.bin: read: Input/output
+//!   error`);
+//! - its cause as a value ([`std::error::Error::source`]): the [`std::io::Error`], the
+//!   driver's error (`cudarc`'s `DriverError`, feature `cuda`) or, for a sample or a batch that
+//!   failed, the inner error (a `Box<Error>`: `downcast_ref::<Box<Error>>()`);
+//! - its kind ([`Error::kind`]): an [`ErrorKind`] to match on, which stays the same when a
+//!   sample or batch wraps the error.
+//!
+//! Its [`Debug`](std::fmt::Debug) form (what `fn main() -> gpufeed::Result<()>` prints) is the
+//! message followed by each cause the message does not already contain (`caused by: ...`).
 
+use std::error::Error as _;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// A `Result` with gpufeed's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in gpufeed.
-#[derive(Debug, thiserror::Error)]
+///
+/// Match on [`Error::kind`] to tell classes of failure apart; match on the variants for the
+/// details they carry (new variants may come: the enum is `#[non_exhaustive]`).
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An I/O operation on a file failed.
@@ -135,6 +154,25 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// The batch hook ([`LoaderBuilder::batch_hook`](crate::LoaderBuilder::batch_hook)) failed
+    /// on a batch; the loader delivers this error in the batch's place.
+    #[error("batch {batch}: {source}")]
+    Batch {
+        /// The batch's number in this epoch.
+        batch: u64,
+        /// What went wrong.
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// A [`Schema`](crate::Schema) that cannot work: no fields, a name empty, over-long or
+    /// repeated, a tensor with too many dimensions or more than 4 GiB per record.
+    #[error("{what}")]
+    InvalidSchema {
+        /// What is wrong with the fields.
+        what: String,
+    },
+
     /// User code (a transform) failed or panicked.
     #[error("{what}")]
     User {
@@ -163,12 +201,24 @@ pub enum Error {
         what: String,
     },
 
-    /// A CUDA driver call failed.
+    /// A CUDA driver call failed; the driver's error is the [`source`](std::error::Error::source).
+    #[cfg(feature = "cuda")]
+    #[error("CUDA: {op}: {source}")]
+    Driver {
+        /// The operation that failed.
+        op: &'static str,
+        /// The driver's error code and message.
+        source: cudarc::driver::DriverError,
+    },
+
+    /// A CUDA operation failed without a driver error code (the driver returned a null
+    /// pointer, the pinned memory could not be mapped, a measurement came out empty, ...).
+    /// Failed driver calls are [`Error::Driver`] (feature `cuda`).
     #[error("CUDA: {op}: {what}")]
     Cuda {
         /// The operation that failed.
         op: &'static str,
-        /// The driver's message.
+        /// What went wrong.
         what: String,
     },
 
@@ -198,7 +248,81 @@ pub enum Error {
     },
 }
 
+/// The class of an [`Error`], to match on (see [`Error::kind`]).
+///
+/// Modelled on regex-automata's `MatchErrorKind`: a small `Copy` value that says what kind of
+/// failure it was, while the [`Error`] carries the details. New kinds may be added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// An operating-system I/O call failed ([`Error::Io`]).
+    Io,
+    /// A file or a record is not what its format says: bad magic, truncated, a checksum
+    /// mismatch, a tar member or a sample that breaks its format's rules ([`Error::Malformed`],
+    /// [`Error::BadRecord`], [`Error::ChecksumMismatch`], [`Error::BadMember`],
+    /// [`Error::MissingField`]).
+    Corrupt,
+    /// A file this version of gpufeed cannot read: a newer format version or an `.npy` array
+    /// it cannot read in place ([`Error::UnsupportedVersion`], [`Error::UnsupportedNpy`]).
+    Unsupported,
+    /// A file changed on disk after it was opened ([`Error::FileChanged`]).
+    FileChanged,
+    /// Inputs that must agree do not, or an index is out of range ([`Error::Mismatch`],
+    /// [`Error::OutOfRange`]).
+    Mismatch,
+    /// A setting or a schema that cannot work ([`Error::InvalidConfig`],
+    /// [`Error::InvalidSchema`]).
+    Config,
+    /// An image could not be decoded or transformed ([`Error::Image`]); these are what
+    /// `OnBadImage::Skip` skips.
+    Image,
+    /// User code (a transform, a batch hook) failed or panicked ([`Error::User`]).
+    User,
+    /// The loader shut down while an operation waited on it ([`Error::Shutdown`]).
+    Shutdown,
+    /// No usable GPU, or a CUDA call failed ([`Error::NoGpu`], [`Error::Cuda`] and, with the
+    /// `cuda` feature, `Error::Driver`).
+    Gpu,
+}
+
 impl Error {
+    /// The class of this error, to match on.
+    ///
+    /// A sample's or a batch's failure ([`Error::Sample`], [`Error::Batch`]) is of its cause's
+    /// kind: a corrupt record read for sample 3 is [`ErrorKind::Corrupt`].
+    ///
+    /// ```
+    /// use gpufeed::{Error, ErrorKind, Schema};
+    ///
+    /// let e = Schema::new(vec![]).unwrap_err();
+    /// assert_eq!(e.kind(), ErrorKind::Config);
+    /// let e = Error::Sample { index: 3, batch: 0, source: Box::new(e) };
+    /// assert_eq!(e.kind(), ErrorKind::Config);
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Malformed { .. }
+            | Error::BadRecord { .. }
+            | Error::ChecksumMismatch { .. }
+            | Error::BadMember { .. }
+            | Error::MissingField { .. } => ErrorKind::Corrupt,
+            Error::UnsupportedVersion { .. } | Error::UnsupportedNpy { .. } => {
+                ErrorKind::Unsupported
+            }
+            Error::FileChanged { .. } => ErrorKind::FileChanged,
+            Error::Mismatch { .. } | Error::OutOfRange { .. } => ErrorKind::Mismatch,
+            Error::InvalidConfig { .. } | Error::InvalidSchema { .. } => ErrorKind::Config,
+            Error::Sample { source, .. } | Error::Batch { source, .. } => source.kind(),
+            Error::User { .. } => ErrorKind::User,
+            Error::Image { .. } => ErrorKind::Image,
+            Error::Shutdown => ErrorKind::Shutdown,
+            Error::NoGpu { .. } | Error::Cuda { .. } => ErrorKind::Gpu,
+            #[cfg(feature = "cuda")]
+            Error::Driver { .. } => ErrorKind::Gpu,
+        }
+    }
+
     /// An [`Error::Io`] for `path`.
     pub(crate) fn io(path: &Path, op: &'static str, source: std::io::Error) -> Error {
         Error::Io {
@@ -225,6 +349,203 @@ impl Error {
     pub fn user(what: impl std::fmt::Display) -> Error {
         Error::User {
             what: what.to_string(),
+        }
+    }
+}
+
+/// The message, then each cause the lines before do not already contain, as `anyhow` prints
+/// an error: what `fn main() -> gpufeed::Result<()>` shows when it returns an error.
+///
+/// ```text
+/// sample 7 (batch 1): data.bin: read: Input/output error (os error 5)
+/// ```
+///
+/// The alternate form (`{:#?}`) is a struct: kind, message and cause.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            return f
+                .debug_struct("Error")
+                .field("kind", &self.kind())
+                .field("message", &self.to_string())
+                .field("source", &self.source())
+                .finish();
+        }
+        let mut shown = self.to_string();
+        f.write_str(&shown)?;
+        let mut cause = self.source();
+        while let Some(e) = cause {
+            let text = e.to_string();
+            if !shown.contains(&text) {
+                write!(f, "\ncaused by: {text}")?;
+                shown.push('\n');
+                shown.push_str(&text);
+            }
+            cause = e.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error with a cause of its own, as a library below an `io::Error` may return.
+    #[derive(Debug, thiserror::Error)]
+    #[error("the volume is read-only")]
+    struct ReadOnly(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("mounted with `ro`")]
+    struct Inner;
+
+    #[test]
+    fn debug_prints_the_message_not_a_struct() {
+        let e = Error::Sample {
+            index: 7,
+            batch: 1,
+            source: Box::new(Error::io(
+                Path::new("data.bin"),
+                "read",
+                std::io::Error::from_raw_os_error(libc::EIO),
+            )),
+        };
+        let debug = format!("{e:?}");
+        assert_eq!(debug, e.to_string());
+        assert!(
+            debug.starts_with("sample 7 (batch 1): data.bin: read: "),
+            "{debug}"
+        );
+        assert!(!debug.contains("Sample {"), "{debug}");
+    }
+
+    #[test]
+    fn debug_prints_each_cause_the_message_lacks() {
+        let e = Error::io(
+            Path::new("out.bin"),
+            "write",
+            std::io::Error::other(ReadOnly(Inner)),
+        );
+        assert_eq!(
+            format!("{e:?}"),
+            "out.bin: write: the volume is read-only\ncaused by: mounted with `ro`"
+        );
+        // The chain is there as values too.
+        let io = e
+            .source()
+            .unwrap()
+            .downcast_ref::<std::io::Error>()
+            .unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::Other);
+    }
+
+    #[test]
+    fn alternate_debug_is_a_struct() {
+        let e = Error::Shutdown;
+        let debug = format!("{e:#?}");
+        assert!(debug.contains("kind: Shutdown"), "{debug}");
+        assert!(debug.contains("the loader has shut down"), "{debug}");
+    }
+
+    #[test]
+    fn batch_and_sample_errors_keep_their_cause_and_its_kind() {
+        let inner = Error::ChecksumMismatch {
+            path: "a.bin".into(),
+            record: 3,
+            stored: 1,
+            computed: 2,
+        };
+        let e = Error::Batch {
+            batch: 4,
+            source: Box::new(Error::Sample {
+                index: 3,
+                batch: 4,
+                source: Box::new(inner),
+            }),
+        };
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        // The source is the boxed inner error itself (thiserror hands out the `Box`).
+        let sample = e.source().unwrap().downcast_ref::<Box<Error>>().unwrap();
+        assert!(matches!(**sample, Error::Sample { index: 3, .. }));
+        let record = sample
+            .source()
+            .unwrap()
+            .downcast_ref::<Box<Error>>()
+            .unwrap();
+        assert!(matches!(
+            **record,
+            Error::ChecksumMismatch { record: 3, .. }
+        ));
+        assert!(
+            e.to_string()
+                .starts_with("batch 4: sample 3 (batch 4): a.bin: record 3")
+        );
+    }
+
+    #[test]
+    fn every_kind_is_derived_from_its_variant() {
+        let p = PathBuf::from("f");
+        let cases = [
+            (
+                Error::io(&p, "open", std::io::Error::other("x")),
+                ErrorKind::Io,
+            ),
+            (
+                Error::Malformed {
+                    path: p.clone(),
+                    format: "npy",
+                    what: "x".into(),
+                },
+                ErrorKind::Corrupt,
+            ),
+            (
+                Error::UnsupportedNpy {
+                    path: p.clone(),
+                    what: "x".into(),
+                },
+                ErrorKind::Unsupported,
+            ),
+            (
+                Error::FileChanged {
+                    path: p.clone(),
+                    what: "x".into(),
+                },
+                ErrorKind::FileChanged,
+            ),
+            (Error::OutOfRange { index: 9, len: 1 }, ErrorKind::Mismatch),
+            (Error::config("batch_size", "x"), ErrorKind::Config),
+            (Error::InvalidSchema { what: "x".into() }, ErrorKind::Config),
+            (Error::user("x"), ErrorKind::User),
+            (
+                Error::Image {
+                    source_name: "a.jpg".into(),
+                    what: "x".into(),
+                },
+                ErrorKind::Image,
+            ),
+            (Error::Shutdown, ErrorKind::Shutdown),
+            (Error::NoGpu { what: "x".into() }, ErrorKind::Gpu),
+        ];
+        for (e, kind) in cases {
+            assert_eq!(e.kind(), kind, "{e}");
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_driver_error_stays_the_source() {
+        use cudarc::driver::{DriverError, sys::CUresult};
+        let e = Error::Driver {
+            op: "allocate",
+            source: DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+        };
+        assert_eq!(e.kind(), ErrorKind::Gpu);
+        let driver = e.source().unwrap().downcast_ref::<DriverError>().unwrap();
+        assert_eq!(driver.0, CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        // cudarc's message needs the driver library (formatting panics without it).
+        if crate::cuda::driver_present() {
+            assert!(e.to_string().starts_with("CUDA: allocate: "), "{e}");
         }
     }
 }

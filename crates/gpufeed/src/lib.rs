@@ -21,6 +21,24 @@
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] names the file, record or sample at
 //! fault. Nothing panics on bad input.
+//!
+//! # What is stable
+//!
+//! gpufeed is at 0.x: a minor release (0.1 to 0.2) may break the items below, a patch release
+//! does not. Public means promised:
+//!
+//! - the types re-exported at the crate root, the modules listed above and their public items,
+//!   with the behaviour their docs state;
+//! - [`Error`]'s messages are for people and may be reworded; match on [`Error::kind`]
+//!   ([`ErrorKind`]) or on the variants' fields, never on the text. [`Error`] and [`ErrorKind`]
+//!   are `#[non_exhaustive]`: new variants come in minor releases;
+//! - the packed record format ([`format`](mod@format), `docs/FORMAT.md`): a reader reads every
+//!   file of its major format version.
+//!
+//! Not promised: items marked `#[doc(hidden)]`, the measuring helpers (`bench` functions and
+//! reports, `loader::gather_baseline`: they move out of the library), the figures of
+//! [`LoaderStats`] and [`PoolStats`] beyond their documented meaning, and the `gpufeed` command's
+//! output.
 
 #![warn(missing_docs)]
 
@@ -37,9 +55,9 @@ pub mod transform;
 #[cfg(doctest)]
 mod readme;
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
-pub use loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats, NextBatch};
+pub use loader::{Batch, BatchInfo, Loader, LoaderBuilder, LoaderState, LoaderStats, NextBatch};
 pub use memory::{HostBuffer, HostPool, PoolStats};
 pub use source::{Concat, Dataset, NpyArray, Sample};
 pub use transform::{CopyFields, FnTransform, OutputField, SampleContext, SampleTransform, Slots};

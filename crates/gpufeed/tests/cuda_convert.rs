@@ -2,9 +2,8 @@
 
 use crate::cuda_common;
 
-use gpufeed::cuda::{
-    Convert, Converter, DeviceLoader, DeviceLoaderOptions, DevicePool, ImageLayout,
-};
+use gpufeed::cuda::{Convert, Converter, DeviceLoader, DeviceLoaderOptions, DevicePool};
+use gpufeed::transform::image::Layout;
 use gpufeed::{DType, Loader, NpyArray};
 
 use cuda_common::{Rng, device, write_npy};
@@ -55,7 +54,7 @@ fn reference(
     c: usize,
     h: usize,
     w: usize,
-    layout: ImageLayout,
+    layout: Layout,
     spec: &Convert,
 ) -> Vec<f64> {
     let mut out = vec![0.0; n * c * h * w];
@@ -64,8 +63,8 @@ fn reference(
             for y in 0..h {
                 for x in 0..w {
                     let j = match layout {
-                        ImageLayout::Hwc => ((s * h + y) * w + x) * c + ch,
-                        ImageLayout::Chw => ((s * c + ch) * h + y) * w + x,
+                        Layout::Hwc => ((s * h + y) * w + x) * c + ch,
+                        Layout::Chw => ((s * c + ch) * h + y) * w + x,
                     };
                     let v = f64::from(src[j]) * f64::from(spec.scale);
                     out[((s * c + ch) * h + y) * w + x] =
@@ -112,7 +111,7 @@ pub fn conversion_matches_the_cpu_reference() {
     let (n, c, h, w) = (5usize, 3usize, 17usize, 23usize);
     let pool = DevicePool::new(&dev);
     let stream = dev.new_stream().unwrap();
-    for layout in [ImageLayout::Hwc, ImageLayout::Chw] {
+    for layout in [Layout::Hwc, Layout::Chw] {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let mean: Vec<f32> = (0..c)
                 .map(|_| (rng.next_u64() % 1000) as f32 / 1000.0)
@@ -122,8 +121,8 @@ pub fn conversion_matches_the_cpu_reference() {
                 .collect();
             let spec = Convert::new("img", layout, dtype).normalize(&mean, &std);
             let shape = match layout {
-                ImageLayout::Hwc => [h, w, c],
-                ImageLayout::Chw => [c, h, w],
+                Layout::Hwc => [h, w, c],
+                Layout::Chw => [c, h, w],
             };
             let conv = Converter::new(&dev, spec.clone(), &shape).unwrap();
             let mut src_host = vec![0u8; n * c * h * w];
@@ -148,11 +147,11 @@ pub fn conversion_matches_the_cpu_reference() {
 
 pub fn conversion_rejects_bad_settings() {
     let Some(dev) = device() else { return };
-    let spec = Convert::new("img", ImageLayout::Hwc, DType::I32);
+    let spec = Convert::new("img", Layout::Hwc, DType::I32);
     assert!(Converter::new(&dev, spec, &[4, 4, 3]).is_err());
-    let spec = Convert::new("img", ImageLayout::Hwc, DType::F32).normalize(&[0.5; 2], &[1.0; 2]);
+    let spec = Convert::new("img", Layout::Hwc, DType::F32).normalize(&[0.5; 2], &[1.0; 2]);
     assert!(Converter::new(&dev, spec, &[4, 4, 3]).is_err());
-    let spec = Convert::new("img", ImageLayout::Hwc, DType::F32).normalize(&[0.5], &[0.0]);
+    let spec = Convert::new("img", Layout::Hwc, DType::F32).normalize(&[0.5], &[0.0]);
     assert!(Converter::new(&dev, spec, &[4, 4, 3]).is_err());
 }
 
@@ -168,7 +167,7 @@ pub fn the_device_loader_converts_fields_end_to_end() {
         &[h as u64, w as u64, c as u64],
         &mut rng,
     );
-    let spec = Convert::imagenet("data", ImageLayout::Hwc, DType::BF16);
+    let spec = Convert::imagenet("data", Layout::Hwc, DType::BF16);
     let builder = Loader::builder(NpyArray::open(&path).unwrap())
         .batch_size(16)
         .shuffle(7)
@@ -196,7 +195,7 @@ pub fn the_device_loader_converts_fields_end_to_end() {
             c,
             h,
             w,
-            ImageLayout::Hwc,
+            Layout::Hwc,
             &Convert {
                 mean: vec![0.485, 0.456, 0.406],
                 std: vec![0.229, 0.224, 0.225],

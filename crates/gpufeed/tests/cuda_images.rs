@@ -4,9 +4,9 @@
 use crate::cuda_common;
 use crate::image_common;
 
-use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions, ImageLayout};
+use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions};
 use gpufeed::source::ImageFolder;
-use gpufeed::transform::image::{ImageTransform, Normalize};
+use gpufeed::transform::image::{ImageTransform, Layout, Normalize};
 use gpufeed::{DType, Loader};
 
 use cuda_common::device;
@@ -47,11 +47,8 @@ pub fn device_normalised_batches_equal_the_host_ones() {
         .collect();
 
     // u8 CHW on the host, the same normalisation on the device.
-    let opts = DeviceLoaderOptions::default().convert(Convert::imagenet(
-        "image",
-        ImageLayout::Chw,
-        DType::F16,
-    ));
+    let opts =
+        DeviceLoaderOptions::default().convert(Convert::imagenet("image", Layout::Chw, DType::F16));
     let u8_t = ImageTransform::train(32).build().unwrap();
     let feed = DeviceLoader::from_builder(builder(u8_t, 3), &device, opts).unwrap();
     let mut batches = 0;

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use gpufeed::cuda::cudarc_driver::CudaSlice;
 use gpufeed::cuda::{
-    Convert, Converter, DeviceLoader, DeviceLoaderOptions, DevicePool, ImageLayout, PinnedBacking,
+    Convert, Converter, DeviceLoader, DeviceLoaderOptions, DevicePool, PinnedBacking,
 };
+use gpufeed::transform::image::Layout;
 use gpufeed::{
     DType, FnTransform, HostPool, Loader, LoaderBuilder, NpyArray, OutputField, Sample,
     SampleContext, Slots,
@@ -83,7 +84,7 @@ pub fn a_converter_launch_keeps_its_buffers_until_it_ran() {
     let (n, c, h, w) = (8usize, 3usize, 128usize, 128usize);
     let conv = Converter::new(
         &dev,
-        Convert::new("img", ImageLayout::Hwc, DType::F32),
+        Convert::new("img", Layout::Hwc, DType::F32),
         &[h, w, c],
     )
     .unwrap();

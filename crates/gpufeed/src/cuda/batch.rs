@@ -30,7 +30,7 @@ use super::device::ContextScope;
 use super::fence::EventFence;
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::loader::Element;
+use crate::loader::{BatchInfo, Element};
 use crate::memory::Fence;
 
 /// One field of a device batch: what it holds and where it lives in the device buffer.
@@ -141,11 +141,7 @@ pub struct DeviceBatch {
     /// Taken only in `drop`, inside a context scope.
     buffer: ManuallyDrop<DeviceBuffer>,
     fields: Arc<[FieldSpec]>,
-    indices: Vec<u64>,
-    padding: usize,
-    skipped: usize,
-    epoch: u64,
-    number: u64,
+    info: BatchInfo,
     /// Completes when the copy and conversions have; also a use of `buffer`. Dropped only in
     /// `drop`, inside a context scope (destroying an event makes cudarc bind its context).
     ready: ManuallyDrop<EventFence>,
@@ -163,9 +159,9 @@ const _: () = {
 impl std::fmt::Debug for DeviceBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceBatch")
-            .field("epoch", &self.epoch)
-            .field("number", &self.number)
-            .field("len", &self.indices.len())
+            .field("epoch", &self.info.epoch)
+            .field("number", &self.info.number)
+            .field("len", &self.info.len())
             .field("fields", &self.fields().collect::<Vec<_>>())
             .finish()
     }
@@ -177,19 +173,14 @@ impl DeviceBatch {
     pub(crate) fn new(
         buffer: DeviceBuffer,
         fields: Arc<[FieldSpec]>,
-        (indices, padding, skipped): (Vec<u64>, usize, usize),
-        (epoch, number): (u64, u64),
+        info: BatchInfo,
         ready: EventFence,
         copy_stream: Arc<CudaStream>,
     ) -> DeviceBatch {
         DeviceBatch {
             buffer: ManuallyDrop::new(buffer),
             fields,
-            indices,
-            padding,
-            skipped,
-            epoch,
-            number,
+            info,
             ready: ManuallyDrop::new(ready),
             copy_stream: ManuallyDrop::new(copy_stream),
             users: Mutex::new(Vec::new()),
@@ -207,48 +198,10 @@ impl DeviceBatch {
         self.buffer.context().ordinal()
     }
 
-    /// Samples in the batch.
-    pub fn len(&self) -> usize {
-        self.indices.len()
-    }
-
-    /// True for a batch without samples (never delivered).
-    pub fn is_empty(&self) -> bool {
-        self.indices.is_empty()
-    }
-
-    /// The dataset indices of its samples, in batch order.
-    pub fn indices(&self) -> &[u64] {
-        &self.indices
-    }
-
-    /// Slots that are padding (evaluation mode), always the last ones; see
-    /// [`Batch::padding`](crate::Batch::padding).
-    pub fn padding(&self) -> usize {
-        self.padding
-    }
-
-    /// Samples the transform skipped (placeholders); see
-    /// [`Batch::skipped`](crate::Batch::skipped).
-    pub fn skipped(&self) -> usize {
-        self.skipped
-    }
-
-    /// Per slot, true for a real sample and false for padding; see
-    /// [`Batch::mask`](crate::Batch::mask).
-    pub fn mask(&self) -> Vec<bool> {
-        let real = self.len() - self.padding.min(self.len());
-        (0..self.len()).map(|k| k < real).collect()
-    }
-
-    /// The epoch it belongs to.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Its number within the epoch.
-    pub fn number(&self) -> u64 {
-        self.number
+    /// What the batch is: its samples' indices, epoch, number, padding (also reached through
+    /// `Deref`: `batch.len()`), as for a [`Batch`](crate::Batch) on the host.
+    pub fn info(&self) -> &BatchInfo {
+        &self.info
     }
 
     /// Every field as bytes, in the loader's order.
@@ -368,6 +321,14 @@ impl DeviceBatch {
         unsafe { result::memcpy_dtoh_sync(&mut out, field.addr()) }
             .map_err(cuda_err("copy to the host (cuMemcpyDtoH)"))?;
         Ok(out)
+    }
+}
+
+impl std::ops::Deref for DeviceBatch {
+    type Target = BatchInfo;
+
+    fn deref(&self) -> &BatchInfo {
+        &self.info
     }
 }
 

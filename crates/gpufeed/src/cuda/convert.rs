@@ -24,15 +24,7 @@ use super::fence::EventFence;
 use super::{Device, DeviceBuffer, DevicePool};
 use crate::error::{Error, Result};
 use crate::format::DType;
-
-/// How the u8 input of a conversion is laid out per sample.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum ImageLayout {
-    /// Height, width, channels (what decoders and `.npy` image arrays usually hold).
-    Hwc,
-    /// Channels, height, width.
-    Chw,
-}
+use crate::transform::image::Layout;
 
 /// The conversion of one u8 batch field (opt-in; see [conversion on the device](crate::cuda#conversion-on-the-device)).
 #[derive(Clone, Debug, PartialEq)]
@@ -40,7 +32,7 @@ pub struct Convert {
     /// The batch field to convert (dtype u8, shape `[H, W, C]` or `[C, H, W]`).
     pub field: String,
     /// The input layout.
-    pub layout: ImageLayout,
+    pub layout: Layout,
     /// The output dtype: `F32`, `F16` or `BF16`.
     pub dtype: DType,
     /// Per-channel mean (after scaling), one value per channel or one for all; empty means 0.
@@ -53,7 +45,7 @@ pub struct Convert {
 
 impl Convert {
     /// Converts field `field` of `layout` to `dtype`, scaled by 1/255, not normalised.
-    pub fn new(field: impl Into<String>, layout: ImageLayout, dtype: DType) -> Convert {
+    pub fn new(field: impl Into<String>, layout: Layout, dtype: DType) -> Convert {
         Convert {
             field: field.into(),
             layout,
@@ -78,15 +70,15 @@ impl Convert {
     }
 
     /// ImageNet's mean and std (torchvision's), scale 1/255.
-    pub fn imagenet(field: impl Into<String>, layout: ImageLayout, dtype: DType) -> Convert {
+    pub fn imagenet(field: impl Into<String>, layout: Layout, dtype: DType) -> Convert {
         Convert::new(field, layout, dtype).normalize(&[0.485, 0.456, 0.406], &[0.229, 0.224, 0.225])
     }
 
     /// `(channels, height, width)` of a per-sample input shape, checked against the layout.
     pub fn chw(&self, input_shape: &[usize]) -> Result<(usize, usize, usize)> {
         match (self.layout, input_shape) {
-            (ImageLayout::Hwc, &[h, w, c]) => Ok((c, h, w)),
-            (ImageLayout::Chw, &[c, h, w]) => Ok((c, h, w)),
+            (Layout::Hwc, &[h, w, c]) => Ok((c, h, w)),
+            (Layout::Chw, &[c, h, w]) => Ok((c, h, w)),
             (_, &[h, w]) => Ok((1, h, w)),
             _ => Err(Error::config(
                 "convert",
@@ -312,7 +304,7 @@ impl Converter {
             })?;
         // Dimensions fit in u32 since their product does.
         let (mut c, mut h, mut w) = (self.c as u32, self.h as u32, self.w as u32);
-        let mut src_chw = u32::from(self.spec.layout == ImageLayout::Chw);
+        let mut src_chw = u32::from(self.spec.layout == Layout::Chw);
         let mut dtype = self.dtype_code;
         let (mut src, mut dst) = (src, dst);
         let mut scale = self.coefficients.addr();

@@ -62,10 +62,10 @@ pub struct DeviceLoaderOptions {
     /// copy does not write show up (tests use it; it costs a memset per batch).
     pub poison: Option<u8>,
     /// Adds a field of this name to each device batch: bool per sample, true for a real sample
-    /// and false for a padding slot ([`Batch::mask`]). Opt-in.
+    /// and false for a padding slot ([`BatchInfo::mask`](crate::BatchInfo::mask)). Opt-in.
     pub mask: Option<String>,
     /// Adds a field of this name to each device batch: the samples' dataset indices, as i64
-    /// ([`Batch::indices`]). Opt-in.
+    /// ([`BatchInfo::indices`](crate::BatchInfo::indices)). Opt-in.
     pub indices: Option<String>,
 }
 
@@ -894,8 +894,7 @@ impl CopyThread {
             Ok(ready) => Ok(DeviceBatch::new(
                 buffer,
                 Arc::clone(&self.plan.fields),
-                (batch.indices().to_vec(), batch.padding(), batch.skipped()),
-                (batch.epoch(), batch.number()),
+                batch.info().clone(),
                 ready,
                 stream,
             )),

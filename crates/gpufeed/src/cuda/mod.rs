@@ -99,7 +99,7 @@ mod release;
 
 pub use batch::{DeviceBatch, DeviceField, RawStream};
 pub use ceiling::pinned_copy_ceiling;
-pub use convert::{Convert, Converter, ImageLayout};
+pub use convert::{Convert, Converter};
 pub use copy::{DeviceLoader, DeviceLoaderOptions, DeviceStats, NextDeviceBatch};
 pub use device::{Device, driver_present};
 pub use device_pool::{DeviceBuffer, DevicePool, leaked_buffers, reserved_bytes};
@@ -114,10 +114,7 @@ pub use cudarc::driver as cudarc_driver;
 use crate::error::Error;
 use cudarc::driver::DriverError;
 
-/// Maps a driver error of operation `op` to [`Error::Cuda`].
+/// Maps a driver error of operation `op` to [`Error::Driver`], which keeps it as its source.
 pub(crate) fn cuda_err(op: &'static str) -> impl FnOnce(DriverError) -> Error {
-    move |e| Error::Cuda {
-        op,
-        what: format!("{e:?}"),
-    }
+    move |source| Error::Driver { op, source }
 }

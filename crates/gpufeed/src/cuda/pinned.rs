@@ -165,9 +165,9 @@ unsafe impl Backing for PinnedBacking {
         if registered != sys::CUresult::CUDA_SUCCESS {
             // SAFETY: the mapping made above, not registered, unmapped once.
             unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
-            return Err(Error::Cuda {
+            return Err(Error::Driver {
                 op: "pin host memory (cuMemHostRegister)",
-                what: format!("{registered:?}"),
+                source: cudarc::driver::DriverError(registered),
             });
         }
         Ok(ptr)

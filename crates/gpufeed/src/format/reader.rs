@@ -190,7 +190,7 @@ impl RecordFile {
         // every record has the size of the first) is refused here rather than at every get.
         if f.records > 0 {
             let range = f.record_range(0)?;
-            f.with_record(range.clone(), |bytes| f.schema.check_record(bytes))?
+            f.with_record(range.clone(), |bytes| f.schema.record_end(bytes))?
                 .map_err(|e| {
                     bad(format!(
                         "the schema [{}] does not fit record 0: {e}",
@@ -388,7 +388,7 @@ impl RecordFile {
                     self.check_sum(i, bytes)?;
                 }
                 self.schema
-                    .check_record(bytes)
+                    .record_end(bytes)
                     .map_err(|e| self.bad_record(i, e))?;
                 Ok(Sample::new(bytes, &self.schema))
             }
@@ -419,7 +419,7 @@ impl RecordFile {
                     self.check_sum(i, buf.as_slice())?;
                 }
                 self.schema
-                    .check_record(buf.as_slice())
+                    .record_end(buf.as_slice())
                     .map_err(|e| self.bad_record(i, e))?;
                 Ok(Sample::read(buf, &self.schema))
             }
@@ -437,7 +437,7 @@ impl RecordFile {
                 self.check_sum(i, bytes)?;
             }
             self.schema
-                .check_record(bytes)
+                .record_end(bytes)
                 .map_err(|e| self.bad_record(i, e))?;
             Ok(())
         };
@@ -475,7 +475,7 @@ impl RecordFile {
         let range = self.record_range(i)?;
         self.with_record(range, |bytes| {
             self.schema
-                .check_record(bytes)
+                .record_end(bytes)
                 .map_err(|e| self.bad_record(i, e))?;
             self.check_sum(i, bytes)
         })?

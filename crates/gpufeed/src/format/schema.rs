@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use crate::error::{Error, Result};
+
 use serde::{Deserialize, Serialize};
 
 /// The element type of a fixed-size tensor field.
@@ -247,7 +249,15 @@ pub struct Schema {
 
 impl Schema {
     /// A schema of these fields; names must be unique and non-empty, tensor sizes addressable.
-    pub fn new(fields: Vec<Field>) -> Result<Schema, String> {
+    ///
+    /// Fails with [`Error::InvalidSchema`] (of [`ErrorKind::Config`](crate::ErrorKind::Config))
+    /// when they are not.
+    pub fn new(fields: Vec<Field>) -> Result<Schema> {
+        Schema::validated(fields).map_err(|what| Error::InvalidSchema { what })
+    }
+
+    /// [`Schema::new`], failing with what is wrong (for readers that name the file concerned).
+    pub(crate) fn validated(fields: Vec<Field>) -> std::result::Result<Schema, String> {
         if fields.is_empty() {
             return Err("a schema needs at least one field".into());
         }
@@ -345,7 +355,15 @@ impl Schema {
 
     /// Checks that `record` is long enough for this schema and for the lengths in its
     /// variable-size table; returns where the variable bytes end.
-    pub fn check_record(&self, record: &[u8]) -> Result<usize, String> {
+    ///
+    /// Fails with [`Error::Mismatch`] when it is not.
+    pub fn check_record(&self, record: &[u8]) -> Result<usize> {
+        self.record_end(record).map_err(Error::mismatch)
+    }
+
+    /// [`Schema::check_record`], failing with what is wrong (for readers that name the file and
+    /// record concerned).
+    pub(crate) fn record_end(&self, record: &[u8]) -> std::result::Result<usize, String> {
         let min = self.min_record_bytes();
         if record.len() < min {
             return Err(format!(
@@ -392,7 +410,13 @@ impl Schema {
 
     /// Lays out one record from one value per field (in schema order) into `out` (cleared
     /// first), without padding: tensors at their offsets, the length table, the bytes.
-    pub fn build_record(&self, values: &[&[u8]], out: &mut Vec<u8>) -> Result<(), String> {
+    ///
+    /// Fails with [`Error::Mismatch`] when the values do not fit the fields.
+    pub fn build_record(&self, values: &[&[u8]], out: &mut Vec<u8>) -> Result<()> {
+        self.lay_out(values, out).map_err(Error::mismatch)
+    }
+
+    fn lay_out(&self, values: &[&[u8]], out: &mut Vec<u8>) -> std::result::Result<(), String> {
         if values.len() != self.fields.len() {
             return Err(format!(
                 "{} values for {} fields",
@@ -463,7 +487,7 @@ impl Schema {
     }
 
     /// Decodes a stored schema block; the error says what is wrong and at which byte.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Schema, String> {
+    pub(crate) fn decode(bytes: &[u8]) -> std::result::Result<Schema, String> {
         let mut r = ByteReader { bytes, at: 0 };
         let count = r.u32()? as usize;
         if count == 0 || count > 65_536 {
@@ -500,7 +524,7 @@ impl Schema {
                 bytes.len() - r.at
             ));
         }
-        Schema::new(fields)
+        Schema::validated(fields)
     }
 }
 
@@ -533,7 +557,7 @@ struct ByteReader<'a> {
 }
 
 impl<'a> ByteReader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
         let end = self
             .at
             .checked_add(n)
@@ -549,23 +573,23 @@ impl<'a> ByteReader<'a> {
         Ok(out)
     }
 
-    fn u8(&mut self) -> Result<u8, String> {
+    fn u8(&mut self) -> std::result::Result<u8, String> {
         Ok(self.take(1)?[0])
     }
 
-    fn u16(&mut self) -> Result<u16, String> {
+    fn u16(&mut self) -> std::result::Result<u16, String> {
         let mut b = [0; 2];
         b.copy_from_slice(self.take(2)?);
         Ok(u16::from_le_bytes(b))
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> std::result::Result<u32, String> {
         let mut b = [0; 4];
         b.copy_from_slice(self.take(4)?);
         Ok(u32::from_le_bytes(b))
     }
 
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> std::result::Result<u64, String> {
         let mut b = [0; 8];
         b.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(b))
@@ -624,13 +648,30 @@ mod tests {
     }
 
     #[test]
+    fn schema_errors_are_typed_config_errors() {
+        let e = Schema::new(vec![
+            Field::tensor("a", DType::U8, &[]),
+            Field::bytes("a", Codec::Raw),
+        ])
+        .unwrap_err();
+        assert!(matches!(e, Error::InvalidSchema { .. }), "{e:?}");
+        assert_eq!(e.kind(), crate::ErrorKind::Config);
+        assert_eq!(e.to_string(), "field name `a` appears twice");
+        let s = mixed();
+        let e = s.build_record(&[&[9]], &mut Vec::new()).unwrap_err();
+        assert!(matches!(e, Error::Mismatch { .. }), "{e:?}");
+        let e = s.check_record(&[0; 3]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Mismatch);
+    }
+
+    #[test]
     fn var_fields_are_found_after_the_length_table() {
         let s = mixed();
         let mut rec = vec![0u8; 28];
         rec[20..24].copy_from_slice(&3u32.to_le_bytes());
         rec[24..28].copy_from_slice(&2u32.to_le_bytes());
         rec.extend_from_slice(b"abcde");
-        assert_eq!(s.check_record(&rec), Ok(33));
+        assert_eq!(s.check_record(&rec).unwrap(), 33);
         assert_eq!(s.field_in(&rec, 1), Some(&b"abc"[..]));
         assert_eq!(s.field_in(&rec, 3), Some(&b"de"[..]));
         rec.truncate(32);
@@ -643,7 +684,7 @@ mod tests {
         let mut rec = Vec::new();
         s.build_record(&[&[9], b"jpegbytes", &[1u8; 16], b"hi"], &mut rec)
             .unwrap();
-        assert_eq!(s.check_record(&rec), Ok(rec.len()));
+        assert_eq!(s.check_record(&rec).unwrap(), rec.len());
         assert_eq!(s.field_in(&rec, 0), Some(&[9u8][..]));
         assert_eq!(s.field_in(&rec, 1), Some(&b"jpegbytes"[..]));
         assert_eq!(s.field_in(&rec, 3), Some(&b"hi"[..]));

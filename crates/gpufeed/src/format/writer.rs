@@ -42,7 +42,7 @@ pub struct PackSummary {
 /// let schema = Schema::new(vec![
 ///     Field::tensor("pixels", DType::U8, &[2, 2]),
 ///     Field::tensor("label", DType::U32, &[]),
-/// ]).map_err(gpufeed::Error::user)?;
+/// ])?;
 /// let mut w = RecordWriter::create(&path, schema)?;
 /// w.append(&[&[1, 2, 3, 4], &7u32.to_le_bytes()])?;
 /// w.finish()?;

@@ -157,65 +157,21 @@ pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
     })
 }
 
-/// A collated batch: `len()` samples, each field one contiguous slice of shape `[len, ...]`.
-///
-/// A batch holds one of the loader's batch buffers until it is dropped; see
-/// [`LoaderBuilder::pool_budget`](super::LoaderBuilder::pool_budget).
-///
-/// ```
-/// use gpufeed::{DType, Dataset, Field, Loader, Sample, Schema};
-/// # use gpufeed::Result;
-/// # struct Pairs(Schema);
-/// # impl Dataset for Pairs {
-/// #     fn len(&self) -> u64 { 10 }
-/// #     fn schema(&self) -> &Schema { &self.0 }
-/// #     fn get(&self, i: u64) -> Result<Sample<'_>> {
-/// #         let mut r = Vec::new();
-/// #         let half = half::f16::from_f32(i as f32).to_le_bytes();
-/// #         self.0.build_record(&[&[half, half, half].concat(), &(i as i64).to_le_bytes()], &mut r).map_err(gpufeed::Error::user)?;
-/// #         Sample::owned(r, &self.0)
-/// #     }
-/// # }
-/// # let dataset = Pairs(Schema::new(vec![Field::tensor("x", DType::F16, &[3]), Field::tensor("label", DType::I64, &[])]).unwrap());
-/// // `dataset`: 10 samples of `x` (3 f16) and `label` (i64).
-/// let mut loader = Loader::builder(dataset).batch_size(4).build()?;
-/// let batch = loader.next().unwrap()?;
-/// assert_eq!((batch.len(), batch.epoch(), batch.number()), (4, 0, 0));
-/// assert_eq!(batch.indices(), [0, 1, 2, 3]);
-/// assert_eq!(batch.shape("x")?, [4, 3]);
-/// assert_eq!(batch.dtype("x")?, DType::F16);
-/// let x: &[half::f16] = batch.field("x")?; // `u16` views it too
-/// assert_eq!(x[3 * 2].to_f32(), 2.0);
-/// assert_eq!(batch.field::<i64>("label")?, [0, 1, 2, 3]);
-/// assert!(batch.field::<f32>("x").is_err()); // not its dtype
-/// // The whole batch is one buffer (one device copy): every field at its offset.
-/// assert_eq!(batch.layout().field_offset(1), Some(256));
-/// # Ok::<(), gpufeed::Error>(())
-/// ```
-pub struct Batch {
-    pub(crate) buffer: HostBuffer,
-    pub(crate) layout: Arc<BatchLayout>,
+/// What a batch is, wherever its memory is: the samples it holds, where it stands in the
+/// epoch, its padding and the samples skipped. [`Batch`] and `cuda::DeviceBatch` both
+/// dereference to it, so `batch.len()`, `batch.indices()`, `batch.epoch()`, ... are the same
+/// methods on both.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchInfo {
     pub(crate) indices: Vec<u64>,
     pub(crate) padding: usize,
     pub(crate) skipped: usize,
     pub(crate) epoch: u64,
     pub(crate) number: u64,
-    /// The batch's share of the loader's budget, given back when the batch drops.
-    pub(crate) permit: Option<BatchPermit>,
 }
 
-impl std::fmt::Debug for Batch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batch")
-            .field("epoch", &self.epoch)
-            .field("number", &self.number)
-            .field("len", &self.len())
-            .finish()
-    }
-}
-
-impl Batch {
-    /// Samples in this batch (the last batch of an epoch may be short without `drop_last`).
+impl BatchInfo {
+    /// Samples in the batch (the last batch of an epoch may be short without `drop_last`).
     pub fn len(&self) -> usize {
         self.indices.len()
     }
@@ -238,13 +194,13 @@ impl Batch {
         self.padding
     }
 
-    /// Samples of this batch that the transform skipped (see
+    /// Samples of the batch that the transform skipped (see
     /// [`Slots::mark_skipped`](crate::Slots::mark_skipped)): their slots hold placeholders.
     pub fn skipped(&self) -> usize {
         self.skipped
     }
 
-    /// Per slot, true for a real sample and false for padding (see [`Batch::padding`]).
+    /// Per slot, true for a real sample and false for padding (see [`BatchInfo::padding`]).
     pub fn mask(&self) -> Vec<bool> {
         let real = self.len() - self.padding.min(self.len());
         (0..self.len()).map(|k| k < real).collect()
@@ -259,6 +215,78 @@ impl Batch {
     pub fn number(&self) -> u64 {
         self.number
     }
+}
+
+/// A collated batch: `len()` samples, each field one contiguous slice of shape `[len, ...]`.
+///
+/// Its samples' indices, epoch, number, padding and mask are those of its [`BatchInfo`], which
+/// it dereferences to.
+///
+/// A batch holds one of the loader's batch buffers until it is dropped; see
+/// [`LoaderBuilder::pool_budget`](super::LoaderBuilder::pool_budget).
+///
+/// ```
+/// use gpufeed::{DType, Dataset, Field, Loader, Sample, Schema};
+/// # use gpufeed::Result;
+/// # struct Pairs(Schema);
+/// # impl Dataset for Pairs {
+/// #     fn len(&self) -> u64 { 10 }
+/// #     fn schema(&self) -> &Schema { &self.0 }
+/// #     fn get(&self, i: u64) -> Result<Sample<'_>> {
+/// #         let mut r = Vec::new();
+/// #         let half = half::f16::from_f32(i as f32).to_le_bytes();
+/// #         self.0.build_record(&[&[half, half, half].concat(), &(i as i64).to_le_bytes()], &mut r)?;
+/// #         Sample::owned(r, &self.0)
+/// #     }
+/// # }
+/// # let dataset = Pairs(Schema::new(vec![Field::tensor("x", DType::F16, &[3]), Field::tensor("label", DType::I64, &[])]).unwrap());
+/// // `dataset`: 10 samples of `x` (3 f16) and `label` (i64).
+/// let mut loader = Loader::builder(dataset).batch_size(4).build()?;
+/// let batch = loader.next().unwrap()?;
+/// assert_eq!((batch.len(), batch.epoch(), batch.number()), (4, 0, 0));
+/// assert_eq!(batch.indices(), [0, 1, 2, 3]);
+/// assert_eq!(batch.shape("x")?, [4, 3]);
+/// assert_eq!(batch.dtype("x")?, DType::F16);
+/// let x: &[half::f16] = batch.field("x")?; // `u16` views it too
+/// assert_eq!(x[3 * 2].to_f32(), 2.0);
+/// assert_eq!(batch.field::<i64>("label")?, [0, 1, 2, 3]);
+/// assert!(batch.field::<f32>("x").is_err()); // not its dtype
+/// // The whole batch is one buffer (one device copy): every field at its offset.
+/// assert_eq!(batch.layout().field_offset(1), Some(256));
+/// # Ok::<(), gpufeed::Error>(())
+/// ```
+pub struct Batch {
+    pub(crate) buffer: HostBuffer,
+    pub(crate) layout: Arc<BatchLayout>,
+    pub(crate) info: BatchInfo,
+    /// The batch's share of the loader's budget, given back when the batch drops.
+    pub(crate) permit: Option<BatchPermit>,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("epoch", &self.info.epoch)
+            .field("number", &self.info.number)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl std::ops::Deref for Batch {
+    type Target = BatchInfo;
+
+    fn deref(&self) -> &BatchInfo {
+        &self.info
+    }
+}
+
+impl Batch {
+    /// What the batch is: its samples' indices, epoch, number, padding (also reached through
+    /// `Deref`: `batch.len()`).
+    pub fn info(&self) -> &BatchInfo {
+        &self.info
+    }
 
     /// The layout of its buffer.
     pub fn layout(&self) -> &BatchLayout {
@@ -271,7 +299,8 @@ impl Batch {
     }
 
     /// The whole buffer, mutable (for device-copy fences).
-    pub fn buffer_mut(&mut self) -> &mut HostBuffer {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn buffer_mut(&mut self) -> &mut HostBuffer {
         &mut self.buffer
     }
 

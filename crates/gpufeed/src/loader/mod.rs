@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::{Deserialize, Serialize};
 
-pub use batch::{Batch, BatchLayout, Element, FIELD_ALIGN};
+pub use batch::{Batch, BatchInfo, BatchLayout, Element, FIELD_ALIGN};
 pub(crate) use batch::{cast_slice, cast_slice_mut};
 use stats::StageTimes;
 pub use stats::{LoaderStats, StageSnapshot, steady_rate};
@@ -183,7 +183,7 @@ impl LoaderBuilder {
 
     /// Evaluation mode (default false): every sample exactly once across ranks, and every rank
     /// still gets the same number of batches. A rank's share is padded with slots marked as
-    /// padding ([`Batch::padding`], [`Batch::mask`]) instead of counting samples twice as
+    /// padding ([`BatchInfo::padding`], [`BatchInfo::mask`]) instead of counting samples twice as
     /// PyTorch's `DistributedSampler` does. Cannot be combined with `drop_last`.
     pub fn evaluation(mut self, yes: bool) -> Self {
         self.evaluation = yes;
@@ -782,11 +782,6 @@ impl Loader {
     /// The layout of every batch.
     pub fn layout(&self) -> &BatchLayout {
         &self.shared.layout
-    }
-
-    /// The batch-buffer pool.
-    pub fn pool(&self) -> &HostPool {
-        &self.shared.pool
     }
 
     /// Where the loader stands now: resuming from it yields the batches not yet delivered.

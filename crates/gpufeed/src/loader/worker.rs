@@ -11,7 +11,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::BatchHook;
-use super::batch::{Batch, BatchLayout};
+use super::batch::{Batch, BatchInfo, BatchLayout};
 use super::budget::BatchPermit;
 use super::stats::StageTimes;
 use crate::error::{Error, Result};
@@ -87,11 +87,13 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
     let mut batch = Batch {
         buffer,
         layout: Arc::clone(&shared.layout),
-        indices: Vec::new(),
-        padding: task.order.batch_padding(task.number),
-        skipped: 0,
-        epoch: task.order.epoch(),
-        number: task.number,
+        info: BatchInfo {
+            indices: Vec::new(),
+            padding: task.order.batch_padding(task.number),
+            skipped: 0,
+            epoch: task.order.epoch(),
+            number: task.number,
+        },
         permit: None,
     };
     let acquired = Instant::now();
@@ -149,8 +151,8 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
         }
     }
     shared.times.add_fetch_transform(fetch_ns, transform_ns);
-    batch.indices = std::mem::take(indices);
-    batch.skipped = skipped;
+    batch.info.indices = std::mem::take(indices);
+    batch.info.skipped = skipped;
     let t1 = Instant::now();
     if let Some(hook) = &shared.batch_hook {
         match catch_unwind(AssertUnwindSafe(|| hook(&mut batch))) {
@@ -180,7 +182,10 @@ fn sample_error(index: u64, batch: u64, source: Error) -> Error {
 }
 
 fn batch_error(batch: u64, source: Error) -> Error {
-    Error::user(format!("batch {batch}: {source}"))
+    Error::Batch {
+        batch,
+        source: Box::new(source),
+    }
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

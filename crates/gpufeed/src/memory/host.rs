@@ -107,7 +107,7 @@ impl HostPool {
 
     /// Like [`HostPool::acquire`], but gives up with `Ok(None)` when `cancelled()` turns true
     /// while waiting (checked whenever the pool is woken; see [`HostPool::wake_waiters`]).
-    pub fn acquire_unless(
+    pub(crate) fn acquire_unless(
         &self,
         bytes: usize,
         cancelled: impl Fn() -> bool,
@@ -129,12 +129,12 @@ impl HostPool {
     }
 
     /// Wakes every waiting acquire, so that those given a cancellation check look at it again.
-    pub fn wake_waiters(&self) {
+    pub(crate) fn wake_waiters(&self) {
         self.pool.wake_waiters()
     }
 
     /// Wakes every waiting `acquire` with [`Error::Shutdown`]; later ones fail the same way.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.pool.close()
     }
 }

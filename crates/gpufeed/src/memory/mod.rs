@@ -207,7 +207,7 @@ impl fmt::Display for PoolStats {
 }
 
 /// Formats a byte count with a binary unit (`1.5 MiB`).
-pub fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

@@ -62,7 +62,7 @@ pub enum Remainder {
     /// (`drop_last=True` in both of PyTorch's places). A few samples are not seen.
     Drop,
     /// Evaluation: every sample exactly once across ranks. Each rank's share is padded to the
-    /// same length with slots marked as padding ([`Batch::mask`](crate::Batch::mask)); they
+    /// same length with slots marked as padding ([`BatchInfo::mask`](crate::BatchInfo::mask)); they
     /// hold a real sample (wrapped around) so that a model can run on them, and metrics skip
     /// them. Every rank gets the same number of batches.
     Mask,

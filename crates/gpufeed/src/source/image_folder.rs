@@ -149,8 +149,7 @@ impl ImageFolder {
             Field::bytes("image", codec),
             Field::tensor("label", DType::I64, &[]),
             Field::bytes("path", Codec::Utf8),
-        ])
-        .map_err(Error::mismatch)?;
+        ])?;
         Ok(ImageFolder {
             root: root.to_path_buf(),
             classes,
@@ -223,9 +222,7 @@ impl Dataset for ImageFolder {
         // Lay out [label, length table] with an empty image, then read the file after it and
         // patch the image's length; the path goes last.
         let mut record = Vec::with_capacity(self.schema.min_record_bytes() + size + rel.len());
-        self.schema
-            .build_record(&[&[], &label, &[]], &mut record)
-            .map_err(Error::mismatch)?;
+        self.schema.build_record(&[&[], &label, &[]], &mut record)?;
         let start = record.len();
         file.read_to_end(&mut record)
             .map_err(|e| Error::io(&path, "read", e))?;
@@ -250,7 +247,7 @@ pub fn packed_image_schema(codec: Codec) -> Result<Schema> {
         Field::tensor("size", DType::U32, &[2]),
         Field::bytes("path", Codec::Utf8),
     ];
-    Schema::new(fields).map_err(Error::mismatch)
+    Schema::new(fields)
 }
 
 /// Writes `folder` into a packed record file at `out` (atomically), in the folder's order:

@@ -307,7 +307,7 @@ impl<'a> Sample<'a> {
     /// For sources that keep their data in memory they own.
     pub fn borrowed(bytes: &'a [u8], schema: &'a Schema) -> Result<Sample<'a>> {
         schema
-            .check_record(bytes)
+            .record_end(bytes)
             .map_err(|e| Error::mismatch(format!("record does not fit its schema: {e}")))?;
         Ok(Sample::new(bytes, schema))
     }
@@ -316,7 +316,7 @@ impl<'a> Sample<'a> {
     /// [`Schema::record_bytes`] and `docs/FORMAT.md`, "Record"); checked here.
     pub fn owned(bytes: Vec<u8>, schema: &'a Schema) -> Result<Sample<'a>> {
         schema
-            .check_record(&bytes)
+            .record_end(&bytes)
             .map_err(|e| Error::mismatch(format!("record does not fit its schema: {e}")))?;
         Ok(Sample {
             bytes: SampleBytes::Owned(bytes),

@@ -141,12 +141,10 @@ impl NpyArray {
                 ),
             });
         }
-        let schema =
-            Schema::new(vec![Field::tensor(field, header.dtype, &row_shape)]).map_err(|what| {
-                Error::UnsupportedNpy {
-                    path: path.to_path_buf(),
-                    what,
-                }
+        let schema = Schema::validated(vec![Field::tensor(field, header.dtype, &row_shape)])
+            .map_err(|what| Error::UnsupportedNpy {
+                path: path.to_path_buf(),
+                what,
             })?;
         Ok(NpyArray {
             path: path.to_path_buf(),

@@ -237,7 +237,7 @@ impl<'a> Slots<'a> {
 
     /// Marks this sample as skipped: its slots hold a placeholder the training loop must mask
     /// (a bad image under `OnBadImage::Skip`, say). The batch counts its skipped samples
-    /// ([`Batch::skipped`](crate::Batch::skipped)), so reports count what was delivered, not
+    /// ([`BatchInfo::skipped`](crate::BatchInfo::skipped)), so reports count what was delivered, not
     /// what workers made ahead.
     pub fn mark_skipped(&mut self) {
         self.skipped = true;

@@ -131,8 +131,13 @@ fn numpy_dtype(name: &str) -> Option<DType> {
 }
 
 impl MdsEncoding {
-    /// Parses an MDS encoding name, as `streaming`'s `_get_coder` does.
-    pub fn parse(encoding: &str) -> Result<MdsEncoding, String> {
+    /// Parses an MDS encoding name, as `streaming`'s `_get_coder` does; an encoding it does not
+    /// know or cannot read in place fails with [`Error::Mismatch`].
+    pub fn parse(encoding: &str) -> Result<MdsEncoding> {
+        MdsEncoding::parse_text(encoding).map_err(Error::mismatch)
+    }
+
+    fn parse_text(encoding: &str) -> std::result::Result<MdsEncoding, String> {
         let (name, config) = match encoding.find(':') {
             Some(i) => (&encoding[..i], Some(&encoding[i + 1..])),
             None => (encoding, None),
@@ -215,7 +220,16 @@ pub struct NdArrayView<'a> {
 /// Decodes a value of a column encoded `ndarray` or `ndarray:DTYPE` (streaming's `NDArray`:
 /// `[dtype code: 1 byte, if not in the encoding] [ndim << 2 | shape dtype: 1 byte]
 /// [shape: ndim uints] [values]`).
-pub fn decode_ndarray<'a>(encoding: &str, bytes: &'a [u8]) -> Result<NdArrayView<'a>, String> {
+///
+/// Bytes that do not hold such a value fail with [`Error::Mismatch`].
+pub fn decode_ndarray<'a>(encoding: &str, bytes: &'a [u8]) -> Result<NdArrayView<'a>> {
+    ndarray_view(encoding, bytes).map_err(Error::mismatch)
+}
+
+fn ndarray_view<'a>(
+    encoding: &str,
+    bytes: &'a [u8],
+) -> std::result::Result<NdArrayView<'a>, String> {
     let fixed = match encoding.strip_prefix("ndarray") {
         Some("") => None,
         Some(rest) => match rest.strip_prefix(':') {
@@ -396,7 +410,7 @@ impl ShardedDataset<MdsShards> {
                 )));
             }
         }
-        let schema = Schema::new(fields).map_err(|e| bad(format!("columns: {e}")))?;
+        let schema = Schema::validated(fields).map_err(|e| bad(format!("columns: {e}")))?;
         let shards = infos
             .iter()
             .map(|i| (i.raw_data.basename.clone(), i.samples))
@@ -684,24 +698,24 @@ mod tests {
             dtype: d,
             shape: s.to_vec(),
         };
-        assert_eq!(MdsEncoding::parse("int"), Ok(t(DType::I64, &[])));
-        assert_eq!(MdsEncoding::parse("uint16"), Ok(t(DType::U16, &[])));
-        assert_eq!(MdsEncoding::parse("float16"), Ok(t(DType::F16, &[])));
+        assert_eq!(MdsEncoding::parse("int").unwrap(), t(DType::I64, &[]));
+        assert_eq!(MdsEncoding::parse("uint16").unwrap(), t(DType::U16, &[]));
+        assert_eq!(MdsEncoding::parse("float16").unwrap(), t(DType::F16, &[]));
         assert_eq!(
-            MdsEncoding::parse("ndarray:float32:3,4"),
-            Ok(t(DType::F32, &[3, 4]))
+            MdsEncoding::parse("ndarray:float32:3,4").unwrap(),
+            t(DType::F32, &[3, 4])
         );
         assert_eq!(
-            MdsEncoding::parse("ndarray:int8"),
-            Ok(MdsEncoding::Bytes(Codec::Raw))
+            MdsEncoding::parse("ndarray:int8").unwrap(),
+            MdsEncoding::Bytes(Codec::Raw)
         );
         assert_eq!(
-            MdsEncoding::parse("str"),
-            Ok(MdsEncoding::Bytes(Codec::Utf8))
+            MdsEncoding::parse("str").unwrap(),
+            MdsEncoding::Bytes(Codec::Utf8)
         );
         assert_eq!(
-            MdsEncoding::parse("jpeg"),
-            Ok(MdsEncoding::Bytes(Codec::Jpeg))
+            MdsEncoding::parse("jpeg").unwrap(),
+            MdsEncoding::Bytes(Codec::Jpeg)
         );
         assert!(MdsEncoding::parse("ndarray:complex64").is_err());
         assert!(MdsEncoding::parse("ndarray:uint8:0").is_err());

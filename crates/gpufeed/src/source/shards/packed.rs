@@ -92,7 +92,7 @@ impl PackedIndex {
                 index.version
             )));
         }
-        Schema::new(index.schema.clone()).map_err(|e| bad(format!("schema: {e}")))?;
+        Schema::validated(index.schema.clone()).map_err(|e| bad(format!("schema: {e}")))?;
         let mut total = 0u64;
         for s in &index.shards {
             check_shard_name(path, "packed shard index", &s.name)?;
@@ -150,7 +150,7 @@ impl ShardedDataset<Packed> {
         options: ShardOptions,
     ) -> Result<PackedShards> {
         let index = PackedIndex::parse(index_path, text)?;
-        let schema = Schema::new(index.schema).map_err(|e| Error::Malformed {
+        let schema = Schema::validated(index.schema).map_err(|e| Error::Malformed {
             path: index_path.to_path_buf(),
             format: "packed shard index",
             what: format!("schema: {e}"),
@@ -382,8 +382,7 @@ struct OpenWriter {
 /// use gpufeed::source::shards::packed::{PackedShards, ShardWriter};
 /// use gpufeed::Dataset;
 /// # let dir = tempfile::tempdir().map_err(gpufeed::Error::user)?;
-/// let schema = Schema::new(vec![Field::tensor("x", DType::U8, &[1000])])
-///     .map_err(gpufeed::Error::user)?;
+/// let schema = Schema::new(vec![Field::tensor("x", DType::U8, &[1000])])?;
 /// let mut w = ShardWriter::create(dir.path(), schema, 64 << 10)?;
 /// for i in 0..200u32 {
 ///     w.append(&[&[i as u8; 1000]])?;

@@ -676,7 +676,7 @@ impl ShardedDataset<TarShards> {
                 found
             }
         };
-        let schema = Schema::new(
+        let schema = Schema::validated(
             fields
                 .iter()
                 .map(|e| Field::bytes(e.clone(), codec_for_extension(e)))

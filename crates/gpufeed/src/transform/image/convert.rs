@@ -1,15 +1,17 @@
 //! The last step: RGB8 HWC pixels to the output's dtype and layout, with normalisation.
 //!
-//! A [`Converter`] is built once per transform: for float outputs it precomputes, per channel,
+//! A [`PixelWriter`] is built once per transform: for float outputs it precomputes, per channel,
 //! the 256 values `(v / 255 - mean) / std` (as f32, and as f16 or bf16 bits), so converting a
 //! pixel is a table lookup. u8 outputs are the pixels as they are (HWC) or transposed (CHW).
 
 use crate::format::DType;
 
-/// Where the channel axis goes in an image output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// Where the channel axis of an image goes: in an [`ImageTransform`](super::ImageTransform)'s
+/// output, and in the u8 input of a conversion on the GPU (`cuda::Convert`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Layout {
-    /// Height, width, channels (what decoders produce; PIL and NumPy's order).
+    /// Height, width, channels (what decoders produce; PIL and NumPy's order; `.npy` image
+    /// arrays usually hold it).
     Hwc,
     /// Channels, height, width (PyTorch's order; `ToTensor`).
     #[default]
@@ -36,17 +38,17 @@ impl Normalize {
 
 /// Writes RGB8 HWC pixels into an output slot of one dtype and layout.
 #[derive(Clone)]
-pub(crate) struct Converter {
+pub(crate) struct PixelWriter {
     dtype: DType,
     layout: Layout,
     f32_lut: Box<[[f32; 256]; 3]>,
     half_lut: Box<[[u16; 256]; 3]>,
 }
 
-impl Converter {
+impl PixelWriter {
     /// A converter to `dtype` (u8, f16, bf16 or f32) in `layout`; float outputs are `v / 255`,
     /// then normalised if `norm` is given.
-    pub fn new(dtype: DType, layout: Layout, norm: Option<Normalize>) -> Converter {
+    pub fn new(dtype: DType, layout: Layout, norm: Option<Normalize>) -> PixelWriter {
         let mut f32_lut = Box::new([[0f32; 256]; 3]);
         let mut half_lut = Box::new([[0u16; 256]; 3]);
         let (mean, std) = norm.map_or(([0.0; 3], [1.0; 3]), |n| (n.mean, n.std));
@@ -60,7 +62,7 @@ impl Converter {
                 };
             }
         }
-        Converter {
+        PixelWriter {
             dtype,
             layout,
             f32_lut,
@@ -212,7 +214,7 @@ mod tests {
 
     #[test]
     fn u8_chw_transposes() {
-        let c = Converter::new(DType::U8, Layout::Chw, None);
+        let c = PixelWriter::new(DType::U8, Layout::Chw, None);
         let mut src = [1, 2, 3, 4, 5, 6];
         let mut dst = [0u8; 6];
         c.convert(&mut src, 2, 1, false, &mut dst);
@@ -225,7 +227,7 @@ mod tests {
             mean: [0.5, 0.0, 1.0],
             std: [0.5, 1.0, 2.0],
         };
-        let c = Converter::new(DType::F32, Layout::Chw, Some(n));
+        let c = PixelWriter::new(DType::F32, Layout::Chw, Some(n));
         let mut src = [255, 0, 51];
         let mut dst = [0u8; 12];
         c.convert(&mut src, 1, 1, false, &mut dst);
@@ -241,7 +243,7 @@ mod tests {
     #[test]
     fn half_types_round_trip_within_their_precision() {
         for dtype in [DType::F16, DType::BF16] {
-            let c = Converter::new(dtype, Layout::Hwc, None);
+            let c = PixelWriter::new(dtype, Layout::Hwc, None);
             let mut src = [0, 128, 255];
             let mut dst = [0u8; 6];
             c.convert(&mut src, 1, 1, false, &mut dst);
@@ -271,7 +273,7 @@ mod tests {
             crate::transform::image::crop::flip_horizontal(&mut mirrored, w, 3);
             for dtype in [DType::U8, DType::F16, DType::BF16, DType::F32] {
                 for layout in [Layout::Hwc, Layout::Chw] {
-                    let c = Converter::new(dtype, layout, Some(Normalize::IMAGENET));
+                    let c = PixelWriter::new(dtype, layout, Some(Normalize::IMAGENET));
                     let bytes = w * h * 3 * dtype.size();
                     let (mut got, mut want) = (vec![0u8; bytes], vec![0u8; bytes]);
                     c.convert(&mut src.clone(), w, h, true, &mut got);
@@ -287,7 +289,7 @@ mod tests {
         for n in [0usize, 1, 15, 16, 17, 48, 100] {
             let src: Vec<u8> = (0..n * 3).map(|i| (i * 7 % 256) as u8).collect();
             let mut dst = vec![0u8; n * 3];
-            Converter::new(DType::U8, Layout::Chw, None).convert(
+            PixelWriter::new(DType::U8, Layout::Chw, None).convert(
                 &mut src.clone(),
                 n,
                 1,

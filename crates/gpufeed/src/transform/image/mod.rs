@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex};
 
 use fast_image_resize as fir;
 
-use convert::Converter;
+use convert::PixelWriter;
 pub use convert::{Layout, Normalize};
 pub use crop::{CropBox, Region};
 pub use decode::{DecodeLimits, Decoded, ImageKind};
@@ -68,6 +68,44 @@ pub enum Geometry {
     },
 }
 
+/// The resampling filter of the resize (see [`ImageTransformBuilder::filter`]): a convolution
+/// whose support grows with the scale factor when downscaling (antialiased, as PIL and
+/// torchvision's `antialias=True` do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ResizeFilter {
+    /// Each source pixel contributes with the same weight (area averaging when downscaling).
+    Box,
+    /// Linear interpolation (torchvision's default interpolation).
+    #[default]
+    Bilinear,
+    /// Hamming: as fast as bilinear, sharper when downscaling.
+    Hamming,
+    /// Catmull-Rom bicubic.
+    CatmullRom,
+    /// Mitchell-Netravali bicubic.
+    Mitchell,
+    /// Gaussian, with a standard deviation of 0.5.
+    Gaussian,
+    /// Lanczos with three lobes (PIL's `LANCZOS`).
+    Lanczos3,
+}
+
+impl ResizeFilter {
+    /// The resizer's filter.
+    fn filter_type(self) -> fir::FilterType {
+        match self {
+            ResizeFilter::Box => fir::FilterType::Box,
+            ResizeFilter::Bilinear => fir::FilterType::Bilinear,
+            ResizeFilter::Hamming => fir::FilterType::Hamming,
+            ResizeFilter::CatmullRom => fir::FilterType::CatmullRom,
+            ResizeFilter::Mitchell => fir::FilterType::Mitchell,
+            ResizeFilter::Gaussian => fir::FilterType::Gaussian,
+            ResizeFilter::Lanczos3 => fir::FilterType::Lanczos3,
+        }
+    }
+}
+
 /// What to do with an image that cannot be decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OnBadImage {
@@ -94,7 +132,7 @@ impl ImageStats {
     }
 
     /// Bad images skipped (with [`OnBadImage::Skip`]) in every batch made, those made ahead
-    /// of the consumer and never delivered included; [`Batch::skipped`](crate::Batch::skipped)
+    /// of the consumer and never delivered included; [`BatchInfo::skipped`](crate::BatchInfo::skipped)
     /// counts a delivered batch's.
     pub fn skipped(&self) -> u64 {
         self.skipped.load(Ordering::Relaxed)
@@ -117,7 +155,7 @@ pub struct ImageTransformBuilder {
     on_bad: OnBadImage,
     image_field: String,
     label_field: Option<String>,
-    filter: fir::FilterType,
+    filter: ResizeFilter,
     limits: DecodeLimits,
 }
 
@@ -198,7 +236,7 @@ impl ImageTransformBuilder {
     }
 
     /// The resampling filter (default bilinear, as torchvision's default interpolation).
-    pub fn filter(mut self, filter: fir::FilterType) -> Self {
+    pub fn filter(mut self, filter: ResizeFilter) -> Self {
         self.filter = filter;
         self
     }
@@ -279,7 +317,7 @@ impl ImageTransformBuilder {
             ));
         }
         Ok(ImageTransform {
-            converter: Converter::new(self.dtype, self.layout, self.normalize),
+            converter: PixelWriter::new(self.dtype, self.layout, self.normalize),
             stats: Arc::new(ImageStats::default()),
             cfg: self,
         })
@@ -325,7 +363,7 @@ impl ImageTransformBuilder {
 /// ```
 pub struct ImageTransform {
     cfg: ImageTransformBuilder,
-    converter: Converter,
+    converter: PixelWriter,
     stats: Arc<ImageStats>,
 }
 
@@ -390,7 +428,7 @@ impl ImageTransform {
             on_bad: OnBadImage::Fail,
             image_field: "image".into(),
             label_field: Some("label".into()),
-            filter: fir::FilterType::Bilinear,
+            filter: ResizeFilter::Bilinear,
             limits: DecodeLimits::default(),
         }
     }
@@ -482,7 +520,7 @@ impl ImageTransform {
         .map_err(|e| decode::image_error(name, format!("resize: {e}")))?;
         let options = fir::ResizeOptions::new()
             .crop(region.left, region.top, region.width, region.height)
-            .resize_alg(fir::ResizeAlg::Convolution(self.cfg.filter));
+            .resize_alg(fir::ResizeAlg::Convolution(self.cfg.filter.filter_type()));
         let pixels = out_h as usize * out_w as usize;
         let resize_err = |e: fir::ResizeError| decode::image_error(name, format!("resize: {e}"));
         if self.converter.is_identity() {
