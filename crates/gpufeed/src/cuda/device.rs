@@ -20,9 +20,25 @@ const PTX: &str = concat!(include_str!("kernels.ptx"), "\0");
 /// True when the CUDA driver library (`libcuda`) can be loaded on this machine. Checked once.
 pub fn driver_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: `is_culib_present` only tries to dlopen the driver library by its usual names
-    // and drops the handle; it calls no driver function.
-    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+    // Our own look rather than cudarc's `is_culib_present`, which exists only when cudarc loads
+    // the driver itself: in a build where another crate (candle) makes cudarc link it instead,
+    // the library is already in the process and this finds it.
+    *PRESENT.get_or_init(|| {
+        [c"libcuda.so.1", c"libcuda.so"].iter().any(|name| {
+            // SAFETY: `name` is a NUL-terminated string; dlopen only maps the library (the
+            // driver's initialisers run no driver call), and a handle it returns is closed
+            // at once: the library stays loaded only if the process already held it.
+            unsafe {
+                let handle = libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+                if handle.is_null() {
+                    false
+                } else {
+                    libc::dlclose(handle);
+                    true
+                }
+            }
+        })
+    })
 }
 
 /// One GPU: a context (the device's primary context), a copy stream, and the embedded kernels.
