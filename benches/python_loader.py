@@ -463,7 +463,8 @@ def case_name(args):
 
 def bench_steady(args, report):
     if args.images:
-        return report.get("steady_images_per_sec") or report["images_per_sec"]
+        # `gpufeed bench --json` has one set of keys for raw and image runs: samples are images.
+        return report.get("steady_samples_per_sec") or report["samples_per_sec"]
     return report.get("steady_bytes_per_sec") or report["bytes_per_sec"]
 
 
