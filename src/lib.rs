@@ -37,7 +37,7 @@ pub mod transform;
 #[cfg(doctest)]
 mod readme;
 
-pub use error::{Error, Result};
+pub use error::{Error, RemoteErrorKind, Result};
 pub use format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
 pub use loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats, NextBatch};
 pub use memory::{HostBuffer, HostPool, PoolStats};
