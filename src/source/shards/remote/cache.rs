@@ -154,8 +154,10 @@ impl DiskCache {
 
     /// Makes room for `need` more bytes: removes whole shards, least recently used first,
     /// until the cache's shards (whole and arriving) plus `need` fit within the limit, and
-    /// removes temporary files that no fetch holds. Returns the number of shards removed, or
-    /// why the shard cannot fit.
+    /// removes temporary files that no fetch holds. `keep` is the shard the caller is about
+    /// to fetch, holding its lock and before making its temporary file: it is not removed,
+    /// and temporaries of it already there are abandoned. Returns the number of shards
+    /// removed, or why the shard cannot fit.
     pub fn make_room(&self, need: u64, keep: &Path) -> std::result::Result<u64, String> {
         if need > self.limit {
             return Err(format!(
@@ -174,7 +176,9 @@ impl DiskCache {
             if let Some(at) = name.find(PART_MARKER) {
                 // A temporary file: arriving, or left by a process that died.
                 let shard = path.with_file_name(&name[..at]);
-                if self.is_abandoned(&shard) {
+                // The caller holds `keep`'s lock and has made no temporary yet: any there is
+                // abandoned.
+                if shard == keep || self.is_abandoned(&shard) {
                     let _ = std::fs::remove_file(path);
                 } else {
                     used += meta.len();
@@ -275,10 +279,20 @@ mod tests {
             "held by another descriptor"
         );
         let (_f, tmp) = c.temporary(&shard).unwrap();
-        c.make_room(1, &shard).unwrap();
+        let other = c.path_for("other", "v");
+        c.make_room(1, &other).unwrap();
         assert!(tmp.exists(), "its fetch holds the lock");
         drop(held);
-        c.make_room(1, &shard).unwrap();
+        c.make_room(1, &other).unwrap();
         assert!(!tmp.exists(), "abandoned: removed");
+        // A temporary of the shard about to be fetched (whose lock the caller holds) is an
+        // earlier, dead fetch's.
+        let _held = c.try_lock(&shard).unwrap().expect("free");
+        let (_f, tmp) = c.temporary(&shard).unwrap();
+        c.make_room(1, &shard).unwrap();
+        assert!(
+            !tmp.exists(),
+            "a dead fetch's temporary of the shard being fetched"
+        );
     }
 }
