@@ -9,6 +9,7 @@ mod images;
 mod inspect;
 mod messages;
 mod pack;
+mod shards;
 
 use std::io::Write;
 
@@ -29,7 +30,9 @@ enum Command {
     /// Write a packed record file from .npy arrays, raw fixed-size records or an ImageFolder
     /// directory (--from npy|raw|imagefolder).
     Pack(pack::Args),
-    /// Print the header, schema, record count and sizes of a packed file or a .npy file.
+    /// Print the header, schema, record count and sizes of a packed file or a .npy file, or
+    /// the format, shards, samples and fields of a sharded data set (a directory, a pattern
+    /// or an s3:// URL).
     Inspect(inspect::Args),
     /// Measure the loader end to end (on an embedded default data set unless one is named),
     /// or the image pipeline (--images DIR|PACKED).

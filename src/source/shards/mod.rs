@@ -364,6 +364,9 @@ pub trait ShardedSource: Dataset {
     fn store_stats(&self) -> Option<StoreStats> {
         None
     }
+
+    /// The shard format's name (`packed`, `webdataset tar`, `MDS`).
+    fn format_name(&self) -> &'static str;
 }
 
 impl<F: ShardFormat> ShardedSource for ShardedDataset<F> {
@@ -384,6 +387,9 @@ impl<F: ShardFormat> ShardedSource for ShardedDataset<F> {
     }
     fn store_stats(&self) -> Option<StoreStats> {
         self.store.stats()
+    }
+    fn format_name(&self) -> &'static str {
+        self.format.name()
     }
 }
 
