@@ -220,6 +220,29 @@ fn faults_on_10_percent_of_requests_lose_and_repeat_nothing_and_every_retry_is_c
 }
 
 #[test]
+fn requests_that_hang_time_out_and_are_retried() {
+    let Some(server) = moto(false) else { return };
+    let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_packed(data.path(), 200, 200 << 10);
+    create_bucket(server.port, "hangs");
+    put_dir(server.port, "hangs", "p", data.path());
+    let proxy = FaultProxy::stalling(server.port, 8, Duration::from_secs(3));
+    let o = RemoteOptions {
+        request_timeout: Duration::from_secs(1),
+        ..options(cache.path(), &proxy.endpoint())
+    };
+    let d = open_url_with("s3://hangs/p", &WebDatasetOptions::default(), o).unwrap();
+    let d: Arc<dyn ShardedSource> = Arc::from(d);
+    read_epoch(Arc::clone(&d), 200);
+    let s = d.store_stats().unwrap();
+    let stalled = proxy.counts.stalled.load(Ordering::Relaxed);
+    assert!(stalled > 0, "no request hung");
+    // Each hung request timed out and was sent again (a slow answer on a loaded machine may
+    // time out too: at least as many).
+    assert!(s.retries >= stalled, "{s}: {stalled} hung");
+}
+
+#[test]
 fn a_bucket_that_does_not_exist_is_an_error_naming_it() {
     let Some(server) = moto(false) else { return };
     let cache = tempfile::tempdir().unwrap();

@@ -196,6 +196,8 @@ pub struct ProxyCounts {
     pub failed: AtomicU64,
     /// Answers cut mid-body.
     pub cut: AtomicU64,
+    /// Requests held without an answer past the client's time-out (with `stall`).
+    pub stalled: AtomicU64,
 }
 
 /// A proxy on 127.0.0.1 in front of the server on `upstream`, one request per connection,
@@ -226,6 +228,21 @@ impl FaultProxy {
 
     /// As [`FaultProxy::start`], each answer held back `delay` first (a slow server).
     pub fn start_with(upstream: u16, every: u64, delay: Duration) -> FaultProxy {
+        FaultProxy::start_full(upstream, every, delay, None)
+    }
+
+    /// A proxy whose faulty requests (one in `every`) get no answer for `stall`, then a cut
+    /// connection: a server that hangs.
+    pub fn stalling(upstream: u16, every: u64, stall: Duration) -> FaultProxy {
+        FaultProxy::start_full(upstream, every, Duration::ZERO, Some(stall))
+    }
+
+    fn start_full(
+        upstream: u16,
+        every: u64,
+        delay: Duration,
+        stall: Option<Duration>,
+    ) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let counts = Arc::new(ProxyCounts::default());
@@ -239,7 +256,7 @@ impl FaultProxy {
                 let Ok(conn) = conn else { continue };
                 let c = Arc::clone(&c);
                 std::thread::spawn(move || {
-                    let _ = serve(conn, upstream, every, delay, &c);
+                    let _ = serve(conn, upstream, every, delay, stall, &c);
                 });
             }
         });
@@ -287,6 +304,7 @@ fn serve(
     upstream: u16,
     every: u64,
     delay: Duration,
+    stall: Option<Duration>,
     counts: &ProxyCounts,
 ) -> std::io::Result<()> {
     let mut client_r = BufReader::new(conn.try_clone()?);
@@ -303,6 +321,12 @@ fn serve(
         let h = n.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17);
         let fault = every > 0 && h % every == 0;
         let is_head = head[0].starts_with("HEAD ");
+        if fault && let Some(stall) = stall {
+            counts.stalled.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(stall);
+            let _ = client_w.shutdown(Shutdown::Both);
+            return Ok(());
+        }
         if fault && (is_head || (h / every) % 2 == 0) {
             counts.failed.fetch_add(1, Ordering::Relaxed);
             let xml = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code><Message>injected</Message></Error>";

@@ -64,7 +64,9 @@ fn backoff(inner: &Inner, attempt: u32) -> Duration {
     let base =
         inner.options.backoff.as_secs_f64() * 2f64.powi(attempt.saturating_sub(1).min(30) as i32);
     let capped = base.min(inner.options.max_backoff.as_secs_f64());
-    let nanos = Instant::now().elapsed().as_nanos() as u64
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()))
         ^ u64::from(attempt).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let jitter =
         1.0 - 0.25 * ((xxhash_rust::xxh3::xxh3_64(&nanos.to_le_bytes()) % 1000) as f64 / 1000.0);

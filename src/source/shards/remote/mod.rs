@@ -103,7 +103,7 @@ impl Default for RemoteOptions {
             parallel_parts: 4,
             max_requests: 16,
             prefetch_shards: 4,
-            read_ahead_batches: 16,
+            read_ahead_batches: 64,
             retries: 8,
             backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(5),
@@ -635,14 +635,26 @@ impl Inner {
 
     fn open_bytes(self: &Arc<Self>, name: &str) -> Result<ShardBytes> {
         let url = self.url_of(name);
-        match self.entry(name, true)? {
-            Entry::Whole(path) => {
-                let mapped = ShardBytes::map_file(&path)?;
-                let all = mapped.share(0..mapped.len())?;
-                Ok(ShardBytes::new(url, all))
+        let mut tries = 0;
+        loop {
+            match self.entry(name, true)? {
+                Entry::Whole(path) => match ShardBytes::map_file(&path) {
+                    Ok(mapped) => {
+                        let all = mapped.share(0..mapped.len())?;
+                        return Ok(ShardBytes::new(url, all));
+                    }
+                    // Removed (another process made room) between the look and the map:
+                    // look again, which fetches it anew.
+                    Err(Error::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound && tries < 3 =>
+                    {
+                        tries += 1;
+                    }
+                    Err(e) => return Err(e),
+                },
+                Entry::Arriving(d) => return Ok(ShardBytes::arriving(url, d.bytes(), d)),
+                Entry::Elsewhere => return unreachable_elsewhere(&url),
             }
-            Entry::Arriving(d) => Ok(ShardBytes::arriving(url, d.bytes(), d)),
-            Entry::Elsewhere => unreachable_elsewhere(&url),
         }
     }
 
