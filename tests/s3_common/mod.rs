@@ -319,7 +319,7 @@ fn serve(
         let n = counts.requests.fetch_add(1, Ordering::Relaxed);
         // Which requests fail: a mix of the number, so the faults spread over every kind.
         let h = n.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17);
-        let fault = every > 0 && h % every == 0;
+        let fault = every > 0 && h.is_multiple_of(every);
         let is_head = head[0].starts_with("HEAD ");
         if fault && let Some(stall) = stall {
             counts.stalled.fetch_add(1, Ordering::Relaxed);
@@ -327,7 +327,7 @@ fn serve(
             let _ = client_w.shutdown(Shutdown::Both);
             return Ok(());
         }
-        if fault && (is_head || (h / every) % 2 == 0) {
+        if fault && (is_head || (h / every).is_multiple_of(2)) {
             counts.failed.fetch_add(1, Ordering::Relaxed);
             let xml = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code><Message>injected</Message></Error>";
             write!(

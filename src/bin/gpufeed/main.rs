@@ -36,7 +36,7 @@ enum Command {
     Inspect(inspect::Args),
     /// Measure the loader end to end (on an embedded default data set unless one is named),
     /// or the image pipeline (--images DIR|PACKED).
-    Bench(bench::Args),
+    Bench(Box<bench::Args>),
 }
 
 /// Writes `text` and a newline to standard output. A closed pipe (`gpufeed ... | head -1`)
@@ -66,7 +66,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Pack(args) => pack::run(args),
         Command::Inspect(args) => inspect::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -175,10 +175,11 @@ struct Written {
     shards: usize,
 }
 
-/// One packed file, or a directory of packed shards.
+/// One packed file, or a directory of packed shards (both boxed: writers of some hundred
+/// bytes, made once per command).
 enum PackWriter {
-    File(RecordWriter),
-    Shards(ShardWriter),
+    File(Box<RecordWriter>),
+    Shards(Box<ShardWriter>),
 }
 
 impl PackWriter {
@@ -440,15 +441,15 @@ impl Output<'_> {
     /// The writer: one that replaces nothing unless `--force` was given.
     fn writer(&self, schema: Schema) -> Result<PackWriter> {
         if let Some(bytes) = self.shard_bytes {
-            return Ok(PackWriter::Shards(ShardWriter::create(
+            return Ok(PackWriter::Shards(Box::new(ShardWriter::create(
                 self.path, schema, bytes,
-            )?));
+            )?)));
         }
-        Ok(PackWriter::File(if self.replace {
+        Ok(PackWriter::File(Box::new(if self.replace {
             RecordWriter::create(self.path, schema)
         } else {
             RecordWriter::create_new(self.path, schema)
-        }?))
+        }?)))
     }
 }
 

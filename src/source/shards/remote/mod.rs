@@ -534,10 +534,10 @@ impl Inner {
     /// Where shard `name` is, starting its fetch if it is nowhere. `demand`: a reader needs it
     /// now (it waits for another process's fetch, and counts a cache hit); else a prefetch.
     fn entry(self: &Arc<Self>, name: &str, demand: bool) -> Result<Entry> {
-        if let Some(d) = lock(&self.inflight).get(name) {
-            if !d.failed() {
-                return Ok(Entry::Arriving(Arc::clone(d)));
-            }
+        if let Some(d) = lock(&self.inflight).get(name)
+            && !d.failed()
+        {
+            return Ok(Entry::Arriving(Arc::clone(d)));
         }
         let (bytes, version) = self.version(name)?;
         let path = self.cache.path_for(name, &version);
