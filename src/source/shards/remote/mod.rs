@@ -16,7 +16,7 @@
 //!   backoff that doubles from `backoff` up to `max_backoff`, at most `retries` times; each
 //!   retry is counted ([`StoreStats::retries`]). A missing object, a missing bucket and refused
 //!   credentials are not retried: they are [`Error::Remote`] with their
-//!   [`RemoteErrorKind`](crate::RemoteErrorKind), naming the shard's URL.
+//!   [`RemoteErrorKind`], naming the shard's URL.
 //! - **Checksums**: where the index has one (a packed index's `xxh3_64`, an MDS index's
 //!   `xxh3_64` or `xxh64`), the whole shard is hashed once it has arrived, before it enters the
 //!   cache; a mismatch fails the shard ([`RemoteErrorKind::Checksum`](crate::RemoteErrorKind))
@@ -52,7 +52,9 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use super::mds::MdsDataset;
 use super::packed::{PACKED_INDEX_FORMAT, PackedShards};
 use super::webdataset::{WebDataset, WebDatasetOptions};
-use super::{ShardBytes, ShardStat, ShardStore, ShardedSource, StoreStats, default_cache_dir};
+use super::{
+    ShardBytes, ShardOptions, ShardStat, ShardStore, ShardedSource, StoreStats, default_cache_dir,
+};
 use crate::error::{Error, RemoteErrorKind, Result};
 use cache::DiskCache;
 use download::Download;
@@ -775,6 +777,26 @@ impl ShardStore for RemoteStore {
     }
 }
 
+/// `shards` with at most as many shards open as the store's cache holds of the largest shard
+/// its index names (at least one). An open shard is a mapping of its cache file: it keeps the
+/// file's pages resident and, once the cache has evicted the file, its disk space taken, until
+/// it is dropped; so without this bound an epoch over a data set larger than the cache would
+/// keep up to `max_open_shards` shards resident and on disk whatever the cache limit. (Tar
+/// shards, whose sizes no index gives, keep `max_open_shards`.)
+fn mapped_within_cache(store: &RemoteStore, shards: &ShardOptions) -> ShardOptions {
+    let largest = lock(&store.inner.expected)
+        .values()
+        .map(|e| e.bytes)
+        .max()
+        .unwrap_or(0);
+    let mut shards = shards.clone();
+    if let Some(fit) = store.options().cache_limit.checked_div(largest) {
+        let fit = usize::try_from(fit).unwrap_or(usize::MAX).max(1);
+        shards.max_open_shards = shards.max_open_shards.min(fit);
+    }
+    shards
+}
+
 /// Opens the sharded dataset under `url`, with the cache settings of
 /// [`RemoteOptions::from_env`]: see [`open_url_with`].
 pub fn open_url(url: &str, options: &WebDatasetOptions) -> Result<Box<dyn ShardedSource>> {
@@ -824,11 +846,12 @@ pub fn open_url_with(
                         },
                     );
                 }
+                let shards = mapped_within_cache(&store, &options.shards);
                 return Ok(Box::new(PackedShards::from_index(
                     Arc::new(store),
                     &index_url,
                     &text,
-                    options.shards.clone(),
+                    shards,
                 )?));
             }
             if value.get("shards").is_some() {
@@ -861,11 +884,12 @@ pub fn open_url_with(
                         );
                     }
                 }
+                let shards = mapped_within_cache(&store, &options.shards);
                 return Ok(Box::new(MdsDataset::from_index(
                     Arc::new(store),
                     &index_url,
                     &text,
-                    options.shards.clone(),
+                    shards,
                 )?));
             }
             Err(Error::Malformed {
