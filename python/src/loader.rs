@@ -309,7 +309,9 @@ fn open_dataset(s: &Settings) -> Result<Arc<dyn Dataset>, BuildError> {
             "path_or_paths",
             "no file given".into(),
         )),
-        [dir] if dir.is_dir() => {
+        // A directory of shards (an index.json, or .tar files) and a URL (s3://...) go to
+        // the library's open, as files do; other directories are image folders.
+        [dir] if dir.is_dir() && !source::shards::is_shard_dir(dir) => {
             if s.images.is_none() {
                 return Err(BuildError::Argument(
                     "images",

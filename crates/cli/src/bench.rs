@@ -7,6 +7,11 @@
 //! multi-threaded memcpy gather of the same records in the same order runs after it (unless
 //! `--no-baseline`) and the report says how the loader compares with it.
 //!
+//! A sharded data set (a directory of shards, a `.tar` pattern, an `s3://` URL: see
+//! `shards.rs`) is read in the two-level shuffle's order (`--shuffle-window` shards,
+//! `--shuffle-block` samples), is not warmed (it streams), and its store's counts (bytes
+//! fetched, requests, retries, cache hits, time waited) are part of the report.
+//!
 //! Every setting is checked before anything is written or started: flags that do not apply to
 //! the run are refused, and `--batch-size`, `--prefetch` and `--workers` are checked against
 //! the machine (`checks.rs`). Raw and image runs print one report, with the same JSON keys.
@@ -35,8 +40,9 @@ const DEFAULT_RECORD_BYTES: u64 = 150_528;
 /// Arguments of `gpufeed bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A packed record file or a .npy array; without it, an embedded default is generated.
-    /// (For an ImageFolder directory or a packed file of images: --images.)
+    /// A packed record file or a .npy array, or a sharded data set (a directory of shards, a
+    /// `.tar` file or brace pattern, an s3:// URL); without it, an embedded default is
+    /// generated. (For an ImageFolder directory or a packed file of images: --images.)
     pub dataset: Option<PathBuf>,
     /// A .npy array of one label per sample of DATASET (the same number of rows), read beside
     /// it as its field `label` (a .npy DATASET's own field is `data`): no packing needed.
@@ -125,6 +131,16 @@ pub struct Args {
     /// whose bytes changed is an error, never data); measures what verification costs.
     #[arg(long)]
     pub verify: bool,
+    /// Shards whose samples are shuffled together (a sharded data set's two-level shuffle)
+    /// [default: 8].
+    #[arg(long, value_name = "SHARDS")]
+    pub shuffle_window: Option<u64>,
+    /// Consecutive samples read as one run in the two-level shuffle [default: 64].
+    #[arg(long, value_name = "SAMPLES")]
+    pub shuffle_block: Option<u64>,
+    /// The cache of shards downloaded from a URL.
+    #[command(flatten)]
+    pub cache: crate::shards::CacheFlags,
 }
 
 /// What `gpufeed bench --json` prints: the same keys for every kind of run (`null` where a
@@ -207,6 +223,12 @@ pub struct Report {
     /// Where each epoch's time went (with `--device`): worker time per stage, pool
     /// allocations, the copy stage, the consumer's wait.
     pub epoch_details: Vec<EpochDetail>,
+    /// Shards of a sharded data set.
+    pub shards: Option<usize>,
+    /// The two-level shuffle's window (shards) and block (samples), for a sharded data set.
+    pub shuffle_blocks: Option<(u64, u64)>,
+    /// What the store of a data set read from a URL fetched, retried and cached.
+    pub store: Option<crate::shards::StoreReport>,
 }
 
 /// One epoch of a device run, as differences of the loader's counters over the epoch.
@@ -492,9 +514,47 @@ pub fn run(args: Args) -> Result<()> {
         args.records.unwrap_or(DEFAULT_RECORDS),
         args.record_bytes.unwrap_or(DEFAULT_RECORD_BYTES),
     );
+    let sharded = match &args.dataset {
+        Some(path) if crate::shards::is_input(path) => {
+            Some(crate::shards::open(path, &args.cache)?)
+        }
+        _ => {
+            if args.cache.cache_dir.is_some() || args.cache.cache_limit.is_some() {
+                return Err(refuse(
+                    "--cache-dir",
+                    "applies to data sets read from a URL",
+                ));
+            }
+            None
+        }
+    };
+    if sharded.is_some() && args.labels.is_some() {
+        return Err(refuse(
+            "--labels",
+            "applies to a packed file or a .npy array, not to a sharded data set",
+        ));
+    }
+    if sharded.is_some() && args.verify {
+        return Err(refuse(
+            "--verify",
+            "applies to packed record files; a sharded data set checks its shards against \
+             their index as they arrive",
+        ));
+    }
+    if sharded.is_none() && (args.shuffle_window.is_some() || args.shuffle_block.is_some()) {
+        return Err(refuse(
+            "--shuffle-window",
+            "--shuffle-window and --shuffle-block apply to sharded data sets",
+        ));
+    }
+    let blocks = (
+        args.shuffle_window.unwrap_or(8),
+        args.shuffle_block.unwrap_or(64),
+    );
     // Check the sizes before writing or starting anything.
-    let sample = match &args.dataset {
-        Some(path) => {
+    let sample = match (&args.dataset, &sharded) {
+        (Some(path), Some(d)) => sample_bytes(path, d.schema(), &copy_fields(&args))?,
+        (Some(path), None) => {
             if path.is_dir() {
                 return Err(Error::user(format!(
                     "{}: is a directory; for an ImageFolder of JPEG/PNG images run \
@@ -510,7 +570,7 @@ pub fn run(args: Args) -> Result<()> {
             let dataset = open_dataset(path, args.labels.as_deref(), Default::default())?;
             sample_bytes(path, dataset.schema(), &copy_fields(&args))?
         }
-        None => record_bytes + 4,
+        (None, _) => record_bytes + 4,
     };
     let prefetch = LoaderSizes {
         batch_size: args.batch_size,
@@ -536,16 +596,20 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         0.0
     };
-    warm_page_cache(&path)?;
-    if let Some(labels) = &args.labels {
-        warm_page_cache(labels)?;
-    }
-    let options = gpufeed::format::ReadOptions {
-        verify_checksums: args.verify,
-        ..Default::default()
+    let dataset: Arc<dyn Dataset> = match &sharded {
+        Some(d) => Arc::clone(d) as Arc<dyn Dataset>,
+        None => {
+            warm_page_cache(&path)?;
+            if let Some(labels) = &args.labels {
+                warm_page_cache(labels)?;
+            }
+            let options = gpufeed::format::ReadOptions {
+                verify_checksums: args.verify,
+                ..Default::default()
+            };
+            Arc::from(open_dataset(&path, args.labels.as_deref(), options)?)
+        }
     };
-    let dataset: Arc<dyn Dataset> =
-        Arc::from(open_dataset(&path, args.labels.as_deref(), options)?);
     let mut builder = Loader::builder_shared(Arc::clone(&dataset))
         .transform(copy_fields(&args))
         .batch_size(args.batch_size)
@@ -563,6 +627,9 @@ pub fn run(args: Args) -> Result<()> {
     };
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
+        if sharded.is_some() {
+            builder = builder.shuffle_blocks(blocks.0, blocks.1);
+        }
     }
 
     #[cfg(feature = "cuda")]
@@ -614,7 +681,14 @@ pub fn run(args: Args) -> Result<()> {
     }
     report.steady_bytes_per_sec = gpufeed::loader::steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
-    if !args.no_baseline {
+    if let Some(d) = &sharded {
+        report.shards = Some(d.shard_names().len());
+        report.shuffle_blocks = (!args.no_shuffle).then_some(blocks);
+        report.store = d.store_stats().map(crate::shards::StoreReport::from);
+    }
+    // From a URL, the gather would read the local cache the run filled: no comparison.
+    let from_url = sharded.as_ref().is_some_and(|d| d.store_stats().is_some());
+    if !args.no_baseline && !from_url {
         let mut buffers = vec![Vec::new(); workers];
         let b = gpufeed_bench::gather_baseline(
             dataset.as_ref(),
@@ -945,6 +1019,19 @@ fn print_report_with(
     }
     if let Some(skipped) = report.skipped {
         text.push_str(&format!("bad images skipped: {skipped}\n"));
+    }
+    if let Some(shards) = report.shards {
+        text.push_str(&format!(
+            "shards: {shards}{}\n",
+            report
+                .shuffle_blocks
+                .map_or(String::new(), |(w, b)| format!(
+                    ", two-level shuffle: windows of {w} shards, blocks of {b} samples"
+                ))
+        ));
+    }
+    if let Some(store) = &report.store {
+        text.push_str(&format!("store: {}\n", store.summary));
     }
     text.push_str(&format!(
         "consumer: waited for data {:.1}% of its time{}\n",

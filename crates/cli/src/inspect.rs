@@ -17,7 +17,9 @@ use serde_json::{Value, json};
 /// Arguments of `gpufeed inspect`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A packed record file or a `.npy` array.
+    /// A packed record file, a `.npy` array, or a sharded data set: a directory of shards
+    /// (packed or MDS, with their `index.json`, or `.tar` files), a `.tar` file or a brace
+    /// pattern of them, or a URL of one (`s3://bucket/prefix`).
     file: PathBuf,
     /// Check every record (offsets, schema, checksum); fail on the first fault.
     #[arg(long)]
@@ -45,6 +47,9 @@ struct Sizes {
 /// Runs `gpufeed inspect`.
 pub fn run(args: Args) -> Result<()> {
     let path = args.file.as_path();
+    if crate::shards::is_input(path) {
+        return crate::shards::inspect(path, args.verify, args.json);
+    }
     // A FIFO or a device would block or never end: only regular files are inspected.
     crate::pack::check_inputs(&[path], "inspect reads packed files and .npy arrays")?;
     let report = if is_npy(path)? {
@@ -101,7 +106,8 @@ fn io(path: &Path, op: &'static str, source: std::io::Error) -> Error {
     }
 }
 
-fn fields_json(schema: &Schema) -> Value {
+/// The fields of a schema, as `--json` prints them.
+pub fn fields_json(schema: &Schema) -> Value {
     let fields: Vec<Value> = schema
         .fields()
         .iter()
@@ -124,7 +130,8 @@ fn fields_json(schema: &Schema) -> Value {
     Value::Array(fields)
 }
 
-fn fields_text(schema: &Schema) -> String {
+/// The fields of a schema, one a line, as the text report prints them.
+pub fn fields_text(schema: &Schema) -> String {
     let mut out = String::new();
     for f in schema.fields() {
         let what = match &f.kind {

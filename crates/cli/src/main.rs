@@ -9,6 +9,7 @@ mod images;
 mod inspect;
 mod messages;
 mod pack;
+mod shards;
 
 use std::io::Write;
 
@@ -31,11 +32,13 @@ enum Command {
     /// Write a packed record file from .npy arrays, raw fixed-size records or an ImageFolder
     /// directory (--from npy|raw|imagefolder).
     Pack(pack::Args),
-    /// Print the header, schema, record count and sizes of a packed file or a .npy file.
+    /// Print the header, schema, record count and sizes of a packed file or a .npy file, or
+    /// the format, shards, samples and fields of a sharded data set (a directory, a pattern
+    /// or an s3:// URL).
     Inspect(inspect::Args),
     /// Measure the loader end to end (on an embedded default data set unless one is named),
     /// or the image pipeline (--images DIR|PACKED).
-    Bench(bench::Args),
+    Bench(Box<bench::Args>),
 }
 
 /// Writes `text` and a newline to standard output. A closed pipe (`gpufeed ... | head -1`)
@@ -65,7 +68,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Pack(args) => pack::run(args),
         Command::Inspect(args) => inspect::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

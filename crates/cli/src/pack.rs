@@ -10,6 +10,11 @@
 //! Before reading anything it checks the output (`check_output`): never one of the inputs
 //! (same device and inode, through any link), never anything but a regular file, never an
 //! existing file without `--force`, and a directory that exists and can be written.
+//!
+//! With `--shard-size 256MiB -o DIR/` it writes packed shards instead (`ShardWriter`): files
+//! of at most that size and an `index.json` of their names, counts, sizes and checksums,
+//! written last, so that a directory with an index is complete (`docs/FORMAT.md`, "Shard
+//! directories").
 
 use std::fs::File;
 use std::io::{IsTerminal, Read, Write};
@@ -18,6 +23,7 @@ use std::time::Instant;
 
 use crate::messages::human_bytes;
 use gpufeed::format::{DType, Field, PackSummary, RecordWriter, Schema};
+use gpufeed::source::shards::packed::{ShardWriter, parse_byte_size};
 
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -61,15 +67,36 @@ pub struct Args {
     /// The size of one record of the raw inputs, in bytes (with `--from raw` only).
     #[arg(long)]
     record_bytes: Option<u64>,
+    /// Write packed shards of at most this size (`256MiB`, `1GiB`, `64MB`) and their
+    /// `index.json` into the directory -o names (created if missing), instead of one file
+    /// (with --from npy or raw).
+    #[arg(long, value_name = "SIZE")]
+    shard_size: Option<String>,
 }
 
 /// Runs `gpufeed pack`.
 pub fn run(args: Args) -> Result<()> {
     let start = Instant::now();
     let field = args.field.as_deref().unwrap_or(NpyArray::FIELD);
+    let shard_bytes = match &args.shard_size {
+        Some(text) => Some(parse_byte_size(text).map_err(|_| {
+            config(
+                "--shard-size",
+                &format!("`{text}` is not a size such as 256MiB, 1GiB, 64MB or 4096"),
+            )
+        })?),
+        None => None,
+    };
+    if shard_bytes.is_some() && args.from == InputKind::Imagefolder {
+        return Err(config(
+            "--shard-size",
+            "applies to --from npy and --from raw (pack an ImageFolder into one file)",
+        ));
+    }
     let output = Output {
         path: &args.output,
         replace: args.force,
+        shard_bytes,
     };
     let (summary, data_bytes) = match args.from {
         InputKind::Npy => {
@@ -112,16 +139,21 @@ pub fn run(args: Args) -> Result<()> {
                 std::io::stderr().is_terminal(),
             )?;
             let bytes = summary.file_bytes;
-            (summary, bytes)
+            (Written { summary, shards: 1 }, bytes)
         }
     };
     let secs = start.elapsed().as_secs_f64();
+    let into = match shard_bytes {
+        Some(_) => format!("{} shards of {}", summary.shards, args.output.display()),
+        None => args.output.display().to_string(),
+    };
+    let summary = summary.summary;
     crate::out(format_args!(
         "packed {} records ({} bytes of input, {} bytes written) into {} in {:.2} s: {:.0} MB/s",
         summary.records,
         data_bytes,
         summary.file_bytes,
-        args.output.display(),
+        into,
         secs,
         summary.file_bytes as f64 / 1e6 / secs.max(1e-9),
     ))
@@ -132,6 +164,51 @@ struct Output<'a> {
     path: &'a Path,
     /// `--force`: an existing regular file may be replaced.
     replace: bool,
+    /// `--shard-size`: `path` is a directory of packed shards of at most this many bytes.
+    shard_bytes: Option<u64>,
+}
+
+/// What was written: the summary of the file (for shards: the index, all records, all bytes)
+/// and the number of files.
+struct Written {
+    summary: PackSummary,
+    shards: usize,
+}
+
+/// One packed file, or a directory of packed shards (both boxed: writers of some hundred
+/// bytes, made once per command).
+enum PackWriter {
+    File(Box<RecordWriter>),
+    Shards(Box<ShardWriter>),
+}
+
+impl PackWriter {
+    fn append(&mut self, fields: &[&[u8]]) -> Result<()> {
+        match self {
+            PackWriter::File(w) => w.append(fields),
+            PackWriter::Shards(w) => w.append(fields),
+        }
+    }
+
+    fn finish(self) -> Result<Written> {
+        match self {
+            PackWriter::File(w) => Ok(Written {
+                summary: w.finish()?,
+                shards: 1,
+            }),
+            PackWriter::Shards(w) => {
+                let s = w.finish()?;
+                Ok(Written {
+                    summary: PackSummary {
+                        records: s.samples,
+                        file_bytes: s.bytes(),
+                        path: s.index.clone(),
+                    },
+                    shards: s.shards.len(),
+                })
+            }
+        }
+    }
 }
 
 /// Device and inode: what makes two paths the same file.
@@ -192,6 +269,9 @@ impl Output<'_> {
     /// Checks the output before anything is read or written: see the module docs. `inputs`
     /// are every file that will be read.
     fn check(&self, inputs: &[&Path]) -> Result<()> {
+        if self.shard_bytes.is_some() {
+            return self.check_shard_dir(inputs);
+        }
         if let Some(meta) = self.existing()? {
             for input in inputs {
                 if let Ok(m) = std::fs::metadata(input)
@@ -315,13 +395,61 @@ impl Output<'_> {
         Ok(())
     }
 
+    /// The shard directory: absent (its parent is then checked as for a file) or a directory
+    /// without an index (else `--force`), holding none of the inputs.
+    fn check_shard_dir(&self, inputs: &[&Path]) -> Result<()> {
+        match std::fs::symlink_metadata(self.path) {
+            Ok(meta) if meta.is_dir() => {
+                let index = self.path.join("index.json");
+                if index.exists() && !self.replace {
+                    return Err(self.refuse(
+                        "holds a shard index already; pass --force to replace its shards, or choose another -o",
+                    ));
+                }
+                if let Ok(dir) = std::fs::canonicalize(self.path) {
+                    for input in inputs {
+                        if std::fs::canonicalize(input).is_ok_and(|i| i.starts_with(&dir)) {
+                            return Err(self.refuse(format_args!(
+                                "holds the input {}: write the shards elsewhere",
+                                input.display()
+                            )));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Ok(meta) => Err(self.refuse(format_args!(
+                "is {}; with --shard-size, -o names a directory of shards",
+                kind_of(meta.file_type())
+            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let parent = Output {
+                    path: self.path,
+                    replace: self.replace,
+                    shard_bytes: None,
+                };
+                parent.check_directory()
+            }
+            Err(e) => Err(Error::Io {
+                path: self.path.to_path_buf(),
+                op: "stat",
+                source: e,
+            }),
+        }
+    }
+
     /// The writer: one that replaces nothing unless `--force` was given.
-    fn writer(&self, schema: Schema) -> Result<RecordWriter> {
-        if self.replace {
+    fn writer(&self, schema: Schema) -> Result<PackWriter> {
+        if let Some(bytes) = self.shard_bytes {
+            return Ok(PackWriter::Shards(Box::new(ShardWriter::create(
+                self.path, schema, bytes,
+            )?)));
+        }
+        Ok(PackWriter::File(Box::new(if self.replace {
             RecordWriter::create(self.path, schema)
         } else {
             RecordWriter::create_new(self.path, schema)
-        }
+        }?)))
     }
 }
 
@@ -360,7 +488,7 @@ fn pack_npy(
     labels: Option<&Path>,
     field: &str,
     output: &Output<'_>,
-) -> Result<(PackSummary, u64)> {
+) -> Result<(Written, u64)> {
     // Headers first, each array mapped and unmapped in turn: the kernel limits how many maps
     // a process holds (vm.max_map_count, 65,530 by default), and inputs can be more.
     let mut arrays = Vec::with_capacity(inputs.len());
@@ -470,7 +598,7 @@ fn pack_raw(
     record_bytes: u64,
     field: &str,
     output: &Output<'_>,
-) -> Result<(PackSummary, u64)> {
+) -> Result<(Written, u64)> {
     let rb = usize::try_from(record_bytes)
         .ok()
         .filter(|&n| n > 0 && n <= u32::MAX as usize)

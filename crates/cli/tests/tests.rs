@@ -8,3 +8,8 @@ mod image_common;
 mod cli_bench;
 mod cli_pack_inspect;
 mod cli_pack_safety;
+mod cli_remote;
+mod cli_shards;
+#[cfg(feature = "s3")]
+#[path = "../../gpufeed/tests/s3_common/mod.rs"]
+mod s3_common;

@@ -246,6 +246,52 @@ pub enum Error {
         /// The field it lacks.
         field: String,
     },
+
+    /// A shard could not be fetched from object storage, or the local cache could not hold it.
+    #[error("{shard}: {kind}: {what}")]
+    Remote {
+        /// The shard (or index) concerned, as its URL.
+        shard: PathBuf,
+        /// What kind of failure it is.
+        kind: RemoteErrorKind,
+        /// The details: the server's answer, the sizes or checksums involved.
+        what: String,
+    },
+}
+
+/// The kinds of [`Error::Remote`], for callers that react to some (retry later, fix the keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RemoteErrorKind {
+    /// The object does not exist.
+    NotFound,
+    /// The bucket (or container) does not exist.
+    NoSuchBucket,
+    /// The server refused the credentials, or they grant no access to the object.
+    AccessDenied,
+    /// Requests kept failing (server errors, cut connections, time-outs) after every retry.
+    Unavailable,
+    /// The bytes that arrived do not match the index's checksum or size.
+    Checksum,
+    /// The local cache cannot hold the shard: it is larger than the cache's byte limit, or
+    /// the cache's disk is full.
+    CacheFull,
+    /// The URL or the store's settings cannot work.
+    Config,
+}
+
+impl std::fmt::Display for RemoteErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RemoteErrorKind::NotFound => "not found",
+            RemoteErrorKind::NoSuchBucket => "no such bucket",
+            RemoteErrorKind::AccessDenied => "access denied",
+            RemoteErrorKind::Unavailable => "unavailable",
+            RemoteErrorKind::Checksum => "checksum mismatch",
+            RemoteErrorKind::CacheFull => "cache full",
+            RemoteErrorKind::Config => "bad store setting",
+        })
+    }
 }
 
 /// The class of an [`Error`], to match on (see [`Error::kind`]).
@@ -283,6 +329,9 @@ pub enum ErrorKind {
     /// No usable GPU, or a CUDA call failed ([`Error::NoGpu`], [`Error::Cuda`] and, with the
     /// `cuda` feature, `Error::Driver`).
     Gpu,
+    /// A shard could not be fetched from object storage or kept in the local cache
+    /// ([`Error::Remote`]; its [`RemoteErrorKind`] says why).
+    Remote,
 }
 
 impl Error {
@@ -320,6 +369,7 @@ impl Error {
             Error::NoGpu { .. } | Error::Cuda { .. } => ErrorKind::Gpu,
             #[cfg(feature = "cuda")]
             Error::Driver { .. } => ErrorKind::Gpu,
+            Error::Remote { .. } => ErrorKind::Remote,
         }
     }
 

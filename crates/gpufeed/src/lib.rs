@@ -55,7 +55,7 @@ pub mod transform;
 #[cfg(doctest)]
 mod readme;
 
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, RemoteErrorKind, Result};
 pub use format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
 pub use loader::{Batch, BatchInfo, Loader, LoaderBuilder, LoaderState, LoaderStats, NextBatch};
 pub use memory::{HostBuffer, HostPool, PoolStats};

@@ -15,6 +15,10 @@ mod loader;
 mod loader_timeout;
 mod npy_errors;
 mod read_modes;
+mod remote_local;
+mod remote_s3;
+#[cfg(feature = "s3")]
+mod s3_common;
 mod shard_errors;
 mod shard_fixtures;
 mod shard_fuzz;

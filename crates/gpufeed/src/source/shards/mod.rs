@@ -22,6 +22,8 @@ mod lru;
 pub mod mds;
 mod open;
 pub mod packed;
+#[cfg(feature = "remote")]
+pub mod remote;
 mod store;
 pub mod tar;
 pub mod webdataset;
@@ -30,8 +32,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use lru::OpenShardStats;
-pub use open::{expand_braces, is_shard_spec, open, open_with};
-pub use store::{LocalDir, MemoryStore, ShardArrival, ShardBytes, ShardStat, ShardStore};
+pub use open::{expand_braces, is_shard_dir, is_shard_spec, is_store_url, open, open_with};
+pub use store::{
+    LocalDir, MemoryStore, ShardArrival, ShardBytes, ShardStat, ShardStore, StoreStats,
+};
 
 use crate::error::{Error, Result};
 use crate::format::Schema;
@@ -132,6 +136,9 @@ pub struct ShardedDataset<F: ShardFormat> {
     schema: Schema,
     options: ShardOptions,
     open: OpenShards<F::Shard>,
+    /// The last shard announced to the store by `read_ahead` (`usize::MAX`: none), so that a
+    /// run of samples of one shard is announced once.
+    announced: std::sync::atomic::AtomicUsize,
 }
 
 impl<F: ShardFormat> std::fmt::Debug for ShardedDataset<F> {
@@ -182,6 +189,7 @@ impl<F: ShardFormat> ShardedDataset<F> {
             schema,
             options,
             open,
+            announced: std::sync::atomic::AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -306,6 +314,30 @@ impl<F: ShardFormat> Dataset for ShardedDataset<F> {
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         Some(self.sizes.clone())
     }
+
+    fn read_ahead_batches(&self) -> usize {
+        self.store.read_ahead_batches()
+    }
+
+    /// Tells the store which shards come next, each time the shard changes along `indices`
+    /// (so a block of samples of one shard is one announcement).
+    fn read_ahead(&self, indices: &[u64]) {
+        use std::sync::atomic::Ordering;
+        let mut last = self.announced.load(Ordering::Relaxed);
+        for &i in indices {
+            // The common case: the sample is in the shard announced last.
+            if last != usize::MAX {
+                let start = self.shard_start(last).unwrap_or(u64::MAX);
+                if i >= start && i < self.ends[last] {
+                    continue;
+                }
+            }
+            let Ok(at) = self.locate(i) else { continue };
+            last = at.shard;
+            self.store.prefetch(&self.names[at.shard]);
+        }
+        self.announced.store(last, Ordering::Relaxed);
+    }
 }
 
 /// What a streaming order needs of a sharded dataset, whatever its format: a [`Dataset`]
@@ -326,6 +358,15 @@ pub trait ShardedSource: Dataset {
 
     /// Checks every shard completely; `progress` gets the number of shards checked.
     fn verify(&self, progress: &mut dyn FnMut(usize)) -> Result<()>;
+
+    /// What the dataset's store has fetched and cached, for a store that downloads (an
+    /// object store); `None` for local files.
+    fn store_stats(&self) -> Option<StoreStats> {
+        None
+    }
+
+    /// The shard format's name (`packed`, `webdataset tar`, `MDS`).
+    fn format_name(&self) -> &'static str;
 }
 
 impl<F: ShardFormat> ShardedSource for ShardedDataset<F> {
@@ -343,6 +384,12 @@ impl<F: ShardFormat> ShardedSource for ShardedDataset<F> {
     }
     fn verify(&self, progress: &mut dyn FnMut(usize)) -> Result<()> {
         ShardedDataset::verify(self, progress)
+    }
+    fn store_stats(&self) -> Option<StoreStats> {
+        self.store.stats()
+    }
+    fn format_name(&self) -> &'static str {
+        self.format.name()
     }
 }
 

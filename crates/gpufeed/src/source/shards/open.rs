@@ -18,7 +18,41 @@ const MAX_EXPANSION: usize = 10_000_000;
 /// Whether `spec` names shards rather than one file: a directory, a `.tar` file, a brace
 /// pattern or a `::` list.
 pub fn is_shard_spec(spec: &str) -> bool {
-    spec.contains("::") || spec.contains('{') || spec.ends_with(".tar") || Path::new(spec).is_dir()
+    is_store_url(spec)
+        || spec.contains("::")
+        || spec.contains('{')
+        || spec.ends_with(".tar")
+        || Path::new(spec).is_dir()
+}
+
+/// Whether `path` is a directory of shards: it has an `index.json` (packed shards or MDS) or
+/// `.tar` files (as opposed to, say, an ImageFolder of class directories).
+pub fn is_shard_dir(path: &Path) -> bool {
+    if !path.is_dir() {
+        return false;
+    }
+    if path.join("index.json").is_file() {
+        return true;
+    }
+    std::fs::read_dir(path).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "tar"))
+    })
+}
+
+/// Whether `spec` is the URL of an object store (`s3://`, `gs://`, `az://`, `http(s)://`,
+/// `file://`): [`open`] reads it through the `remote` feature's store.
+pub fn is_store_url(spec: &str) -> bool {
+    match spec.split_once("://") {
+        Some((scheme, _)) => {
+            !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-' || b == b'.')
+        }
+        None => false,
+    }
 }
 
 /// Opens the sharded dataset `spec` names, with default settings: a directory (packed shards
@@ -31,7 +65,22 @@ pub fn open(spec: &str) -> Result<Box<dyn ShardedSource>> {
 
 /// Opens the sharded dataset `spec` names. `options.shards` applies to every format; the rest
 /// to tar shards.
+///
+/// A URL (`s3://bucket/prefix`, `gs://`, `az://`, `http(s)://`, `file://`) is read through
+/// [`remote::open_url`](super::remote::open_url) (the `remote` feature, and the store's own:
+/// `s3`, `gcs`, `azure`, `http`), with the cache settings of the environment
+/// (`GPUFEED_CACHE_DIR`, `GPUFEED_CACHE_LIMIT`).
 pub fn open_with(spec: &str, options: &WebDatasetOptions) -> Result<Box<dyn ShardedSource>> {
+    if is_store_url(spec) {
+        #[cfg(feature = "remote")]
+        return super::remote::open_url(spec, options);
+        #[cfg(not(feature = "remote"))]
+        return Err(Error::Remote {
+            shard: spec.into(),
+            kind: crate::RemoteErrorKind::Config,
+            what: "this build of gpufeed reads no object store: build it with `--features s3` (or gcs, azure, http)".into(),
+        });
+    }
     if spec.contains("::") || spec.contains('{') {
         let mut paths = Vec::new();
         for part in spec.split("::").filter(|p| !p.is_empty()) {

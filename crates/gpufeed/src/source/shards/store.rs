@@ -46,6 +46,74 @@ pub trait ShardStore: Send + Sync {
     /// A complete local file holding the shard, for readers that need a file (packed record
     /// files are opened by path). A store that downloads waits until the shard is complete.
     fn local_file(&self, name: &str) -> Result<PathBuf>;
+
+    /// How many batches ahead a dataset of this store wants to hear of the samples it will
+    /// read ([`Dataset::read_ahead_batches`](crate::Dataset::read_ahead_batches)): 0 (the
+    /// default) for stores whose shards are at hand.
+    fn read_ahead_batches(&self) -> usize {
+        0
+    }
+
+    /// Shard `name` will be read soon: a store that downloads may start fetching it. A hint,
+    /// called from the loader's thread in the order of reading: it must not block. Default:
+    /// nothing.
+    fn prefetch(&self, name: &str) {
+        let _ = name;
+    }
+
+    /// What the store has fetched, waited for and cached so far; `None` (the default) for
+    /// stores that fetch nothing.
+    fn stats(&self) -> Option<StoreStats> {
+        None
+    }
+}
+
+/// What a store that downloads has done: the counts behind its throughput and its cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Bytes received from the object store (retried bytes included).
+    pub bytes_fetched: u64,
+    /// Requests sent (listings, heads and ranged gets; retries included).
+    pub requests: u64,
+    /// Requests sent again after a failure (an error answer, a cut body, a time-out).
+    pub retries: u64,
+    /// Shards a reader found whole in the local cache, put there by an earlier run or another
+    /// process (a shard this store fetched is not counted again when read).
+    pub cache_hits: u64,
+    /// Shards that had to be fetched (by this process).
+    pub cache_misses: u64,
+    /// Shards this process waited for while another process on the machine fetched them.
+    pub shared_downloads: u64,
+    /// Shards removed from the cache to stay within its byte limit.
+    pub cache_evictions: u64,
+    /// Shards refused for not fitting in the cache (larger than its limit, or a full disk).
+    pub cache_full: u64,
+    /// Shards whose bytes did not match the index's checksum on arrival.
+    pub checksum_failures: u64,
+    /// Shards whose fetch was started ahead of the readers ([`ShardStore::prefetch`]).
+    pub prefetched: u64,
+    /// Time readers spent waiting for bytes to arrive, over all threads.
+    pub waited: std::time::Duration,
+}
+
+impl std::fmt::Display for StoreStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "fetched {:.1} MiB in {} requests ({} retried); cache: {} hits, {} misses, {} shared, {} evicted, {} full; {} checksum failures; {} prefetched; readers waited {:.3} s",
+            self.bytes_fetched as f64 / (1u64 << 20) as f64,
+            self.requests,
+            self.retries,
+            self.cache_hits,
+            self.cache_misses,
+            self.shared_downloads,
+            self.cache_evictions,
+            self.cache_full,
+            self.checksum_failures,
+            self.prefetched,
+            self.waited.as_secs_f64()
+        )
+    }
 }
 
 /// Told when byte ranges of a shard that is still arriving are there to read.

@@ -1,0 +1,203 @@
+//! Sharded data sets on the command line: what counts as one (a shard directory, a `.tar`
+//! file, a brace pattern, an `s3://`-style URL), opening it with the cache flags, and
+//! `gpufeed inspect` of one.
+//!
+//! URLs take their endpoint and keys from the store's usual variables (`AWS_ENDPOINT_URL` or
+//! `AWS_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION` or
+//! `AWS_DEFAULT_REGION`, `AWS_ALLOW_HTTP`), and need a command built with the store's feature
+//! (`--features s3`, `gcs`, `azure`, `http`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gpufeed::source::shards::{self, ShardedSource, StoreStats};
+use gpufeed::{Dataset, Error, Result};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// Where downloaded shards are cached (for URLs).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct CacheFlags {
+    /// The cache directory of shards downloaded from a URL [default: $GPUFEED_CACHE_DIR, else
+    /// ~/.cache/gpufeed/objects].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// The most bytes the cache keeps (`200GiB`; least recently used shards go first)
+    /// [default: $GPUFEED_CACHE_LIMIT, else 64GiB].
+    #[arg(long, value_name = "SIZE")]
+    pub cache_limit: Option<String>,
+}
+
+/// True if `path` names a sharded data set rather than one file: a URL, a directory of
+/// shards (`index.json` or `.tar` files), a `.tar` file, a brace pattern or a `::` list.
+pub fn is_input(path: &Path) -> bool {
+    let Some(s) = path.to_str() else {
+        return false;
+    };
+    shards::is_store_url(s)
+        || shards::is_shard_dir(path)
+        || s.contains("::")
+        || s.contains('{')
+        || s.ends_with(".tar")
+}
+
+/// Opens the sharded data set `path` names.
+pub fn open(path: &Path, cache: &CacheFlags) -> Result<Arc<dyn ShardedSource>> {
+    let spec = path
+        .to_str()
+        .ok_or_else(|| Error::user(format!("{}: not a UTF-8 path", path.display())))?;
+    if shards::is_store_url(spec) {
+        return open_url(spec, cache);
+    }
+    if cache.cache_dir.is_some() || cache.cache_limit.is_some() {
+        return Err(Error::InvalidConfig {
+            setting: "--cache-dir",
+            what: "--cache-dir and --cache-limit apply to URLs (s3://...) only".into(),
+        });
+    }
+    Ok(Arc::from(shards::open(spec)?))
+}
+
+#[cfg(feature = "remote")]
+fn open_url(spec: &str, cache: &CacheFlags) -> Result<Arc<dyn ShardedSource>> {
+    use gpufeed::source::shards::remote::{RemoteOptions, open_url_with};
+    let mut o = RemoteOptions::from_env()?;
+    if let Some(dir) = &cache.cache_dir {
+        o.cache_dir = Some(dir.clone());
+    }
+    if let Some(limit) = &cache.cache_limit {
+        o.cache_limit = gpufeed::source::shards::packed::parse_byte_size(limit).map_err(|_| {
+            Error::InvalidConfig {
+                setting: "--cache-limit",
+                what: format!("`{limit}` is not a size such as 200GiB"),
+            }
+        })?;
+    }
+    Ok(Arc::from(open_url_with(
+        spec,
+        &shards::webdataset::WebDatasetOptions::default(),
+        o,
+    )?))
+}
+
+#[cfg(not(feature = "remote"))]
+fn open_url(spec: &str, _cache: &CacheFlags) -> Result<Arc<dyn ShardedSource>> {
+    // The library says which feature the build lacks.
+    Ok(Arc::from(shards::open(spec)?))
+}
+
+/// A store's counts in a report.
+#[derive(Serialize, Debug, Default, Clone)]
+pub struct StoreReport {
+    /// Bytes received from the object store.
+    pub bytes_fetched: u64,
+    /// Requests sent, retries included.
+    pub requests: u64,
+    /// Requests sent again after a failure.
+    pub retries: u64,
+    /// Shards found whole in the cache.
+    pub cache_hits: u64,
+    /// Shards fetched.
+    pub cache_misses: u64,
+    /// Shards another process fetched while this one waited.
+    pub shared_downloads: u64,
+    /// Shards removed from the cache to keep its limit.
+    pub cache_evictions: u64,
+    /// Shards that did not fit in the cache.
+    pub cache_full: u64,
+    /// Shards whose checksum did not match on arrival.
+    pub checksum_failures: u64,
+    /// Shards fetched ahead of the readers.
+    pub prefetched: u64,
+    /// Seconds readers waited for bytes, over all threads.
+    pub waited_s: f64,
+    /// The same, as one line of text.
+    pub summary: String,
+}
+
+impl From<StoreStats> for StoreReport {
+    fn from(s: StoreStats) -> StoreReport {
+        StoreReport {
+            bytes_fetched: s.bytes_fetched,
+            requests: s.requests,
+            retries: s.retries,
+            cache_hits: s.cache_hits,
+            cache_misses: s.cache_misses,
+            shared_downloads: s.shared_downloads,
+            cache_evictions: s.cache_evictions,
+            cache_full: s.cache_full,
+            checksum_failures: s.checksum_failures,
+            prefetched: s.prefetched,
+            waited_s: s.waited.as_secs_f64(),
+            summary: s.to_string(),
+        }
+    }
+}
+
+/// `gpufeed inspect` of a sharded data set: its format, shards, samples and fields; with
+/// `verify`, every shard checked whole (checksums where the index has them, every sample).
+pub fn inspect(path: &Path, verify: bool, as_json: bool) -> Result<()> {
+    let data = open(path, &CacheFlags::default())?;
+    let sizes = data.shard_sizes().unwrap_or_default();
+    let names = data.shard_names();
+    let (min, max) = (
+        sizes.iter().copied().min().unwrap_or(0),
+        sizes.iter().copied().max().unwrap_or(0),
+    );
+    let mean = if sizes.is_empty() {
+        0.0
+    } else {
+        data.len() as f64 / sizes.len() as f64
+    };
+    let mut report = json!({
+        "path": path.display().to_string(),
+        "format": data.format_name(),
+        "shards": names.len(),
+        "samples": data.len(),
+        "fields": crate::inspect::fields_json(data.schema()),
+        "samples_per_shard": {"min": min, "mean": mean, "max": max},
+        "first_shard": names.first(),
+        "last_shard": names.last(),
+    });
+    let mut text = format!(
+        "data set:      {}\nformat:        {} shards\nshards:        {} ({} .. {})\nsamples:       {} \
+         ({min} to {max} per shard, mean {mean:.1})\nfields:\n",
+        path.display(),
+        data.format_name(),
+        names.len(),
+        names.first().map_or("", String::as_str),
+        names.last().map_or("", String::as_str),
+        data.len(),
+    );
+    text.push_str(&crate::inspect::fields_text(data.schema()));
+    let mut fault = None;
+    if verify {
+        let bar = crate::bench::progress(names.len() as u64, "verify", as_json);
+        let result = data.verify(&mut |n| bar.set_position(n as u64));
+        bar.finish_and_clear();
+        report["verified"] = Value::Bool(result.is_ok());
+        match result {
+            Ok(()) => text.push_str(&format!(
+                "verified:      all {} shards (checksums where the index has them, every sample)\n",
+                names.len()
+            )),
+            Err(e) => fault = Some(e),
+        }
+    }
+    if let Some(s) = data.store_stats() {
+        text.push_str(&format!("store:         {s}\n"));
+        report["store"] = serde_json::to_value(StoreReport::from(s)).unwrap_or(Value::Null);
+    }
+    if as_json {
+        if let Some(e) = &fault {
+            report["error"] = Value::String(e.to_string());
+        }
+        crate::out(report)?;
+    } else {
+        crate::out(text.trim_end_matches('\n'))?;
+    }
+    match fault {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

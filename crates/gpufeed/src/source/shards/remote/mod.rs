@@ -1,0 +1,924 @@
+//! Shards from object storage: [`RemoteStore`], a [`ShardStore`] that downloads shards into a
+//! local disk cache through the `object_store` crate, and [`open_url`], a sharded dataset from
+//! a URL (`s3://bucket/prefix/`, `gs://`, `az://`, `http(s)://`, `file://`).
+//!
+//! The loader's worker threads see no async: the store owns a small tokio runtime and every
+//! call blocks the calling thread only as long as the bytes it asks for take to arrive.
+//!
+//! - **Downloads** are parallel ranged GETs of `part_bytes` each, at most `parallel_parts` at
+//!   once per shard and `max_requests` at once over the store. Each part is written in place
+//!   into a temporary file of the shard's final size, and each range is served as soon as it
+//!   has arrived ([`ShardBytes::arriving`]): a reader waits for its range only, and the parts
+//!   readers wait for are fetched first. Packed shards, which are opened by path, wait for the
+//!   whole shard ([`ShardStore::local_file`]).
+//! - **Retries**: a request that fails (an error answer other than not-found or refused, a
+//!   body cut short, a time-out, a stall) is sent again for the bytes still missing, after a
+//!   backoff that doubles from `backoff` up to `max_backoff`, at most `retries` times; each
+//!   retry is counted ([`StoreStats::retries`]). A missing object, a missing bucket and refused
+//!   credentials are not retried: they are [`Error::Remote`] with their
+//!   [`RemoteErrorKind`], naming the shard's URL.
+//! - **Checksums**: where the index has one (a packed index's `xxh3_64`, an MDS index's
+//!   `xxh3_64` or `xxh64`), the whole shard is hashed once it has arrived, before it enters the
+//!   cache; a mismatch fails the shard ([`RemoteErrorKind::Checksum`](crate::RemoteErrorKind))
+//!   and the file is discarded. Samples served from a shard while it arrived were read before
+//!   that check: a dataset that must never see an unchecked byte uses packed shards (read
+//!   whole) or [`ShardOptions::verify`](super::ShardOptions).
+//! - **Prefetch**: the loader announces the samples of the next `read_ahead_batches` batches
+//!   ([`Dataset::read_ahead`](crate::Dataset::read_ahead)); the store starts fetching their
+//!   shards in that order, at most `prefetch_shards` at once, on a thread of its own.
+//! - **The cache** (see [`cache`]) is a directory shared by every process of the machine
+//!   (ranks, data loader processes): a shard is downloaded once per machine, the others wait
+//!   for it; files are whole or absent (temporary name, then rename); a byte limit is kept by
+//!   removing the least recently used shards.
+//!
+//! Endpoint and keys come from the usual variables of each store (`AWS_ENDPOINT_URL` or
+//! `AWS_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
+//! `AWS_REGION` or `AWS_DEFAULT_REGION`, `AWS_ALLOW_HTTP` for S3; `GOOGLE_*` for GCS;
+//! `AZURE_*` for Azure). Each store is behind a cargo feature (`s3`, `gcs`, `azure`, `http`);
+//! `file://` needs `remote` only.
+
+pub mod cache;
+mod download;
+mod url;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use super::mds::MdsDataset;
+use super::packed::{PACKED_INDEX_FORMAT, PackedShards};
+use super::webdataset::{WebDataset, WebDatasetOptions};
+use super::{
+    ShardBytes, ShardOptions, ShardStat, ShardStore, ShardedSource, StoreStats, default_cache_dir,
+};
+use crate::error::{Error, RemoteErrorKind, Result};
+use cache::DiskCache;
+use download::Download;
+
+/// Settings of a [`RemoteStore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteOptions {
+    /// The cache directory; `None`: `$GPUFEED_CACHE_DIR`, else `default_cache_dir()/objects`.
+    pub cache_dir: Option<PathBuf>,
+    /// The most bytes of shards the cache keeps on disk (whole shards, and those arriving).
+    pub cache_limit: u64,
+    /// Bytes per ranged GET.
+    pub part_bytes: u64,
+    /// Ranged GETs in flight at once for one shard.
+    pub parallel_parts: usize,
+    /// Requests in flight at once over the whole store.
+    pub max_requests: usize,
+    /// Shards fetched ahead of the readers at once.
+    pub prefetch_shards: usize,
+    /// How many batches ahead the loader announces its samples (0: no prefetch).
+    pub read_ahead_batches: usize,
+    /// Times a failed request is sent again.
+    pub retries: u32,
+    /// The first wait before a retry; it doubles with each retry of one request.
+    pub backoff: Duration,
+    /// The longest wait before a retry.
+    pub max_backoff: Duration,
+    /// A request whose answer (or its next piece of body) takes longer fails and is retried.
+    pub request_timeout: Duration,
+    /// Connecting takes at most this long.
+    pub connect_timeout: Duration,
+    /// Check the index's checksums when a shard has arrived.
+    pub verify_checksums: bool,
+    /// Threads of the store's runtime (network and writes into the cache).
+    pub runtime_threads: usize,
+    /// Settings of the store's client by their `object_store` names (`aws_endpoint`,
+    /// `aws_access_key_id`, `aws_allow_http`, `google_service_account`, ...), applied over
+    /// those of the environment.
+    pub settings: Vec<(String, String)>,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            cache_dir: None,
+            cache_limit: 64 << 30,
+            part_bytes: 8 << 20,
+            parallel_parts: 4,
+            max_requests: 16,
+            prefetch_shards: 4,
+            read_ahead_batches: 64,
+            retries: 8,
+            backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            verify_checksums: true,
+            runtime_threads: 2,
+            settings: Vec::new(),
+        }
+    }
+}
+
+impl RemoteOptions {
+    /// The defaults, with the cache's place and limit from `GPUFEED_CACHE_DIR` and
+    /// `GPUFEED_CACHE_LIMIT` (a size such as `200GiB`) where they are set.
+    pub fn from_env() -> Result<RemoteOptions> {
+        let mut o = RemoteOptions::default();
+        if let Some(dir) = std::env::var_os("GPUFEED_CACHE_DIR").filter(|d| !d.is_empty()) {
+            o.cache_dir = Some(PathBuf::from(dir));
+        }
+        if let Ok(limit) = std::env::var("GPUFEED_CACHE_LIMIT")
+            && !limit.is_empty()
+        {
+            o.cache_limit = super::packed::parse_byte_size(&limit).map_err(|_| {
+                Error::config(
+                    "GPUFEED_CACHE_LIMIT",
+                    format!("`{limit}` is not a size such as 200GiB"),
+                )
+            })?;
+        }
+        Ok(o)
+    }
+
+    fn check(&self) -> Result<()> {
+        let positive = [
+            ("part_bytes", self.part_bytes as usize),
+            ("parallel_parts", self.parallel_parts),
+            ("max_requests", self.max_requests),
+            ("runtime_threads", self.runtime_threads),
+            (
+                "cache_limit",
+                self.cache_limit.min(usize::MAX as u64) as usize,
+            ),
+        ];
+        for (setting, v) in positive {
+            if v == 0 {
+                return Err(Error::config(setting, "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The cache directory these settings name.
+    pub fn cache_root(&self) -> PathBuf {
+        self.cache_dir
+            .clone()
+            .unwrap_or_else(|| default_cache_dir().join("objects"))
+    }
+}
+
+/// What the index says a shard must be: its size and, where it has one, its checksum.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expected {
+    /// The shard's size in bytes.
+    pub bytes: u64,
+    /// Its checksum, if the index has one this reader checks.
+    pub checksum: Option<Checksum>,
+}
+
+/// A shard checksum as an index gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checksum {
+    /// xxh3-64, seed 0 (packed indexes; MDS `xxh3_64`).
+    Xxh3_64(u64),
+    /// xxh64, seed 0 (MDS `xxh64`).
+    Xxh64(u64),
+}
+
+impl Checksum {
+    fn of(&self, bytes: &[u8]) -> u64 {
+        match self {
+            Checksum::Xxh3_64(_) => xxhash_rust::xxh3::xxh3_64(bytes),
+            Checksum::Xxh64(_) => xxhash_rust::xxh64::xxh64(bytes, 0),
+        }
+    }
+
+    fn want(&self) -> u64 {
+        match self {
+            Checksum::Xxh3_64(v) | Checksum::Xxh64(v) => *v,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Checksum::Xxh3_64(_) => "xxh3-64",
+            Checksum::Xxh64(_) => "xxh64",
+        }
+    }
+}
+
+/// Counters behind [`StoreStats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub bytes_fetched: AtomicU64,
+    pub requests: AtomicU64,
+    pub retries: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    pub shared_downloads: AtomicU64,
+    pub cache_evictions: AtomicU64,
+    pub cache_full: AtomicU64,
+    pub checksum_failures: AtomicU64,
+    pub prefetched: AtomicU64,
+    pub waited_nanos: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> StoreStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StoreStats {
+            bytes_fetched: get(&self.bytes_fetched),
+            requests: get(&self.requests),
+            retries: get(&self.retries),
+            cache_hits: get(&self.cache_hits),
+            cache_misses: get(&self.cache_misses),
+            shared_downloads: get(&self.shared_downloads),
+            cache_evictions: get(&self.cache_evictions),
+            cache_full: get(&self.cache_full),
+            checksum_failures: get(&self.checksum_failures),
+            prefetched: get(&self.prefetched),
+            waited: Duration::from_nanos(get(&self.waited_nanos)),
+        }
+    }
+}
+
+/// What every thread of a [`RemoteStore`] shares (its runtime excepted: see [`RemoteStore`]).
+pub(crate) struct Inner {
+    /// The store's URL, without a trailing `/` (for messages).
+    pub base: String,
+    pub store: Arc<dyn ObjectStore>,
+    /// The object key prefix shard names are relative to.
+    pub prefix: String,
+    pub handle: tokio::runtime::Handle,
+    pub options: RemoteOptions,
+    pub cache: DiskCache,
+    pub requests: Arc<tokio::sync::Semaphore>,
+    pub stats: Counters,
+    expected: Mutex<HashMap<String, Expected>>,
+    heads: Mutex<HashMap<String, ShardStat>>,
+    inflight: Mutex<HashMap<String, Arc<Download>>>,
+    /// Shards this store has fetched: found whole later, they are no cache hit.
+    fetched: Mutex<HashSet<String>>,
+    prefetch: Mutex<PrefetchQueue>,
+    prefetch_cv: Condvar,
+    stop: AtomicBool,
+}
+
+#[derive(Default)]
+struct PrefetchQueue {
+    names: VecDeque<String>,
+    queued: HashSet<String>,
+    /// Shard fetches the prefetcher started that have not finished.
+    active: usize,
+}
+
+/// A [`ShardStore`] over an object store, with a local disk cache (see the
+/// [module](self) documentation).
+pub struct RemoteStore {
+    inner: Arc<Inner>,
+    prefetcher: Option<std::thread::JoinHandle<()>>,
+    /// Dropped last: the runtime's threads stop when the store goes.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for RemoteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteStore")
+            .field("url", &self.inner.base)
+            .field("cache", &self.inner.cache.root())
+            .finish()
+    }
+}
+
+impl RemoteStore {
+    /// A store of the objects under `url` (`s3://bucket/prefix`, `gs://...`, `az://...`,
+    /// `http(s)://...`, `file:///...`), shard names being keys relative to it. Sends no
+    /// request.
+    pub fn new(url: &str, options: RemoteOptions) -> Result<RemoteStore> {
+        options.check()?;
+        let target = url::parse(url, &options)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(options.runtime_threads)
+            .thread_name("gpufeed-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::config(
+                    "runtime_threads",
+                    format!("cannot start the store's threads: {e}"),
+                )
+            })?;
+        let cache = DiskCache::new(options.cache_root(), options.cache_limit, &target.base)?;
+        let inner = Arc::new(Inner {
+            base: target.base,
+            store: target.store,
+            prefix: target.prefix,
+            handle: runtime.handle().clone(),
+            requests: Arc::new(tokio::sync::Semaphore::new(options.max_requests)),
+            options,
+            cache,
+            stats: Counters::default(),
+            expected: Mutex::new(HashMap::new()),
+            heads: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::new()),
+            fetched: Mutex::new(HashSet::new()),
+            prefetch: Mutex::new(PrefetchQueue::default()),
+            prefetch_cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let prefetcher =
+            if inner.options.prefetch_shards > 0 && inner.options.read_ahead_batches > 0 {
+                let inner = Arc::clone(&inner);
+                Some(
+                    std::thread::Builder::new()
+                        .name("gpufeed-prefetch".into())
+                        .spawn(move || prefetch_loop(&inner))
+                        .map_err(|e| {
+                            Error::config(
+                                "prefetch_shards",
+                                format!("cannot start the prefetch thread: {e}"),
+                            )
+                        })?,
+                )
+            } else {
+                None
+            };
+        Ok(RemoteStore {
+            inner,
+            prefetcher,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// The store's URL (without a trailing `/`).
+    pub fn url(&self) -> &str {
+        &self.inner.base
+    }
+
+    /// The settings it runs with.
+    pub fn options(&self) -> &RemoteOptions {
+        &self.inner.options
+    }
+
+    /// The cache directory.
+    pub fn cache_dir(&self) -> &Path {
+        self.inner.cache.root()
+    }
+
+    /// Records what the index says shard `name` is: its size (no request is then needed to
+    /// learn it) and its checksum, checked on arrival. The checksum (else the size) also keys
+    /// the shard's file in the cache.
+    pub fn expect(&self, name: &str, expected: Expected) {
+        lock(&self.inner.expected).insert(name.to_owned(), expected);
+    }
+
+    /// The whole object `name` (an index file), fetched with retries, not cached.
+    pub fn fetch_small(&self, name: &str) -> Result<Vec<u8>> {
+        self.inner.fetch_small(name)
+    }
+
+    /// The names (relative to the store's URL) of the objects under it whose names end with
+    /// `suffix`, sorted.
+    pub fn list(&self, suffix: &str) -> Result<Vec<String>> {
+        self.inner.list(suffix)
+    }
+
+    /// What the store has done so far.
+    pub fn stats(&self) -> StoreStats {
+        self.inner.stats.snapshot()
+    }
+}
+
+impl Drop for RemoteStore {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Relaxed);
+        self.inner.prefetch_cv.notify_all();
+        if let Some(t) = self.prefetcher.take() {
+            let _ = t.join();
+        }
+        // Fetches still running stop with the runtime; their temporary files go.
+        let unfinished: Vec<Arc<Download>> =
+            lock(&self.inner.inflight).drain().map(|(_, d)| d).collect();
+        for d in &unfinished {
+            d.cancel();
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+        for d in unfinished {
+            d.remove_temporary();
+        }
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a shard is now.
+enum Entry {
+    /// Whole, in the cache, at this path.
+    Whole(PathBuf),
+    /// Arriving (fetched by this process).
+    Arriving(Arc<Download>),
+    /// Being fetched by another process (only for a prefetch, which does not wait).
+    Elsewhere,
+}
+
+impl Inner {
+    pub(crate) fn url_of(&self, name: &str) -> PathBuf {
+        PathBuf::from(format!("{}/{name}", self.base))
+    }
+
+    pub(crate) fn key_of(&self, name: &str) -> object_store::path::Path {
+        object_store::path::Path::from(format!("{}{name}", self.prefix))
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.handle.block_on(f)
+    }
+
+    /// The shard's size and a version that keys its cache file: the index's checksum, else
+    /// the object's ETag (or modification time) and size, from a HEAD request made once.
+    fn version(&self, name: &str) -> Result<(u64, String)> {
+        if let Some(e) = lock(&self.expected).get(name)
+            && let Some(c) = e.checksum
+        {
+            return Ok((e.bytes, format!("{:016x}", c.want())));
+        }
+        let stat = self.head(name)?;
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(stat.tag.as_deref().unwrap_or("").as_bytes());
+        if stat.tag.is_none() {
+            let t = stat
+                .modified
+                .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            h.update(&t.to_le_bytes());
+        }
+        h.update(&stat.bytes.to_le_bytes());
+        Ok((stat.bytes, format!("{:016x}", h.digest())))
+    }
+
+    fn head(&self, name: &str) -> Result<ShardStat> {
+        if let Some(s) = lock(&self.heads).get(name) {
+            return Ok(s.clone());
+        }
+        let key = self.key_of(name);
+        let url = self.url_of(name);
+        let meta = self.block_on(download::with_retries(self, &url, || {
+            let key = key.clone();
+            async move { self.store.head(&key).await }
+        }))?;
+        let stat = ShardStat {
+            bytes: meta.size,
+            modified: Some(std::time::SystemTime::from(meta.last_modified)),
+            tag: meta.e_tag.clone(),
+        };
+        lock(&self.heads).insert(name.to_owned(), stat.clone());
+        Ok(stat)
+    }
+
+    fn fetch_small(&self, name: &str) -> Result<Vec<u8>> {
+        let key = self.key_of(name);
+        let url = self.url_of(name);
+        let bytes = self.block_on(download::with_retries(self, &url, || {
+            let key = key.clone();
+            async move {
+                let got = self.store.get(&key).await?;
+                got.bytes().await
+            }
+        }))?;
+        Counters::add(&self.stats.bytes_fetched, bytes.len() as u64);
+        Ok(bytes.to_vec())
+    }
+
+    fn list(&self, suffix: &str) -> Result<Vec<String>> {
+        let prefix = object_store::path::Path::from(self.prefix.trim_end_matches('/'));
+        let url = PathBuf::from(format!("{}/", self.base));
+        let metas = self.block_on(download::with_retries(self, &url, || {
+            let prefix = prefix.clone();
+            async move {
+                use futures_util::StreamExt;
+                let mut stream = self.store.list(Some(&prefix));
+                let mut out = Vec::new();
+                while let Some(m) = stream.next().await {
+                    out.push(m?);
+                }
+                Ok(out)
+            }
+        }))?;
+        let mut names = Vec::new();
+        for m in metas {
+            let key = m.location.to_string();
+            let Some(name) = key.strip_prefix(&self.prefix) else {
+                continue;
+            };
+            if name.ends_with(suffix) {
+                lock(&self.heads).insert(
+                    name.to_owned(),
+                    ShardStat {
+                        bytes: m.size,
+                        modified: Some(std::time::SystemTime::from(m.last_modified)),
+                        tag: m.e_tag.clone(),
+                    },
+                );
+                names.push(name.to_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Where shard `name` is, starting its fetch if it is nowhere. `demand`: a reader needs it
+    /// now (it waits for another process's fetch, and counts a cache hit); else a prefetch.
+    fn entry(self: &Arc<Self>, name: &str, demand: bool) -> Result<Entry> {
+        if let Some(d) = lock(&self.inflight).get(name)
+            && !d.failed()
+        {
+            return Ok(Entry::Arriving(Arc::clone(d)));
+        }
+        let (bytes, version) = self.version(name)?;
+        let path = self.cache.path_for(name, &version);
+        let mut waited_since: Option<Instant> = None;
+        loop {
+            if self.cache.touch_if_whole(&path) {
+                if demand && !lock(&self.fetched).contains(name) {
+                    Counters::add(&self.stats.cache_hits, 1);
+                }
+                if let Some(t) = waited_since {
+                    Counters::add(&self.stats.waited_nanos, t.elapsed().as_nanos() as u64);
+                }
+                return Ok(Entry::Whole(path));
+            }
+            let mut inflight = lock(&self.inflight);
+            if let Some(d) = inflight.get(name)
+                && !d.failed()
+            {
+                return Ok(Entry::Arriving(Arc::clone(d)));
+            }
+            match self.cache.try_lock(&path)? {
+                Some(guard) => {
+                    // Whole now? Another process may have finished between the two looks.
+                    if self.cache.touch_if_whole(&path) {
+                        drop(guard);
+                        continue;
+                    }
+                    let url = self.url_of(name);
+                    let expected = lock(&self.expected).get(name).cloned();
+                    if let Some(e) = &expected
+                        && e.bytes != bytes
+                    {
+                        return Err(Error::Remote {
+                            shard: url,
+                            kind: RemoteErrorKind::Checksum,
+                            what: format!(
+                                "the object is {bytes} bytes, the index says {}",
+                                e.bytes
+                            ),
+                        });
+                    }
+                    let evicted = match self.cache.make_room(bytes, &path) {
+                        Ok(n) => n,
+                        Err(what) => {
+                            Counters::add(&self.stats.cache_full, 1);
+                            return Err(Error::Remote {
+                                shard: url,
+                                kind: RemoteErrorKind::CacheFull,
+                                what,
+                            });
+                        }
+                    };
+                    Counters::add(&self.stats.cache_evictions, evicted);
+                    Counters::add(&self.stats.cache_misses, 1);
+                    lock(&self.fetched).insert(name.to_owned());
+                    let checksum = expected
+                        .and_then(|e| e.checksum)
+                        .filter(|_| self.options.verify_checksums);
+                    let d = Download::start(self, name, url, bytes, path, checksum, guard)?;
+                    inflight.insert(name.to_owned(), Arc::clone(&d));
+                    return Ok(Entry::Arriving(d));
+                }
+                None => {
+                    drop(inflight);
+                    // Another process of the machine is fetching it: wait for its file.
+                    if !demand {
+                        return Ok(Entry::Elsewhere);
+                    }
+                    if waited_since.is_none() {
+                        waited_since = Some(Instant::now());
+                        Counters::add(&self.stats.shared_downloads, 1);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// A fetch has ended (whole or failed): it leaves the set of fetches in flight.
+    pub(crate) fn finished(&self, name: &str, d: &Download) {
+        let mut inflight = lock(&self.inflight);
+        if inflight.get(name).is_some_and(|x| std::ptr::eq(&**x, d)) {
+            inflight.remove(name);
+        }
+        drop(inflight);
+        // `done` or `failed` is set before this call, and the prefetcher marks a fetch as its
+        // own under the same lock only while neither is: so each mark is counted down once.
+        let mut q = lock(&self.prefetch);
+        if d.prefetched() {
+            q.active = q.active.saturating_sub(1);
+            drop(q);
+            self.prefetch_cv.notify_all();
+        }
+    }
+
+    fn open_bytes(self: &Arc<Self>, name: &str) -> Result<ShardBytes> {
+        let url = self.url_of(name);
+        let mut tries = 0;
+        loop {
+            match self.entry(name, true)? {
+                Entry::Whole(path) => match ShardBytes::map_file(&path) {
+                    Ok(mapped) => {
+                        let all = mapped.share(0..mapped.len())?;
+                        return Ok(ShardBytes::new(url, all));
+                    }
+                    // Removed (another process made room) between the look and the map:
+                    // look again, which fetches it anew.
+                    Err(Error::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound && tries < 3 =>
+                    {
+                        tries += 1;
+                    }
+                    Err(e) => return Err(e),
+                },
+                Entry::Arriving(d) => return Ok(ShardBytes::arriving(url, d.bytes(), d)),
+                Entry::Elsewhere => return unreachable_elsewhere(&url),
+            }
+        }
+    }
+
+    fn whole_file(self: &Arc<Self>, name: &str) -> Result<PathBuf> {
+        match self.entry(name, true)? {
+            Entry::Whole(path) => Ok(path),
+            Entry::Arriving(d) => {
+                d.wait_whole()?;
+                Ok(d.final_path().to_path_buf())
+            }
+            Entry::Elsewhere => unreachable_elsewhere(&self.url_of(name)),
+        }
+    }
+}
+
+/// `entry(.., demand = true)` waits instead of answering `Elsewhere`; an error, not a panic,
+/// should that ever change.
+fn unreachable_elsewhere<T>(url: &Path) -> Result<T> {
+    Err(Error::Remote {
+        shard: url.to_path_buf(),
+        kind: RemoteErrorKind::Unavailable,
+        what: "another process is fetching the shard".into(),
+    })
+}
+
+/// The prefetch thread: starts the fetches of announced shards, in order, at most
+/// `prefetch_shards` at once.
+fn prefetch_loop(inner: &Arc<Inner>) {
+    loop {
+        let name = {
+            let mut q = lock(&inner.prefetch);
+            loop {
+                if inner.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                if q.active < inner.options.prefetch_shards
+                    && let Some(n) = q.names.pop_front()
+                {
+                    q.queued.remove(&n);
+                    break n;
+                }
+                q = inner
+                    .prefetch_cv
+                    .wait_timeout(q, Duration::from_millis(200))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
+        };
+        if lock(&inner.inflight).contains_key(&name) {
+            continue;
+        }
+        // Errors are the reader's to see, when it asks for the shard.
+        if let Ok(Entry::Arriving(d)) = inner.entry(&name, false) {
+            let mut q = lock(&inner.prefetch);
+            if !d.is_done() && d.mark_prefetched() {
+                q.active += 1;
+                Counters::add(&inner.stats.prefetched, 1);
+            }
+        }
+    }
+}
+
+impl ShardStore for RemoteStore {
+    fn locate(&self, name: &str) -> PathBuf {
+        self.inner.url_of(name)
+    }
+
+    fn stat(&self, name: &str) -> Result<ShardStat> {
+        if let Some(e) = lock(&self.inner.expected).get(name)
+            && let Some(c) = e.checksum
+        {
+            return Ok(ShardStat {
+                bytes: e.bytes,
+                modified: None,
+                tag: Some(format!("{}:{:016x}", c.name(), c.want())),
+            });
+        }
+        self.inner.head(name)
+    }
+
+    fn open(&self, name: &str) -> Result<ShardBytes> {
+        self.inner.open_bytes(name)
+    }
+
+    fn local_file(&self, name: &str) -> Result<PathBuf> {
+        self.inner.whole_file(name)
+    }
+
+    fn read_ahead_batches(&self) -> usize {
+        if self.prefetcher.is_some() {
+            self.inner.options.read_ahead_batches
+        } else {
+            0
+        }
+    }
+
+    fn prefetch(&self, name: &str) {
+        if self.prefetcher.is_none() {
+            return;
+        }
+        let mut q = lock(&self.inner.prefetch);
+        if q.queued.contains(name) || lock(&self.inner.inflight).contains_key(name) {
+            return;
+        }
+        // Announcements are bounded by the loader's read-ahead; this bound only guards
+        // against a caller that announces without reading.
+        if q.names.len() >= 65_536 {
+            return;
+        }
+        q.queued.insert(name.to_owned());
+        q.names.push_back(name.to_owned());
+        drop(q);
+        self.inner.prefetch_cv.notify_all();
+    }
+
+    fn stats(&self) -> Option<StoreStats> {
+        Some(self.inner.stats.snapshot())
+    }
+}
+
+/// `shards` with at most as many shards open as the store's cache holds of the largest shard
+/// its index names (at least one). An open shard is a mapping of its cache file: it keeps the
+/// file's pages resident and, once the cache has evicted the file, its disk space taken, until
+/// it is dropped; so without this bound an epoch over a data set larger than the cache would
+/// keep up to `max_open_shards` shards resident and on disk whatever the cache limit. (Tar
+/// shards, whose sizes no index gives, keep `max_open_shards`.)
+fn mapped_within_cache(store: &RemoteStore, shards: &ShardOptions) -> ShardOptions {
+    let largest = lock(&store.inner.expected)
+        .values()
+        .map(|e| e.bytes)
+        .max()
+        .unwrap_or(0);
+    let mut shards = shards.clone();
+    if let Some(fit) = store.options().cache_limit.checked_div(largest) {
+        let fit = usize::try_from(fit).unwrap_or(usize::MAX).max(1);
+        shards.max_open_shards = shards.max_open_shards.min(fit);
+    }
+    shards
+}
+
+/// Opens the sharded dataset under `url`, with the cache settings of
+/// [`RemoteOptions::from_env`]: see [`open_url_with`].
+pub fn open_url(url: &str, options: &WebDatasetOptions) -> Result<Box<dyn ShardedSource>> {
+    open_url_with(url, options, RemoteOptions::from_env()?)
+}
+
+/// Opens the sharded dataset under `url`: packed shards or MDS when `URL/index.json` exists
+/// (told apart by its content, as for a local directory), else the `.tar` objects under the
+/// URL (sorted), or the one `.tar` object the URL names. Fetches the index (or lists the
+/// objects), and for tar shards their sample counts (cached); no other shard.
+pub fn open_url_with(
+    url: &str,
+    options: &WebDatasetOptions,
+    remote: RemoteOptions,
+) -> Result<Box<dyn ShardedSource>> {
+    let trimmed = url.trim_end_matches('/');
+    if trimmed.ends_with(".tar") {
+        let (dir, file) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+        let store = RemoteStore::new(dir, remote)?;
+        return Ok(Box::new(WebDataset::from_store(
+            Arc::new(store),
+            vec![file.to_owned()],
+            options.clone(),
+        )?));
+    }
+    let store = RemoteStore::new(trimmed, remote)?;
+    let index_url = store.inner.url_of("index.json");
+    match store.fetch_small("index.json") {
+        Ok(text) => {
+            let value: serde_json::Value =
+                serde_json::from_slice(&text).map_err(|e| Error::Malformed {
+                    path: index_url.clone(),
+                    format: "shard index",
+                    what: format!("not valid JSON: {e}"),
+                })?;
+            if value.get("format").and_then(|f| f.as_str()) == Some(PACKED_INDEX_FORMAT) {
+                let index = super::packed::PackedIndex::parse(&index_url, &text)?;
+                for s in &index.shards {
+                    let checksum = u64::from_str_radix(&s.xxh3_64, 16)
+                        .ok()
+                        .map(Checksum::Xxh3_64);
+                    store.expect(
+                        &s.name,
+                        Expected {
+                            bytes: s.bytes,
+                            checksum,
+                        },
+                    );
+                }
+                let shards = mapped_within_cache(&store, &options.shards);
+                return Ok(Box::new(PackedShards::from_index(
+                    Arc::new(store),
+                    &index_url,
+                    &text,
+                    shards,
+                )?));
+            }
+            if value.get("shards").is_some() {
+                #[derive(serde::Deserialize)]
+                struct MdsEntry {
+                    raw_data: super::mds::MdsFileInfo,
+                }
+                #[derive(serde::Deserialize)]
+                struct MdsIndex {
+                    shards: Vec<MdsEntry>,
+                }
+                // Sizes and hashes for the store; the format reader checks the rest.
+                if let Ok(index) = serde_json::from_slice::<MdsIndex>(&text) {
+                    for s in index.shards {
+                        let raw = s.raw_data;
+                        let hash = |name: &str| {
+                            raw.hashes
+                                .get(name)
+                                .and_then(|h| u64::from_str_radix(h, 16).ok())
+                        };
+                        let checksum = hash("xxh3_64")
+                            .map(Checksum::Xxh3_64)
+                            .or_else(|| hash("xxh64").map(Checksum::Xxh64));
+                        store.expect(
+                            &raw.basename,
+                            Expected {
+                                bytes: raw.bytes,
+                                checksum,
+                            },
+                        );
+                    }
+                }
+                let shards = mapped_within_cache(&store, &options.shards);
+                return Ok(Box::new(MdsDataset::from_index(
+                    Arc::new(store),
+                    &index_url,
+                    &text,
+                    shards,
+                )?));
+            }
+            Err(Error::Malformed {
+                path: index_url,
+                format: "shard index",
+                what: format!(
+                    "neither a packed shard index (`\"format\": \"{PACKED_INDEX_FORMAT}\"`) nor an MDS index (`\"shards\"`)"
+                ),
+            })
+        }
+        Err(Error::Remote {
+            kind: RemoteErrorKind::NotFound,
+            ..
+        }) => {
+            let tars = store.list(".tar")?;
+            if tars.is_empty() {
+                return Err(Error::Remote {
+                    shard: PathBuf::from(format!("{trimmed}/")),
+                    kind: RemoteErrorKind::NotFound,
+                    what: "no index.json (packed shards or MDS) and no .tar object under this URL"
+                        .into(),
+                });
+            }
+            Ok(Box::new(WebDataset::from_store(
+                Arc::new(store),
+                tars,
+                options.clone(),
+            )?))
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,508 @@
+//! Shards from a real S3 server: moto's, started by each test on 127.0.0.1 (see
+//! tests/s3_common for how a missing moto fails in CI and skips elsewhere). Shards read back
+//! whole through the loader; a proxy that fails or cuts 10% of the requests loses and repeats
+//! nothing, and every retry is counted; processes on one machine share one download; a killed
+//! reader leaves no half shard; bad input is a typed error naming the shard (and sample).
+#![cfg(feature = "s3")]
+
+use crate::s3_common;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use gpufeed::format::{DType, Field, Schema};
+use gpufeed::source::shards::ShardedSource;
+use gpufeed::source::shards::packed::ShardWriter;
+use gpufeed::source::shards::remote::{RemoteOptions, open_url_with};
+use gpufeed::source::shards::tar::TarBuilder;
+use gpufeed::source::shards::webdataset::WebDatasetOptions;
+use gpufeed::{Dataset, Error, Loader, RemoteErrorKind, Result};
+use s3_common::{FaultProxy, create_bucket, moto, put, put_dir};
+
+const RECORD: usize = 3000;
+
+fn record(i: u32) -> Vec<u8> {
+    (0..RECORD)
+        .map(|k| (i as usize * 131 + k * 7) as u8)
+        .collect()
+}
+
+/// `n` records (label u32, data u8[3000]) as packed shards of about `shard_bytes` in `dir`.
+fn write_packed(dir: &Path, n: u32, shard_bytes: u64) -> usize {
+    let schema = Schema::new(vec![
+        Field::tensor("label", DType::U32, &[]),
+        Field::tensor("data", DType::U8, &[RECORD as u64]),
+    ])
+    .unwrap();
+    let mut w = ShardWriter::create(dir, schema, shard_bytes).unwrap();
+    for i in 0..n {
+        w.append(&[&i.to_le_bytes(), &record(i)]).unwrap();
+    }
+    w.finish().unwrap().shards.len()
+}
+
+/// `shards` tar shards of `per` samples (`NNNNNN.data`, `NNNNNN.label`) in `dir`.
+fn write_tars(dir: &Path, shards: u32, per: u32) {
+    for s in 0..shards {
+        let mut t = TarBuilder::new();
+        for i in 0..per {
+            let n = s * per + i;
+            t.file(&format!("{n:06}.data"), &record(n));
+            t.file(&format!("{n:06}.label"), &n.to_le_bytes());
+        }
+        std::fs::write(dir.join(format!("shard-{s:04}.tar")), t.finish()).unwrap();
+    }
+}
+
+fn options(cache: &Path, endpoint: &str) -> RemoteOptions {
+    let setting = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    RemoteOptions {
+        cache_dir: Some(cache.to_path_buf()),
+        // Several parts per shard, so that shards arrive in pieces and are read as they do.
+        part_bytes: 32 << 10,
+        backoff: Duration::from_millis(2),
+        max_backoff: Duration::from_millis(20),
+        retries: 12,
+        request_timeout: Duration::from_secs(20),
+        settings: vec![
+            setting("aws_endpoint", endpoint),
+            setting("aws_allow_http", "true"),
+            setting("aws_access_key_id", "testing"),
+            setting("aws_secret_access_key", "testing"),
+            setting("aws_region", "us-east-1"),
+        ],
+        ..RemoteOptions::default()
+    }
+}
+
+fn wds(index_cache: &Path) -> WebDatasetOptions {
+    WebDatasetOptions {
+        cache_dir: Some(index_cache.to_path_buf()),
+        ..WebDatasetOptions::default()
+    }
+}
+
+/// Reads one epoch in the two-level shuffle's order and checks that every sample came once,
+/// intact (`label` field, then `data`).
+fn read_epoch(data: Arc<dyn ShardedSource>, n: u32) {
+    let dataset: Arc<dyn Dataset> = data;
+    let mut loader = Loader::builder_shared(dataset)
+        .batch_size(32)
+        .shuffle(11)
+        .shuffle_blocks(4, 16)
+        .workers(3)
+        .build()
+        .unwrap();
+    let mut seen = HashSet::new();
+    for b in loader.by_ref() {
+        let b = b.unwrap();
+        let labels = b.field::<u32>("label").unwrap().to_vec();
+        let data = b.field_bytes("data").unwrap();
+        for (slot, &label) in labels.iter().enumerate() {
+            assert!(seen.insert(label), "sample {label} came twice");
+            assert_eq!(
+                &data[slot * RECORD..(slot + 1) * RECORD],
+                &record(label)[..],
+                "sample {label}"
+            );
+        }
+    }
+    assert_eq!(seen.len(), n as usize, "samples lost");
+}
+
+/// Tar shards have bytes fields: read each sample by `get` in the loader's order instead.
+fn read_tar_epoch(data: &dyn ShardedSource, n: u32) {
+    let mut seen = HashSet::new();
+    for i in 0..data.len() {
+        let s = data.get(i).unwrap();
+        let label = u32::from_le_bytes(s.field_named("label").unwrap().try_into().unwrap());
+        assert!(seen.insert(label), "sample {label} came twice");
+        assert_eq!(s.field_named("data").unwrap(), &record(label)[..]);
+    }
+    assert_eq!(seen.len(), n as usize);
+}
+
+fn remote_kind(e: &Error) -> (RemoteErrorKind, String) {
+    match e {
+        Error::Remote { kind, shard, .. } => (*kind, shard.display().to_string()),
+        Error::Sample { source, .. } => remote_kind(source),
+        other => panic!("not a remote error: {other:?}"),
+    }
+}
+
+#[test]
+fn packed_and_tar_shards_read_back_once_each() {
+    let Some(server) = moto(false) else { return };
+    let (data, tars, cache, idx) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let shards = write_packed(data.path(), 400, 160 << 10);
+    write_tars(tars.path(), 5, 40);
+    create_bucket(server.port, "data");
+    put_dir(server.port, "data", "packed", data.path());
+    put_dir(server.port, "data", "tars", tars.path());
+    let packed = open_url_with(
+        "s3://data/packed/",
+        &WebDatasetOptions::default(),
+        options(cache.path(), &server.endpoint()),
+    )
+    .unwrap();
+    let packed: Arc<dyn ShardedSource> = Arc::from(packed);
+    read_epoch(Arc::clone(&packed), 400);
+    let s = packed.store_stats().unwrap();
+    assert_eq!(s.cache_misses, shards as u64, "{s}");
+    assert_eq!(s.retries, 0, "{s}");
+    let tar = open_url_with(
+        "s3://data/tars",
+        &wds(idx.path()),
+        options(cache.path(), &server.endpoint()),
+    )
+    .unwrap();
+    read_tar_epoch(&*tar, 200);
+    assert_eq!(tar.store_stats().unwrap().cache_misses, 5);
+}
+
+#[test]
+fn faults_on_10_percent_of_requests_lose_and_repeat_nothing_and_every_retry_is_counted() {
+    let Some(server) = moto(false) else { return };
+    let (data, tars, cache, idx) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    write_packed(data.path(), 600, 200 << 10);
+    write_tars(tars.path(), 6, 50);
+    create_bucket(server.port, "faulty");
+    put_dir(server.port, "faulty", "packed", data.path());
+    put_dir(server.port, "faulty", "tars", tars.path());
+    let proxy = FaultProxy::start(server.port, 10);
+    let packed = open_url_with(
+        "s3://faulty/packed",
+        &WebDatasetOptions::default(),
+        options(cache.path(), &proxy.endpoint()),
+    )
+    .unwrap();
+    let packed: Arc<dyn ShardedSource> = Arc::from(packed);
+    read_epoch(Arc::clone(&packed), 600);
+    let tar = open_url_with(
+        "s3://faulty/tars",
+        &wds(idx.path()),
+        options(cache.path(), &proxy.endpoint()),
+    )
+    .unwrap();
+    read_tar_epoch(&*tar, 300);
+    let (a, b) = (packed.store_stats().unwrap(), tar.store_stats().unwrap());
+    let c = &proxy.counts;
+    let (requests, failed, cut) = (
+        c.requests.load(Ordering::Relaxed),
+        c.failed.load(Ordering::Relaxed),
+        c.cut.load(Ordering::Relaxed),
+    );
+    eprintln!("proxy: {requests} requests, {failed} failed, {cut} cut\npacked: {a}\ntar: {b}");
+    assert!(
+        failed > 0 && cut > 0,
+        "the proxy injected no fault of some kind"
+    );
+    assert!(
+        (failed + cut) * 100 >= requests * 5,
+        "fewer faults than expected"
+    );
+    assert_eq!(a.requests + b.requests, requests, "every request counted");
+    assert_eq!(a.retries + b.retries, failed + cut, "every retry counted");
+}
+
+#[test]
+fn requests_that_hang_time_out_and_are_retried() {
+    let Some(server) = moto(false) else { return };
+    let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_packed(data.path(), 200, 200 << 10);
+    create_bucket(server.port, "hangs");
+    put_dir(server.port, "hangs", "p", data.path());
+    let proxy = FaultProxy::stalling(server.port, 8, Duration::from_secs(3));
+    let o = RemoteOptions {
+        request_timeout: Duration::from_secs(1),
+        ..options(cache.path(), &proxy.endpoint())
+    };
+    let d = open_url_with("s3://hangs/p", &WebDatasetOptions::default(), o).unwrap();
+    let d: Arc<dyn ShardedSource> = Arc::from(d);
+    read_epoch(Arc::clone(&d), 200);
+    let s = d.store_stats().unwrap();
+    let stalled = proxy.counts.stalled.load(Ordering::Relaxed);
+    assert!(stalled > 0, "no request hung");
+    // Each hung request timed out and was sent again (a slow answer on a loaded machine may
+    // time out too: at least as many).
+    assert!(s.retries >= stalled, "{s}: {stalled} hung");
+}
+
+#[test]
+fn a_bucket_that_does_not_exist_is_an_error_naming_it() {
+    let Some(server) = moto(false) else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let e = open_url_with(
+        "s3://no-such-bucket/shards",
+        &WebDatasetOptions::default(),
+        options(cache.path(), &server.endpoint()),
+    )
+    .map(|_| ())
+    .unwrap_err();
+    let (kind, shard) = remote_kind(&e);
+    assert_eq!(kind, RemoteErrorKind::NoSuchBucket, "{e}");
+    assert!(shard.starts_with("s3://no-such-bucket/shards"), "{e}");
+}
+
+#[test]
+fn refused_credentials_are_an_error_naming_the_shard() {
+    let Some(server) = moto(true) else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let e = open_url_with(
+        "s3://data/shards",
+        &WebDatasetOptions::default(),
+        options(cache.path(), &server.endpoint()),
+    )
+    .map(|_| ())
+    .unwrap_err();
+    let (kind, shard) = remote_kind(&e);
+    assert_eq!(kind, RemoteErrorKind::AccessDenied, "{e}");
+    assert!(shard.starts_with("s3://data/shards"), "{e}");
+}
+
+#[test]
+fn a_missing_shard_and_a_full_cache_are_errors_naming_the_shard_and_sample() {
+    let Some(server) = moto(false) else { return };
+    let (data, cache, small) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    write_packed(data.path(), 200, 100 << 10);
+    create_bucket(server.port, "holes");
+    // The index names it; the bucket does not have it.
+    let missing = data.path().join("shard-000001.gfd");
+    let kept = std::fs::read(&missing).unwrap();
+    std::fs::remove_file(&missing).unwrap();
+    put_dir(server.port, "holes", "p", data.path());
+    std::fs::write(&missing, kept).unwrap();
+    let d = open_url_with(
+        "s3://holes/p",
+        &WebDatasetOptions::default(),
+        options(cache.path(), &server.endpoint()),
+    )
+    .unwrap();
+    let start = d.shard_start(1).unwrap();
+    let d: Arc<dyn ShardedSource> = Arc::from(d);
+    let dataset: Arc<dyn Dataset> = d;
+    let mut loader = Loader::builder_shared(dataset)
+        .batch_size(16)
+        .build()
+        .unwrap();
+    let e = loader
+        .by_ref()
+        .find_map(|b| b.err())
+        .expect("a batch fails");
+    match &e {
+        Error::Sample { index, .. } => assert_eq!(*index, start, "{e}"),
+        other => panic!("not a sample error: {other:?}"),
+    }
+    let (kind, shard) = remote_kind(&e);
+    assert_eq!(kind, RemoteErrorKind::NotFound, "{e}");
+    assert_eq!(shard, "s3://holes/p/shard-000001.gfd");
+
+    let tiny = RemoteOptions {
+        cache_limit: 10 << 10,
+        ..options(small.path(), &server.endpoint())
+    };
+    let d = open_url_with("s3://holes/p", &WebDatasetOptions::default(), tiny).unwrap();
+    let e = d.get(0).map(|_| ()).unwrap_err();
+    let (kind, shard) = remote_kind(&e);
+    assert_eq!(kind, RemoteErrorKind::CacheFull, "{e}");
+    assert_eq!(shard, "s3://holes/p/shard-000000.gfd");
+    assert_eq!(d.store_stats().unwrap().cache_full, 1);
+}
+
+/// The child side of the multi-process tests: reads every sample of the dataset named by the
+/// environment, prints its store's counts. Run by the tests below, not by itself.
+#[test]
+#[ignore = "run as a child process by the multi-process tests"]
+fn child_reader() -> Result<()> {
+    let (Ok(url), Ok(cache), Ok(endpoint)) = (
+        std::env::var("GPUFEED_TEST_URL"),
+        std::env::var("GPUFEED_TEST_CACHE"),
+        std::env::var("GPUFEED_TEST_ENDPOINT"),
+    ) else {
+        return Ok(());
+    };
+    let o = RemoteOptions {
+        part_bytes: 16 << 10,
+        ..options(Path::new(&cache), &endpoint)
+    };
+    let d = open_url_with(&url, &WebDatasetOptions::default(), o)?;
+    for i in 0..d.len() {
+        d.get(i)?;
+    }
+    let s = d.store_stats().unwrap_or_default();
+    println!(
+        "STATS misses={} hits={} shared={}",
+        s.cache_misses, s.cache_hits, s.shared_downloads
+    );
+    Ok(())
+}
+
+fn child(url: &str, cache: &Path, endpoint: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "child_reader",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("GPUFEED_TEST_URL", url)
+    .env("GPUFEED_TEST_CACHE", cache)
+    .env("GPUFEED_TEST_ENDPOINT", endpoint);
+    c
+}
+
+#[test]
+fn processes_on_one_machine_fetch_each_shard_once() {
+    let Some(server) = moto(false) else { return };
+    let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let shards = write_packed(data.path(), 300, 120 << 10) as u64;
+    create_bucket(server.port, "shared");
+    put_dir(server.port, "shared", "p", data.path());
+    // A slow server, so that the processes overlap.
+    let proxy = FaultProxy::start_with(server.port, 0, Duration::from_millis(20));
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            child("s3://shared/p", cache.path(), &proxy.endpoint())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (mut misses, mut hits) = (0, 0);
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "child failed: {text}");
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once("STATS ").map(|(_, v)| v))
+            .unwrap_or_else(|| panic!("no stats: {text}"));
+        let get = |k: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap()
+        };
+        misses += get("misses");
+        hits += get("hits");
+    }
+    assert_eq!(
+        misses, shards,
+        "each shard fetched once over the three processes"
+    );
+    assert_eq!(hits, 2 * shards, "the other two read it from the cache");
+}
+
+#[test]
+fn a_reader_killed_mid_fetch_leaves_no_half_shard() {
+    let Some(server) = moto(false) else { return };
+    let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_packed(data.path(), 300, 400 << 10);
+    create_bucket(server.port, "killed");
+    put_dir(server.port, "killed", "p", data.path());
+    let proxy = FaultProxy::start_with(server.port, 0, Duration::from_millis(30));
+    let mut c = child("s3://killed/p", cache.path(), &proxy.endpoint())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once a fetch is under way.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !files(cache.path()).iter().any(|f| f.contains(".part-")) {
+        assert!(Instant::now() < deadline, "no fetch started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    c.kill().unwrap();
+    c.wait().unwrap();
+    // Whatever is in the cache under a shard's name is that shard, whole.
+    for f in files(cache.path()) {
+        if f.contains(".part-") || f.ends_with(".lock") {
+            continue;
+        }
+        let name = Path::new(&f)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let shard = name.split('~').next().unwrap();
+        assert_eq!(
+            std::fs::read(&f).unwrap(),
+            std::fs::read(data.path().join(shard)).unwrap(),
+            "{f} is not whole"
+        );
+    }
+    // A new reader takes over (the killed one's lock is free) and reads everything.
+    let d = open_url_with(
+        "s3://killed/p",
+        &WebDatasetOptions::default(),
+        options(cache.path(), &server.endpoint()),
+    )
+    .unwrap();
+    let d: Arc<dyn ShardedSource> = Arc::from(d);
+    read_epoch(d, 300);
+    let left: Vec<String> = files(cache.path())
+        .into_iter()
+        .filter(|f| f.contains(".part-"))
+        .collect();
+    // The killed process's temporary file goes when the cache next makes room.
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(files(&e.path()));
+        } else {
+            out.push(e.path().display().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_single_object_put_is_readable_as_one_tar_shard() {
+    let Some(server) = moto(false) else { return };
+    let (tars, cache, idx) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    write_tars(tars.path(), 1, 30);
+    create_bucket(server.port, "one");
+    put(
+        server.port,
+        "one",
+        "x/only.tar",
+        &std::fs::read(tars.path().join("shard-0000.tar")).unwrap(),
+    );
+    let d = open_url_with(
+        "s3://one/x/only.tar",
+        &wds(idx.path()),
+        options(cache.path(), &server.endpoint()),
+    )
+    .unwrap();
+    read_tar_epoch(&*d, 30);
+}
