@@ -28,7 +28,7 @@ if [ "$ONLY" = all ]; then
   for t in "$G"/tests/*; do
     name=$(basename "$t")
     threads=""
-    case $name in cuda_*) threads="--test-threads=1" ;; esac
+    case $name in *cuda*) threads="--test-threads=1" ;; esac
     # shellcheck disable=SC2086
     # The 66,000-input pack test is a CPU test of the command (CI runs it); on this machine's
     # disk it takes over 300 s.

@@ -28,9 +28,9 @@
 #   (cd python && maturin build --release --features turbojpeg -o ../.gpu/wheels)
 #   # (or: pip wheel ./python --no-deps -w .gpu/wheels --config-settings=build-args="--features turbojpeg")
 #   # Optional, the Rust GPU tests of the device path (run with --test-threads=1 there):
-#   CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --release --features cuda --test cuda_raw_streams \
+#   CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --release -p gpufeed --features cuda --test cuda \
 #     --no-run --message-format=json \
-#     | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], ".gpu/tests/cuda_raw_streams") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="cuda_raw_streams"]'
+#     | python3 -c 'import json,sys,shutil; [shutil.copy(m["executable"], ".gpu/tests/cuda") for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="cuda"]'
 #   strip .gpu/tests/*
 #   cp ../shared/bench/torch_baseline.py .gpu/
 #   du -sh .gpu    # well under 64 MiB with the tree
@@ -94,10 +94,10 @@ else
   grep -E "passed|failed|SKIPPED|Error" "$OUT/pytest.log" | tail -8
   # GPUFEED_SKIP_RUST_TESTS=1: the staged Rust tests ran already in this machine's session
   # (benches/device_first_epoch.sh runs them all).
-  if [ "${GPUFEED_SKIP_RUST_TESTS:-0}" != 1 ] && ls "$G"/tests/cuda_* >/dev/null 2>&1; then
+  if [ "${GPUFEED_SKIP_RUST_TESTS:-0}" != 1 ] && ls "$G"/tests/*cuda* >/dev/null 2>&1; then
     step "Rust GPU tests (staged, GPUFEED_REQUIRE_GPU=1, --test-threads=1)"
     : >"$OUT/rust_tests.log"
-    for t in "$G"/tests/cuda_*; do
+    for t in "$G"/tests/*cuda*; do
       if GPUFEED_REQUIRE_GPU=1 timeout 120 "$t" -q --test-threads=1 >>"$OUT/rust_tests.log" 2>&1; then
         echo "ok   $(basename "$t"): $(grep 'test result' "$OUT/rust_tests.log" | tail -1)"
       else
