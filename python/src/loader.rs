@@ -214,7 +214,7 @@ impl ImageArgs {
         }
         let mut c = Convert::new("image", Layout::Chw, dtype);
         if let Some((mean, std)) = self.normalize {
-            c = c.normalize(&mean, &std);
+            c = c.normalize(Normalize { mean, std });
         }
         Ok(Some(c))
     }

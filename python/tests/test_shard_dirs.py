@@ -15,7 +15,9 @@ import pytest
 
 import gpufeed
 
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "streaming"
+FIXTURES = (
+    Path(__file__).resolve().parents[2] / "crates" / "gpufeed" / "tests" / "fixtures" / "streaming"
+)
 
 
 @pytest.mark.parametrize("as_path", [True, False])

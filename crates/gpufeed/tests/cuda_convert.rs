@@ -119,7 +119,7 @@ pub fn conversion_matches_the_cpu_reference() {
             let std: Vec<f32> = (0..c)
                 .map(|_| 0.1 + (rng.next_u64() % 1000) as f32 / 1000.0)
                 .collect();
-            let spec = Convert::new("img", layout, dtype).normalize(&mean, &std);
+            let spec = Convert::new("img", layout, dtype).normalize_channels(&mean, &std);
             let shape = match layout {
                 Layout::Hwc => [h, w, c],
                 Layout::Chw => [c, h, w],
@@ -149,9 +149,9 @@ pub fn conversion_rejects_bad_settings() {
     let Some(dev) = device() else { return };
     let spec = Convert::new("img", Layout::Hwc, DType::I32);
     assert!(Converter::new(&dev, spec, &[4, 4, 3]).is_err());
-    let spec = Convert::new("img", Layout::Hwc, DType::F32).normalize(&[0.5; 2], &[1.0; 2]);
+    let spec = Convert::new("img", Layout::Hwc, DType::F32).normalize_channels(&[0.5; 2], &[1.0; 2]);
     assert!(Converter::new(&dev, spec, &[4, 4, 3]).is_err());
-    let spec = Convert::new("img", Layout::Hwc, DType::F32).normalize(&[0.5], &[0.0]);
+    let spec = Convert::new("img", Layout::Hwc, DType::F32).normalize_channels(&[0.5], &[0.0]);
     assert!(Converter::new(&dev, spec, &[4, 4, 3]).is_err());
 }
 

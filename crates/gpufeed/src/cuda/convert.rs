@@ -24,7 +24,7 @@ use super::fence::EventFence;
 use super::{Device, DeviceBuffer, DevicePool};
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::transform::image::Layout;
+use crate::transform::image::{Layout, Normalize};
 
 /// The conversion of one u8 batch field (opt-in; see [conversion on the device](crate::cuda#conversion-on-the-device)).
 #[derive(Clone, Debug, PartialEq)]
@@ -56,8 +56,16 @@ impl Convert {
         }
     }
 
-    /// Normalises with this per-channel mean and std (after scaling).
-    pub fn normalize(mut self, mean: &[f32], std: &[f32]) -> Convert {
+    /// Normalises RGB images with `n` (after scaling): the image pipeline's
+    /// [`Normalize`], so that a host transform and a device conversion take the same value
+    /// (`Normalize::IMAGENET` for torchvision's statistics).
+    pub fn normalize(self, n: Normalize) -> Convert {
+        self.normalize_channels(&n.mean, &n.std)
+    }
+
+    /// Normalises with this per-channel mean and std (after scaling), for any number of
+    /// channels: one value per channel, or one for all.
+    pub fn normalize_channels(mut self, mean: &[f32], std: &[f32]) -> Convert {
         self.mean = mean.to_vec();
         self.std = std.to_vec();
         self
@@ -71,7 +79,7 @@ impl Convert {
 
     /// ImageNet's mean and std (torchvision's), scale 1/255.
     pub fn imagenet(field: impl Into<String>, layout: Layout, dtype: DType) -> Convert {
-        Convert::new(field, layout, dtype).normalize(&[0.485, 0.456, 0.406], &[0.229, 0.224, 0.225])
+        Convert::new(field, layout, dtype).normalize(Normalize::IMAGENET)
     }
 
     /// `(channels, height, width)` of a per-sample input shape, checked against the layout.
