@@ -149,7 +149,8 @@ pub fn conversion_rejects_bad_settings() {
     let Some(dev) = device() else { return };
     let spec = Convert::new("img", Layout::Hwc, DType::I32);
     assert!(Converter::new(&dev, spec, &[4, 4, 3]).is_err());
-    let spec = Convert::new("img", Layout::Hwc, DType::F32).normalize_channels(&[0.5; 2], &[1.0; 2]);
+    let spec =
+        Convert::new("img", Layout::Hwc, DType::F32).normalize_channels(&[0.5; 2], &[1.0; 2]);
     assert!(Converter::new(&dev, spec, &[4, 4, 3]).is_err());
     let spec = Convert::new("img", Layout::Hwc, DType::F32).normalize_channels(&[0.5], &[0.0]);
     assert!(Converter::new(&dev, spec, &[4, 4, 3]).is_err());

@@ -357,9 +357,10 @@ fn child_reader() -> Result<()> {
 
 fn child(url: &str, cache: &Path, endpoint: &str) -> Command {
     let mut c = Command::new(std::env::current_exe().unwrap());
+    // The helper test by its full name in this binary (tests/tests.rs: module `remote_s3`).
     c.args([
         "--exact",
-        "child_reader",
+        "remote_s3::child_reader",
         "--ignored",
         "--nocapture",
         "--test-threads=1",

@@ -959,9 +959,12 @@ impl Loader {
     }
 
     /// Tells the dataset which samples come next, up to its `read_ahead_batches` beyond the
-    /// batches in flight (see [`Dataset::read_ahead`]).
+    /// batches in flight (see [`Dataset::read_ahead`]), once the epoch's first batch has been
+    /// delivered: until then the first batches' own reads come first, instead of queueing
+    /// behind fetches for batches far ahead (from object storage, that was the first batch's
+    /// whole wait). The batches in flight by then are not announced: workers read them already.
     fn announce(&mut self) {
-        if self.read_ahead == 0 {
+        if self.read_ahead == 0 || self.next_batch == 0 {
             return;
         }
         let until = self

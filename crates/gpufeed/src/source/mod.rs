@@ -97,7 +97,9 @@ pub trait Dataset: Send + Sync {
 
     /// The loader will ask for these samples soon, in this order (one batch's indices, batch
     /// after batch, up to [`read_ahead_batches`](Dataset::read_ahead_batches) batches ahead of
-    /// the workers). A hint: called from the loader's thread, it must not block; it never
+    /// the workers), from the moment an epoch's first batch is delivered: the batches made
+    /// before that are read by the workers on demand, so that the first batch never waits
+    /// behind reads for later ones. A hint: called from the loader's thread, it must not block; it never
     /// changes what `get` returns. Default: nothing.
     fn read_ahead(&self, indices: &[u64]) {
         let _ = indices;
