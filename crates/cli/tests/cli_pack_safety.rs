@@ -389,10 +389,11 @@ fn two_packs_racing_to_one_output_give_one_clear_result() {
                 assert!(stderr(o).contains(s(&out)), "{}", stderr(o));
             }
         }
+        let said: Vec<String> = outputs.iter().map(stderr).collect();
         if force {
-            assert_eq!(ok, 2, "with --force both replace the output in turn");
+            assert_eq!(ok, 2, "with --force both replace the output in turn: {said:?}");
         } else {
-            assert_eq!(ok, 1, "without --force exactly one creates the output");
+            assert_eq!(ok, 1, "without --force exactly one creates the output: {said:?}");
         }
         let f = RecordFile::open(&out).unwrap();
         f.verify(|_| {}).unwrap();
