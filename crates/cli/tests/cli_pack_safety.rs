@@ -391,9 +391,15 @@ fn two_packs_racing_to_one_output_give_one_clear_result() {
         }
         let said: Vec<String> = outputs.iter().map(stderr).collect();
         if force {
-            assert_eq!(ok, 2, "with --force both replace the output in turn: {said:?}");
+            assert_eq!(
+                ok, 2,
+                "with --force both replace the output in turn: {said:?}"
+            );
         } else {
-            assert_eq!(ok, 1, "without --force exactly one creates the output: {said:?}");
+            assert_eq!(
+                ok, 1,
+                "without --force exactly one creates the output: {said:?}"
+            );
         }
         let f = RecordFile::open(&out).unwrap();
         f.verify(|_| {}).unwrap();
