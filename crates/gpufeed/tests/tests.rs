@@ -3,6 +3,7 @@
 
 mod image_common;
 
+mod batch_parts;
 mod file_changes;
 mod format_errors;
 mod format_fuzz;

@@ -13,7 +13,9 @@
 //! each sample calls [`Dataset::get`] (a view into the mapping) and the
 //! [`SampleTransform`], which writes straight into the
 //! sample's slot. The finished batch goes back on a bounded result channel; the loader puts
-//! results back in order. At most `prefetch` batches are in flight.
+//! results back in order. At most `prefetch` batches are in flight. Large batches are made in
+//! parts ([`LoaderBuilder::batch_parts`]): several workers write disjoint samples of one
+//! buffer, and the last to finish hands the batch on.
 //!
 //! The budget: a loader makes at most as many batch buffers as its pool's byte budget holds
 //! (see [`LoaderBuilder::pool_budget`]). Each batch dispatched takes a permit that travels with
@@ -58,7 +60,7 @@ use crate::sampler::{BlockShuffle, Order, OrderSpec, Remainder};
 use crate::source::Dataset;
 use crate::transform::{CopyFields, SampleTransform};
 use budget::BatchBudget;
-use worker::{Done, Shared, Task};
+use worker::{Assembly, Done, Shared, Task};
 
 /// A hook run on each whole batch, in the worker, after its samples are written.
 pub type BatchHook = Arc<dyn Fn(&mut Batch) -> Result<()> + Send + Sync>;
@@ -120,6 +122,7 @@ pub struct LoaderBuilder {
     shuffle: Option<u64>,
     workers: usize,
     prefetch: Option<usize>,
+    parts: Option<usize>,
     drop_last: bool,
     evaluation: bool,
     blocks: Option<(u64, u64)>,
@@ -167,9 +170,25 @@ impl LoaderBuilder {
     }
 
     /// Batches in flight, all workers together (default: one per worker plus two, more for
-    /// small batches: about 64 MiB, at most four per worker).
+    /// small batches: about 64 MiB, at most four per worker; for batches made in parts (see
+    /// [`batch_parts`](Self::batch_parts)), enough parts to keep every worker busy twice over,
+    /// plus two batches).
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);
+        self
+    }
+
+    /// Makes each batch in `n` parts, written by up to `n` workers at once (each its own
+    /// samples; `1`: each batch by one worker). Default: batches of 4 MiB or more are made in
+    /// as many parts as there are workers (at most one per sample), smaller ones whole.
+    ///
+    /// Parts trade nothing in throughput and cut what a large batch costs before it arrives:
+    /// the first batch is made by every worker, not one, and fewer batches need to be in flight
+    /// to keep the workers busy, so the pool (pinned memory, on the GPU path, that a first
+    /// epoch must allocate) is smaller. A value larger than the batch size counts as the batch
+    /// size.
+    pub fn batch_parts(mut self, n: usize) -> Self {
+        self.parts = Some(n);
         self
     }
 
@@ -286,6 +305,12 @@ impl LoaderBuilder {
                 ),
             ));
         }
+        if self.parts == Some(0) {
+            return Err(Error::config(
+                "batch_parts",
+                "a batch is made in at least one part",
+            ));
+        }
         if self.prefetch == Some(0) {
             return Err(Error::config(
                 "prefetch",
@@ -336,9 +361,13 @@ impl LoaderBuilder {
         let outputs = self.transform.output(self.dataset.schema())?;
         let layout = Arc::new(BatchLayout::new(outputs, self.batch_size)?);
         let batch_bytes = HostPool::block_size(layout.total_bytes()) as u64;
+        let parts = self
+            .parts
+            .unwrap_or_else(|| default_parts(self.workers, batch_bytes))
+            .clamp(1, self.batch_size.max(1));
         let prefetch = self
             .prefetch
-            .unwrap_or_else(|| default_prefetch(self.workers, batch_bytes));
+            .unwrap_or_else(|| default_prefetch(self.workers, batch_bytes, parts));
         let memory = physical_memory();
         if let Some(memory) = memory
             && batch_bytes > memory / 2
@@ -447,6 +476,7 @@ impl LoaderBuilder {
             done: done_rx,
             threads,
             prefetch,
+            parts,
             budget: BatchBudget::new(budget_batches),
             next_batch: next,
             next_dispatch: next,
@@ -469,6 +499,14 @@ impl LoaderBuilder {
             delivered_samples: 0,
             delivered_bytes: 0,
         };
+        // Batches made in parts would each wait for their buffer in turn (their parts take
+        // the first workers); make the buffers in parallel first, on as many workers.
+        if parts > 1 {
+            let generation = loader.shared.generation.load(Ordering::Acquire);
+            for _ in 0..budget_batches.min(self.workers) {
+                loader.send(Task::Warm { generation })?;
+            }
+        }
         // The workers start on the first batches now, while the caller sets up the rest of
         // its job: the first `next` finds them made or under way.
         loader.dispatch()?;
@@ -479,14 +517,34 @@ impl LoaderBuilder {
 /// Bytes of batches the default prefetch aims to keep in flight when batches are small.
 const PREFETCH_BYTES: u64 = 64 << 20;
 
-/// The default number of batches in flight: one per worker plus two ready, so that every
-/// worker is busy; more for small batches (up to 4 per worker, about 64 MiB), so
-/// that per-batch costs downstream (a channel, a device copy) overlap. Large batches get no
-/// more than they need: every buffer of the budget is pinned memory that a first epoch must
-/// allocate (`benches/RESULTS.md`, issue 12).
-pub fn default_prefetch(workers: usize, batch_bytes: u64) -> usize {
+/// The default number of batches in flight for batches of `batch_bytes` made in `parts` parts
+/// (see [`default_parts`]).
+///
+/// Whole batches: one per worker plus two ready, so that every worker is busy; more for small
+/// batches (up to 4 per worker, about 64 MiB), so that per-batch costs downstream (a channel, a
+/// device copy) overlap. Batches in parts: enough for twice as many parts as workers, plus two
+/// ready. Large batches get no more than they need: every buffer of the budget is pinned memory
+/// that a first epoch must allocate (`benches/RESULTS.md`, issue 12).
+pub fn default_prefetch(workers: usize, batch_bytes: u64, parts: usize) -> usize {
+    if parts > 1 {
+        return 2 * workers.div_ceil(parts) + 2;
+    }
     let by_bytes = usize::try_from(PREFETCH_BYTES.div_ceil(batch_bytes.max(1))).unwrap_or(1);
     by_bytes.min(4 * workers).max(workers + 2)
+}
+
+/// Batches at least this large are made in parts by default.
+const PARTS_FROM_BYTES: u64 = 4 << 20;
+
+/// The default number of parts a batch is made in: one per worker for batches of 4 MiB or
+/// more, else one (a small batch is made by one worker in about the time it takes to hand it
+/// around).
+pub fn default_parts(workers: usize, batch_bytes: u64) -> usize {
+    if batch_bytes >= PARTS_FROM_BYTES {
+        workers.max(1)
+    } else {
+        1
+    }
 }
 
 /// The most worker threads a loader starts: more is a mistake, not a configuration.
@@ -707,6 +765,8 @@ pub struct Loader {
     done: Receiver<Done>,
     threads: Vec<JoinHandle<()>>,
     prefetch: usize,
+    /// Parts each batch is made in (1: whole).
+    parts: usize,
     budget: Arc<BatchBudget>,
     next_batch: u64,
     next_dispatch: u64,
@@ -772,6 +832,11 @@ impl Loader {
     /// Batches in flight at most (the `prefetch` setting, or its default).
     pub fn prefetch(&self) -> usize {
         self.prefetch
+    }
+
+    /// The parts each batch is made in (the `batch_parts` setting, or its default).
+    pub fn batch_parts(&self) -> usize {
+        self.parts
     }
 
     /// The settings that decide the order.
@@ -914,6 +979,32 @@ impl Loader {
         tx.send(task).map_err(|_| Error::Shutdown)
     }
 
+    /// Puts batch `number` of `order` on the task channel: whole, or as its parts.
+    fn send_batch(
+        &self,
+        generation: u64,
+        order: &Order,
+        number: u64,
+        permit: budget::BatchPermit,
+    ) -> Result<()> {
+        if self.parts <= 1 {
+            return self.send(Task::Whole {
+                generation,
+                order: order.clone(),
+                number,
+                permit,
+            });
+        }
+        let assembly = Assembly::new(generation, order.clone(), number, self.parts, permit);
+        for part in 0..assembly.parts() {
+            self.send(Task::Part {
+                assembly: Arc::clone(&assembly),
+                part,
+            })?;
+        }
+        Ok(())
+    }
+
     /// Puts batches in flight, up to `prefetch` and while the budget has permits; never waits.
     fn dispatch(&mut self) -> Result<()> {
         self.announce();
@@ -922,12 +1013,7 @@ impl Loader {
             let Some(permit) = self.budget.try_acquire() else {
                 return Ok(());
             };
-            self.send(Task {
-                generation,
-                order: self.order.clone(),
-                number: self.next_dispatch,
-                permit,
-            })?;
+            self.send_batch(generation, &self.order, self.next_dispatch, permit)?;
             self.next_dispatch += 1;
         }
         // This epoch is all in flight: start on the next one while there is room.
@@ -946,12 +1032,7 @@ impl Loader {
                 let Some(permit) = self.budget.try_acquire() else {
                     return Ok(());
                 };
-                self.send(Task {
-                    generation,
-                    order: ahead.clone(),
-                    number: self.ahead_dispatch,
-                    permit,
-                })?;
+                self.send_batch(generation, &ahead, self.ahead_dispatch, permit)?;
                 self.ahead_dispatch += 1;
             }
         }
@@ -1119,6 +1200,7 @@ impl LoaderBuilder {
             shuffle: None,
             workers,
             prefetch: None,
+            parts: None,
             drop_last: false,
             evaluation: false,
             blocks: None,

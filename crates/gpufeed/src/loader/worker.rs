@@ -2,10 +2,18 @@
 //!
 //! A worker owns nothing that grows with the dataset: it shares the dataset, the transform and
 //! the pool through one `Arc<Shared>`, and keeps one reusable index vector.
+//!
+//! A batch is made by one worker ([`Task::Whole`]) or, when batches are large, in parts by
+//! several at once ([`Task::Part`]): each part writes its own samples of the one buffer, and the
+//! part that finishes last hands the batch on. Parts keep the batches in flight, and so the
+//! pinned buffers a first epoch must make, few: with 16 workers and 38.5 MB batches, 6 buffers
+//! instead of 20 (`benches/RESULTS.md`, issue 12), and the first batch is made by every worker
+//! instead of one.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -15,10 +23,10 @@ use super::batch::{Batch, BatchInfo, BatchLayout};
 use super::budget::BatchPermit;
 use super::stats::StageTimes;
 use crate::error::{Error, Result};
-use crate::memory::HostPool;
+use crate::memory::{HostBuffer, HostPool};
 use crate::sampler::Order;
 use crate::source::Dataset;
-use crate::transform::{SampleContext, SampleTransform, Slots};
+use crate::transform::{BatchBytes, SampleContext, SampleTransform, Slots};
 
 /// What every worker shares.
 pub(crate) struct Shared {
@@ -32,15 +40,31 @@ pub(crate) struct Shared {
     pub times: StageTimes,
 }
 
-/// Make batch `number` of `order`, in a buffer that `permit` reserves.
-pub(crate) struct Task {
-    pub generation: u64,
-    pub order: Order,
-    pub number: u64,
-    pub permit: BatchPermit,
+/// One job for a worker.
+// One task per batch moves through the channel: a `Box` for the large variant would be an
+// allocation per batch to save a copy of ~200 bytes.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Task {
+    /// Make batch `number` of `order` alone, in a buffer that `permit` reserves.
+    Whole {
+        generation: u64,
+        order: Order,
+        number: u64,
+        permit: BatchPermit,
+    },
+    /// Make part `part` of the batch that `assembly` collects (its samples
+    /// `len * part / parts .. len * (part + 1) / parts`).
+    Part {
+        assembly: Arc<Assembly>,
+        part: usize,
+    },
+    /// Make one buffer of the pool ahead of need and give it back to the pool: the first
+    /// batches of a loader whose batches are made in parts then find buffers made in parallel,
+    /// instead of each waiting for its own.
+    Warm { generation: u64 },
 }
 
-/// A finished task: `None` when it was skipped (its generation is over) or abandoned midway.
+/// A finished batch: `None` when it was skipped (its generation is over) or abandoned midway.
 pub(crate) struct Done {
     pub generation: u64,
     pub epoch: u64,
@@ -48,35 +72,132 @@ pub(crate) struct Done {
     pub result: Option<Result<Batch>>,
 }
 
+/// A batch made in parts by several workers at once: it holds the batch's permit, then its
+/// buffer (taken by the first part to start), and what the parts found; the part that finishes
+/// last hands the batch on. Parts write disjoint samples of the one buffer.
+pub(crate) struct Assembly {
+    generation: u64,
+    order: Order,
+    number: u64,
+    parts: usize,
+    /// Parts not finished yet.
+    left: AtomicUsize,
+    state: Mutex<AssemblyState>,
+}
+
+#[derive(Default)]
+struct AssemblyState {
+    permit: Option<BatchPermit>,
+    /// The buffer, once the first part has it.
+    buffer: Option<HostBuffer>,
+    /// Where its bytes are: parts write through this, not through `buffer`.
+    bytes: Option<(NonNull<u8>, usize)>,
+    /// No buffer can be had: the generation ended or the pool closed.
+    abandoned: bool,
+    /// The failure at the lowest sample position so far, with that position.
+    failure: Option<(usize, Error)>,
+    skipped: usize,
+}
+
+// SAFETY: `bytes` points into `buffer` (a `HostBuffer`, which is `Send`), held in the same
+// state; the pointer is only read under the lock and used by parts as the contract of
+// `Slots::for_position` says.
+unsafe impl Send for AssemblyState {}
+
+impl Assembly {
+    /// Batch `number` of `order`, to be made in `parts` parts; holds `permit` until it is made.
+    pub(crate) fn new(
+        generation: u64,
+        order: Order,
+        number: u64,
+        parts: usize,
+        permit: BatchPermit,
+    ) -> Arc<Assembly> {
+        Arc::new(Assembly {
+            generation,
+            order,
+            number,
+            parts: parts.max(1),
+            left: AtomicUsize::new(parts.max(1)),
+            state: Mutex::new(AssemblyState {
+                permit: Some(permit),
+                ..AssemblyState::default()
+            }),
+        })
+    }
+
+    /// The number of parts.
+    pub(crate) fn parts(&self) -> usize {
+        self.parts
+    }
+
+    fn lock(&self) -> MutexGuard<'_, AssemblyState> {
+        // A part panicking while holding the lock leaves only counters half-written; the
+        // batch's result still comes from the last part.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// A worker's loop: runs until the task channel closes or the loader stops listening.
 pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) {
     let mut indices = Vec::new();
     while let Ok(task) = tasks.recv() {
-        let (generation, epoch, number) = (task.generation, task.order.epoch(), task.number);
-        // The permit goes into the batch, or is given back here (skipped or failed tasks).
-        let result = if shared.generation.load(Ordering::Acquire) == generation {
-            make_batch(shared, task, &mut indices)
-        } else {
-            None
+        let message = match task {
+            Task::Whole {
+                generation,
+                order,
+                number,
+                permit,
+            } => {
+                // The permit goes into the batch, or is given back here (skipped or failed).
+                let result = if shared.generation.load(Ordering::Acquire) == generation {
+                    make_batch(shared, generation, &order, number, permit, &mut indices)
+                } else {
+                    None
+                };
+                Some(Done {
+                    generation,
+                    epoch: order.epoch(),
+                    number,
+                    result,
+                })
+            }
+            Task::Part { assembly, part } => make_part(shared, &assembly, part, &mut indices),
+            Task::Warm { generation } => {
+                let abandoned = || shared.generation.load(Ordering::Acquire) != generation;
+                let t0 = Instant::now();
+                // Dropped at once: the block goes back to the pool, free for the first batch
+                // that asks. A failure here is the batches' to report when they allocate.
+                drop(
+                    shared
+                        .pool
+                        .acquire_unless(shared.layout.total_bytes(), abandoned),
+                );
+                shared.times.add_collate(t0.elapsed());
+                None
+            }
         };
-        let message = Done {
-            generation,
-            epoch,
-            number,
-            result,
-        };
-        if done.send(message).is_err() {
+        if let Some(message) = message
+            && done.send(message).is_err()
+        {
             return;
         }
     }
 }
 
-/// Makes one batch; `None` if the task's generation ended while it was being made.
-fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Result<Batch>> {
-    task.order.batch(task.number, indices);
+/// Makes one batch alone; `None` if the task's generation ended while it was being made.
+fn make_batch(
+    shared: &Shared,
+    generation: u64,
+    order: &Order,
+    number: u64,
+    permit: BatchPermit,
+    indices: &mut Vec<u64>,
+) -> Option<Result<Batch>> {
+    order.batch(number, indices);
     let t0 = Instant::now();
-    let abandoned = || shared.generation.load(Ordering::Acquire) != task.generation;
-    let buffer = match shared
+    let abandoned = || shared.generation.load(Ordering::Acquire) != generation;
+    let mut buffer = match shared
         .pool
         .acquire_unless(shared.layout.total_bytes(), abandoned)
     {
@@ -84,37 +205,166 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
         Ok(None) | Err(Error::Shutdown) => return None,
         Err(e) => return Some(Err(e)),
     };
-    let mut batch = Batch {
-        buffer,
-        layout: Arc::clone(&shared.layout),
-        info: BatchInfo {
-            indices: Vec::new(),
-            padding: task.order.batch_padding(task.number),
-            skipped: 0,
-            epoch: task.order.epoch(),
-            number: task.number,
-        },
-        permit: None,
+    shared.times.add_collate(t0.elapsed());
+    let bytes = BatchBytes::new(buffer.as_mut_slice());
+    let skipped = match fill(
+        shared,
+        generation,
+        order,
+        number,
+        indices,
+        0..indices.len(),
+        bytes,
+    ) {
+        Filled::Made { skipped } => skipped,
+        Filled::Failed(_, e) => return Some(Err(e)),
+        Filled::Abandoned => return None,
     };
-    let acquired = Instant::now();
-    shared.times.add_collate(acquired - t0);
+    let info = BatchInfo {
+        indices: std::mem::take(indices),
+        padding: order.batch_padding(number),
+        skipped,
+        epoch: order.epoch(),
+        number,
+    };
+    Some(finish(shared, buffer, info, permit))
+}
+
+/// Makes part `part` of `assembly`'s batch; the last part to finish returns the batch's
+/// [`Done`], the others `None`.
+fn make_part(
+    shared: &Shared,
+    assembly: &Assembly,
+    part: usize,
+    indices: &mut Vec<u64>,
+) -> Option<Done> {
+    let (generation, order, number) = (assembly.generation, &assembly.order, assembly.number);
+    let abandoned = || shared.generation.load(Ordering::Acquire) != generation;
+    let bytes = if abandoned() {
+        None
+    } else {
+        let mut state = assembly.lock();
+        if state.buffer.is_none() && !state.abandoned && state.failure.is_none() {
+            // The first part to start gets the buffer; the batch's other parts wait here for
+            // it (they could not start without it).
+            let t0 = Instant::now();
+            match shared
+                .pool
+                .acquire_unless(shared.layout.total_bytes(), abandoned)
+            {
+                Ok(Some(mut buffer)) => {
+                    let slice = buffer.as_mut_slice();
+                    state.bytes = Some((NonNull::from(&mut *slice).cast::<u8>(), slice.len()));
+                    state.buffer = Some(buffer);
+                }
+                Ok(None) | Err(Error::Shutdown) => state.abandoned = true,
+                Err(e) => state.failure = Some((0, e)),
+            }
+            shared.times.add_collate(t0.elapsed());
+        }
+        if state.failure.is_some() {
+            None // another part failed: the batch is an error, skip the work
+        } else {
+            state.bytes
+        }
+    };
+    if let Some((ptr, len)) = bytes {
+        order.batch(number, indices);
+        let n = indices.len();
+        let positions = n * part / assembly.parts..n * (part + 1) / assembly.parts;
+        // SAFETY: `ptr..ptr + len` is the assembly's buffer, which stays in the assembly (alive,
+        // not moved from, not read) until every part has counted itself done below, after this
+        // part's last write; parts write disjoint positions (`positions` splits `0..n`), and
+        // `fill` makes one `Slots` per position.
+        let bytes = unsafe { BatchBytes::from_raw(ptr, len) };
+        let outcome = fill(shared, generation, order, number, indices, positions, bytes);
+        let mut state = assembly.lock();
+        match outcome {
+            Filled::Made { skipped } => state.skipped += skipped,
+            Filled::Failed(position, e) => {
+                if state.failure.as_ref().is_none_or(|(p, _)| position < *p) {
+                    state.failure = Some((position, e));
+                }
+            }
+            Filled::Abandoned => state.abandoned = true,
+        }
+    }
+    // Release: this part's writes happen before the last part reads the state and the buffer;
+    // Acquire: the last part sees every part's writes.
+    if assembly.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+        return None;
+    }
+    let mut state = assembly.lock();
+    // The buffer and the permit leave the assembly here, whatever happens: a failed or
+    // abandoned batch gives both back before its `Done` is sent, as a whole batch does.
+    let (buffer, permit) = (state.buffer.take(), state.permit.take());
+    state.bytes = None;
+    let result = if let Some((_, e)) = state.failure.take() {
+        Some(Err(e))
+    } else {
+        match (buffer, permit) {
+            (Some(buffer), Some(permit)) if !state.abandoned && !abandoned() => {
+                order.batch(number, indices);
+                let info = BatchInfo {
+                    indices: std::mem::take(indices),
+                    padding: order.batch_padding(number),
+                    skipped: state.skipped,
+                    epoch: order.epoch(),
+                    number,
+                };
+                Some(finish(shared, buffer, info, permit))
+            }
+            _ => None,
+        }
+    };
+    Some(Done {
+        generation,
+        epoch: order.epoch(),
+        number,
+        result,
+    })
+}
+
+/// What [`fill`] did with its samples.
+enum Filled {
+    /// Every sample written; this many were marked skipped.
+    Made { skipped: usize },
+    /// The sample at this position failed.
+    Failed(usize, Error),
+    /// The generation ended midway.
+    Abandoned,
+}
+
+/// Fetches and transforms the samples at `positions` of batch `number` (whose dataset indices
+/// are `indices`) into their slots of `bytes`.
+fn fill(
+    shared: &Shared,
+    generation: u64,
+    order: &Order,
+    number: u64,
+    indices: &[u64],
+    positions: std::ops::Range<usize>,
+    bytes: BatchBytes<'_>,
+) -> Filled {
     let ctx = |position, index| SampleContext {
         index,
         position,
-        batch: task.number,
-        epoch: task.order.epoch(),
-        seed: task.order.spec().shuffle.unwrap_or(0),
+        batch: number,
+        epoch: order.epoch(),
+        seed: order.spec().shuffle.unwrap_or(0),
     };
     let (mut fetch_ns, mut transform_ns) = (0u64, 0u64);
     let mut skipped = 0usize;
     let (fields, slots) = (shared.layout.fields(), shared.layout.slots());
     let mut touched = vec![false; slots.len()];
-    let buf = batch.buffer.as_mut_slice();
-    for (position, &index) in indices.iter().enumerate() {
-        if position % 16 == 15 && shared.generation.load(Ordering::Relaxed) != task.generation {
-            return None;
+    for position in positions {
+        let index = indices[position];
+        if position % 16 == 15 && shared.generation.load(Ordering::Relaxed) != generation {
+            return Filled::Abandoned;
         }
-        let mut slot = Slots::new(buf, fields, slots, position, &mut touched);
+        // SAFETY: this thread alone writes `position` of this batch (the caller's split), and
+        // this `Slots` is dropped before the next position's is made.
+        let mut slot = unsafe { Slots::for_position(bytes, fields, slots, position, &mut touched) };
         // Debug builds mark every slot first, so that bytes the transform leaves unwritten
         // are found (`Slots::check_written`), not delivered as an earlier batch's.
         let marker = cfg!(debug_assertions);
@@ -139,38 +389,50 @@ fn make_batch(shared: &Shared, task: Task, indices: &mut Vec<u64>) -> Option<Res
                 transform_ns += t;
                 skipped += usize::from(slot.is_skipped());
             }
-            Ok(Err(e)) => return Some(Err(sample_error(index, task.number, e))),
+            Ok(Err(e)) => return Filled::Failed(position, sample_error(index, number, e)),
             Err(panic) => {
                 let what = panic_message(&panic);
-                return Some(Err(sample_error(
-                    index,
-                    task.number,
-                    Error::user(format!("the dataset or transform panicked: {what}")),
-                )));
+                let e = Error::user(format!("the dataset or transform panicked: {what}"));
+                return Filled::Failed(position, sample_error(index, number, e));
             }
         }
     }
     shared.times.add_fetch_transform(fetch_ns, transform_ns);
-    batch.info.indices = std::mem::take(indices);
-    batch.info.skipped = skipped;
+    Filled::Made { skipped }
+}
+
+/// Runs the batch hook on a made batch and gives it its permit.
+fn finish(
+    shared: &Shared,
+    buffer: HostBuffer,
+    info: BatchInfo,
+    permit: BatchPermit,
+) -> Result<Batch> {
+    let number = info.number;
+    let mut batch = Batch {
+        buffer,
+        layout: Arc::clone(&shared.layout),
+        info,
+        permit: None,
+    };
     let t1 = Instant::now();
     if let Some(hook) = &shared.batch_hook {
         match catch_unwind(AssertUnwindSafe(|| hook(&mut batch))) {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Some(Err(batch_error(task.number, e))),
+            Ok(Err(e)) => return Err(batch_error(number, e)),
             Err(panic) => {
                 let what = panic_message(&panic);
-                return Some(Err(batch_error(
-                    task.number,
+                return Err(batch_error(
+                    number,
                     Error::user(format!("the batch hook panicked: {what}")),
-                )));
+                ));
             }
         }
     }
     shared.times.add_collate(t1.elapsed());
     shared.times.add_batch();
-    batch.permit = Some(task.permit);
-    Some(Ok(batch))
+    batch.permit = Some(permit);
+    Ok(batch)
 }
 
 fn sample_error(index: u64, batch: u64, source: Error) -> Error {

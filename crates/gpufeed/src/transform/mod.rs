@@ -191,7 +191,7 @@ impl SampleRng {
 /// # let _ = transform;
 /// ```
 pub struct Slots<'a> {
-    buffer: &'a mut [u8],
+    buffer: BatchBytes<'a>,
     fields: &'a [OutputField],
     slots: &'a [FieldSlot],
     position: usize,
@@ -212,11 +212,73 @@ pub(crate) struct FieldSlot {
 /// integer, a NaN as `f32`).
 const MARKER: [u8; 8] = [0xa7, 0x3c, 0xe1, 0xff, 0x96, 0x0d, 0xf4, 0x7f];
 
+/// The bytes of one batch buffer, as the workers that write its samples see it: a pointer and
+/// a length, valid for `'a`. Copies can be on several threads at once because each [`Slots`]
+/// made from it reads and writes only the slots of its own sample position (field `k`'s slot of
+/// position `p` is `offset[k] + p * sample_bytes[k] ..`, and fields do not overlap), and the
+/// loader gives each position to one worker.
+#[derive(Clone, Copy)]
+pub(crate) struct BatchBytes<'a> {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    _buffer: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: a `BatchBytes` is a pointer into a batch buffer; the threads that hold copies write
+// disjoint bytes of it (the contract of `Slots::for_position`), so sharing or sending it is no
+// more than sharing disjoint `&mut [u8]`s, which are `Send` and `Sync`.
+unsafe impl Send for BatchBytes<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for BatchBytes<'_> {}
+
+impl<'a> BatchBytes<'a> {
+    /// The bytes of `buffer`, borrowed for `'a`.
+    pub(crate) fn new(buffer: &'a mut [u8]) -> BatchBytes<'a> {
+        BatchBytes {
+            // A slice's pointer is never null (dangling but aligned when empty).
+            ptr: std::ptr::NonNull::from(&mut *buffer).cast::<u8>(),
+            len: buffer.len(),
+            _buffer: std::marker::PhantomData,
+        }
+    }
+
+    /// The `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid for reads and writes for `'a`, and nothing may read or
+    /// write those bytes during `'a` except through copies of this value.
+    pub(crate) unsafe fn from_raw(ptr: std::ptr::NonNull<u8>, len: usize) -> BatchBytes<'a> {
+        BatchBytes {
+            ptr,
+            len,
+            _buffer: std::marker::PhantomData,
+        }
+    }
+}
+
 impl<'a> Slots<'a> {
     /// The slots of sample `position` of a batch laid out as `fields` and `slots` say;
     /// `touched` (one entry per field) is scratch space, reset here.
+    #[cfg(test)]
     pub(crate) fn new(
         buffer: &'a mut [u8],
+        fields: &'a [OutputField],
+        slots: &'a [FieldSlot],
+        position: usize,
+        touched: &'a mut [bool],
+    ) -> Slots<'a> {
+        // SAFETY: `buffer` is borrowed exclusively for `'a`, so this is the only `Slots` on it.
+        unsafe { Slots::for_position(BatchBytes::new(buffer), fields, slots, position, touched) }
+    }
+
+    /// Like [`new`](Self::new), on a buffer whose other samples other threads may be writing.
+    ///
+    /// # Safety
+    /// While this `Slots` lives, no other `Slots` of the same `position` on `buffer` may exist
+    /// (each worker writes positions no other worker writes), and `slots` must be the layout
+    /// the buffer was laid out with, so that positions' slots do not overlap.
+    pub(crate) unsafe fn for_position(
+        buffer: BatchBytes<'a>,
         fields: &'a [OutputField],
         slots: &'a [FieldSlot],
         position: usize,
@@ -232,6 +294,26 @@ impl<'a> Slots<'a> {
             position,
             skipped: false,
             touched,
+        }
+    }
+
+    /// This sample's bytes of `range` (inside the buffer: `range` checks that).
+    fn bytes_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+        debug_assert!(range.start <= range.end && range.end <= self.buffer.len);
+        // SAFETY: `range` lies inside the buffer (`range` checked it against `len`) and is one
+        // of this position's slots, which no other `Slots` reads or writes while this one lives
+        // (the contract of `for_position`); the borrow of `self` keeps it unique here.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.buffer.ptr.as_ptr().add(range.start), range.len())
+        }
+    }
+
+    /// This sample's bytes of `range`, to read.
+    fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+        debug_assert!(range.start <= range.end && range.end <= self.buffer.len);
+        // SAFETY: as in `bytes_mut`; shared while `self` is.
+        unsafe {
+            std::slice::from_raw_parts(self.buffer.ptr.as_ptr().add(range.start), range.len())
         }
     }
 
@@ -278,7 +360,7 @@ impl<'a> Slots<'a> {
         })?;
         let start = slot.offset + self.position * slot.sample_bytes;
         let range = start..start + slot.sample_bytes;
-        if range.end > self.buffer.len() {
+        if range.end > self.buffer.len {
             return Err(Error::user("slot outside the batch buffer"));
         }
         Ok(range)
@@ -288,7 +370,7 @@ impl<'a> Slots<'a> {
     pub fn field(&mut self, k: usize) -> Result<&mut [u8]> {
         let range = self.range(k)?;
         self.touched[k] = true;
-        Ok(&mut self.buffer[range])
+        Ok(self.bytes_mut(range))
     }
 
     /// The slot of the output field called `name`, as elements of `T`: exactly one sample's
@@ -321,7 +403,7 @@ impl<'a> Slots<'a> {
         }
         let range = self.range(k)?;
         self.touched[k] = true;
-        cast_slice_mut(&mut self.buffer[range]).ok_or_else(|| {
+        cast_slice_mut(self.bytes_mut(range)).ok_or_else(|| {
             Error::mismatch(format!(
                 "output field `{name}`: its slot is not aligned for {dtype} (the batch buffer's backing breaks its alignment contract)"
             ))
@@ -332,7 +414,7 @@ impl<'a> Slots<'a> {
     pub(crate) fn fill_marker(&mut self) {
         for k in 0..self.slots.len() {
             if let Ok(range) = self.range(k) {
-                for (i, b) in self.buffer[range].iter_mut().enumerate() {
+                for (i, b) in self.bytes_mut(range).iter_mut().enumerate() {
                     *b = MARKER[i % MARKER.len()];
                 }
             }
@@ -359,7 +441,7 @@ impl<'a> Slots<'a> {
             if !marker {
                 continue;
             }
-            let slot = &self.buffer[self.range(k)?];
+            let slot = self.bytes(self.range(k)?);
             if let Some(left) = marker_left(slot) {
                 return Err(Error::user(format!(
                     "the transform did not write bytes {}..{} of output field `{}` (its \
