@@ -51,15 +51,21 @@ python3 "$G/torch_baseline.py" --npy "$DATA/tokens.npy" --records 524288 --recor
 step "first-epoch probe: context, pinned allocation, first copies, page faults"
 "$G/examples/first_epoch_probe" "$DATA/records.npy" --buffers 34 --threads 16 | tee "$OUT/probe.jsonl"
 
-step "gpufeed, 150528-B records to the GPU, 5 epochs (per-epoch breakdown in the JSON)"
-for i in 1 2; do
+step "gpufeed, 150528-B records to the GPU, 5 epochs: batches in parts (default) and whole, in turn"
+for i in 1 2 3; do
   "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
+  "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --device 0 --batch-parts 1 --json | tee -a "$OUT/gpufeed.jsonl"
 done
-step "gpufeed, same, host only"
+step "gpufeed, same, host only: in parts, whole"
 "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --json | tee -a "$OUT/gpufeed.jsonl"
-step "gpufeed, 4096-B records, batch 512: host, then to the GPU"
-"$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --json | tee -a "$OUT/gpufeed.jsonl"
-"$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
+"$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --batch-parts 1 --json | tee -a "$OUT/gpufeed.jsonl"
+step "gpufeed, 4096-B records, batch 512: host, then to the GPU over 1, 2 and 4 copy streams"
+for i in 1 2; do
+  "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --json | tee -a "$OUT/gpufeed.jsonl"
+  for n in 1 2 4; do
+    "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --device 0 --copy-streams $n --json | tee -a "$OUT/gpufeed.jsonl"
+  done
+done
 
 step "train_loop_cuda: a 10 ms step, 4 epochs, start-up included"
 "$G/examples/train_loop_cuda" "$DATA/records.npy" --step-ms 10 --epochs 4 --workers 16 2>&1 | tail -8

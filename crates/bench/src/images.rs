@@ -37,8 +37,11 @@ pub struct ImageBenchConfig {
     pub skip_bad: bool,
     /// Shuffle (with `seed`) or read in order.
     pub shuffle: bool,
-    /// Batches in flight (`None`: the loader's default, twice the workers).
+    /// Batches in flight (`None`: the loader's default).
     pub prefetch: Option<usize>,
+    /// Parts each batch is made in (`None`: the loader's default,
+    /// [`LoaderBuilder::batch_parts`](gpufeed::LoaderBuilder::batch_parts)).
+    pub parts: Option<usize>,
     /// Stop each epoch after this many batches; `None`: every epoch to its end.
     pub max_batches: Option<u64>,
     /// The field of encoded images (`None`: `image`, as packed image folders name it).
@@ -63,6 +66,7 @@ impl Default for ImageBenchConfig {
             skip_bad: false,
             shuffle: true,
             prefetch: None,
+            parts: None,
             max_batches: None,
             image_field: None,
             verify_checksums: false,
@@ -218,6 +222,9 @@ impl ImageBenchSetup {
         }
         if let Some(prefetch) = cfg.prefetch {
             builder = builder.prefetch(prefetch);
+        }
+        if let Some(parts) = cfg.parts {
+            builder = builder.batch_parts(parts);
         }
         Ok(ImageBenchSetup { builder, kind })
     }

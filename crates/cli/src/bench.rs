@@ -64,9 +64,14 @@ pub struct Args {
     /// Worker threads (default: the available parallelism, at most 16).
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Batches in flight (default: twice the workers).
+    /// Batches in flight (default: --workers + 2, more for small batches; for batches made in
+    /// parts, 2 + twice --workers / --batch-parts).
     #[arg(long)]
     pub prefetch: Option<usize>,
+    /// Make each batch in N parts, written by N workers at once (default: one per worker for
+    /// batches of 4 MiB or more, else 1: each batch by one worker).
+    #[arg(long, value_name = "N")]
+    pub batch_parts: Option<usize>,
     /// Shuffle seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -100,6 +105,9 @@ pub struct Args {
     /// Copy each batch to this GPU (needs the `cuda` feature) and measure the pinned-copy ceiling.
     #[arg(long)]
     pub device: Option<usize>,
+    /// With --device: spread the copies over N streams in turn (default 1).
+    #[arg(long, value_name = "N")]
+    pub copy_streams: Option<usize>,
     /// Run the image pipeline (decode + RandomResizedCrop + flip) over an ImageFolder
     /// directory or a packed file of images, instead of raw records.
     #[arg(long, value_name = "DIR|PACKED")]
@@ -164,6 +172,8 @@ pub struct Report {
     pub workers: usize,
     /// Batches in flight.
     pub prefetch: usize,
+    /// Parts each batch is made in, by as many workers at once.
+    pub batch_parts: usize,
     /// Epochs run.
     pub epochs: u64,
     /// Shuffled or not.
@@ -205,6 +215,13 @@ pub struct Report {
     pub h2d_steady_bytes_per_sec: Option<f64>,
     /// Pinned host-to-device copy ceiling measured in the same run (with `--device`).
     pub h2d_ceiling_bytes_per_sec: Option<f64>,
+    /// Streams the copies were spread over (with `--device`).
+    pub copy_streams: Option<usize>,
+    /// The same ceiling with the copies spread over `h2d_ceiling_streams` streams (with
+    /// `--device`: 2, or `--copy-streams` if more).
+    pub h2d_ceiling_streams_bytes_per_sec: Option<f64>,
+    /// The streams of `h2d_ceiling_streams_bytes_per_sec`.
+    pub h2d_ceiling_streams: Option<usize>,
     /// The GPU (with `--device`).
     pub device: Option<String>,
     /// Batch bytes per second of each epoch, in order (the first one pays for page faults and
@@ -365,6 +382,12 @@ fn check_flags(args: &Args) -> Result<()> {
                    run without --device for the host-only figures"
                 .into(),
         });
+    }
+    if args.copy_streams.is_some() && (args.device.is_none() || args.images.is_some()) {
+        return Err(refuse(
+            "--copy-streams",
+            "spreads the copies of a records run to the GPU: it needs --device N, and does not apply to --images",
+        ));
     }
     let only_images = [
         ("--image-size", args.image_size.is_some()),
@@ -572,10 +595,11 @@ pub fn run(args: Args) -> Result<()> {
         }
         (None, _) => record_bytes + 4,
     };
-    let prefetch = LoaderSizes {
+    let (prefetch, parts) = LoaderSizes {
         batch_size: args.batch_size,
         workers,
         prefetch: args.prefetch,
+        parts: args.batch_parts,
         sample_bytes: sample,
     }
     .check()?;
@@ -615,6 +639,7 @@ pub fn run(args: Args) -> Result<()> {
         .batch_size(args.batch_size)
         .workers(workers)
         .prefetch(prefetch)
+        .batch_parts(parts)
         .drop_last(args.drop_last)
         .evaluation(args.evaluation);
     builder = match args.shard.as_deref() {
@@ -676,6 +701,7 @@ pub fn run(args: Args) -> Result<()> {
         prefetch,
         generate_secs,
     );
+    report.batch_parts = parts;
     if let Some(labels) = &args.labels {
         report.dataset = format!("{} with labels {}", path.display(), labels.display());
     }
@@ -736,10 +762,11 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         dtype
     };
     let image_bytes = 3 * u64::from(size) * u64::from(size) * host_dtype.size() as u64;
-    let prefetch = LoaderSizes {
+    let (prefetch, parts) = LoaderSizes {
         batch_size: args.batch_size,
         workers,
         prefetch: args.prefetch,
+        parts: args.batch_parts,
         sample_bytes: image_bytes + 8,
     }
     .check()?;
@@ -755,6 +782,7 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         skip_bad: args.skip_bad_images,
         shuffle: !args.no_shuffle,
         prefetch: Some(prefetch),
+        parts: Some(parts),
         max_batches: args.max_batches,
         image_field: args.image_field.clone(),
         verify_checksums: args.verify,
@@ -782,6 +810,7 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         batch_size: args.batch_size,
         workers: r.workers,
         prefetch,
+        batch_parts: parts,
         epochs: r.epochs,
         shuffle: !args.no_shuffle,
         samples: r.images,
@@ -942,11 +971,12 @@ fn print_report_with(
         )
     };
     let dataset_line = format!(
-        "gpufeed bench{}: {what}{sizes}, batch {}, {} workers, prefetch {}, {} epochs, {}",
+        "gpufeed bench{}: {what}{sizes}, batch {}, {} workers, prefetch {}, {} parts, {} epochs, {}",
         if images { " --images" } else { "" },
         report.batch_size,
         report.workers,
         report.prefetch,
+        report.batch_parts,
         report.epochs,
         if report.shuffle {
             "shuffled"
@@ -1014,6 +1044,16 @@ fn print_report_with(
                 "host to device, epochs after the first: {:.2} GB/s ({:.0}% of the ceiling)\n",
                 steady / 1e9,
                 100.0 * steady / c
+            ));
+        }
+        if let (Some(m), Some(n)) = (
+            report.h2d_ceiling_streams_bytes_per_sec,
+            report.h2d_ceiling_streams,
+        ) {
+            text.push_str(&format!(
+                "the ceiling with the copies spread over {n} streams: {:.2} GB/s; this run used {} stream(s)\n",
+                m / 1e9,
+                report.copy_streams.unwrap_or(1)
             ));
         }
     }

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use gpufeed::cuda::{
     Device, DeviceLoader, DeviceLoaderOptions, PinnedBacking, pinned_copy_ceiling,
+    pinned_copy_ceiling_streams,
 };
 use gpufeed::{Error, LoaderBuilder, Result};
 
@@ -47,11 +48,17 @@ pub fn run(
     let loader = builder.backing(PinnedBacking::new(&device)).build()?;
     let workers = loader.stats().workers;
     let prefetch = loader.prefetch();
+    let batch_parts = loader.batch_parts();
     let copy_bytes = loader.layout().total_bytes();
     let per_epoch = args.max_batches.map_or(loader.batches_per_epoch(), |m| {
         m.min(loader.batches_per_epoch())
     });
-    let mut feed = DeviceLoader::new(loader, &device, DeviceLoaderOptions::default())?;
+    let mut options = DeviceLoaderOptions::default();
+    if let Some(n) = args.copy_streams {
+        options = options.copy_streams(n);
+    }
+    let copy_streams = options.copy_streams.unwrap_or(1);
+    let mut feed = DeviceLoader::new(loader, &device, options)?;
     let consumer = device.new_stream()?;
     let sync = |s: &gpufeed::cuda::cudarc_driver::CudaStream| {
         s.synchronize().map_err(|source| Error::Driver {
@@ -104,6 +111,9 @@ pub fn run(
     // that it does not delay the first batch), in the same process.
     let iterations = ((4usize << 30) / copy_bytes.max(1)).clamp(20, 2000);
     let ceiling = pinned_copy_ceiling(&device, copy_bytes, iterations)?;
+    let ceiling_streams = copy_streams.max(2);
+    let ceiling_spread =
+        pinned_copy_ceiling_streams(&device, copy_bytes, iterations, ceiling_streams)?;
     let host = stats.loader.clone();
     let report = Report {
         dataset: path.display().to_string(),
@@ -112,6 +122,7 @@ pub fn run(
         batch_size: args.batch_size,
         workers,
         prefetch,
+        batch_parts,
         epochs: args.epochs,
         shuffle: !args.no_shuffle,
         samples: stats.samples,
@@ -131,6 +142,9 @@ pub fn run(
             (busy > 0.0).then(|| (stats.h2d_timed_bytes - b) as f64 / busy)
         }),
         h2d_ceiling_bytes_per_sec: Some(ceiling),
+        copy_streams: Some(copy_streams),
+        h2d_ceiling_streams_bytes_per_sec: Some(ceiling_spread),
+        h2d_ceiling_streams: Some(ceiling_streams),
         steady_bytes_per_sec: gpufeed::loader::steady_rate(&epoch_rates),
         epoch_bytes_per_sec: epoch_rates,
         device: Some(format!("{} (ordinal {})", device.name(), device.ordinal())),

@@ -50,14 +50,34 @@ pub struct LoaderSizes {
     pub workers: usize,
     /// `--prefetch` as given.
     pub prefetch: Option<usize>,
+    /// `--batch-parts` as given.
+    pub parts: Option<usize>,
     /// Bytes of one sample in a batch.
     pub sample_bytes: u64,
 }
 
 impl LoaderSizes {
     /// Checks the counts, then that a batch, and the batch pool (`prefetch + 2` batches),
-    /// fit in the memory available now. Returns the prefetch to use.
-    pub fn check(&self) -> Result<usize> {
+    /// fit in the memory available now. Returns the prefetch and the batch parts to use.
+    pub fn check(&self) -> Result<(usize, usize)> {
+        let parts = match self.parts {
+            Some(0) => {
+                return Err(flag(
+                    "--batch-parts",
+                    "a batch is made in at least one part".into(),
+                ));
+            }
+            Some(p) => p.min(self.batch_size.max(1)),
+            None => gpufeed::loader::default_parts(
+                self.workers,
+                self.sample_bytes.saturating_mul(self.batch_size as u64),
+            ),
+        };
+        let prefetch = self.check_prefetch(parts)?;
+        Ok((prefetch, parts))
+    }
+
+    fn check_prefetch(&self, parts: usize) -> Result<usize> {
         if self.batch_size == 0 {
             return Err(flag("--batch-size", "must be at least 1".into()));
         }
@@ -83,8 +103,10 @@ impl LoaderSizes {
                 gpufeed::loader::default_prefetch(
                     self.workers,
                     self.sample_bytes.saturating_mul(self.batch_size as u64),
+                    parts,
                 ),
-                "--prefetch (by default about 64 MiB of batches, --workers + 2 at least)",
+                "--prefetch (by default about 64 MiB of batches, --workers + 2 at least; \
+                 for batches in parts, 2 + twice --workers / --batch-parts)",
             ),
         };
         if prefetch == 0 {

@@ -25,6 +25,8 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
     Some(match setting {
         "batch_size" => "--batch-size",
         "prefetch" => "--prefetch",
+        "batch_parts" => "--batch-parts",
+        "copy_streams" => "--copy-streams",
         "workers" | "threads" => "--workers",
         "pool_budget" => "--batch-size/--prefetch (the batch pool holds --prefetch + 2 batches)",
         "drop_last" => "--drop-last",

@@ -91,6 +91,7 @@ fn impossible_sizes_fail_fast_naming_the_flag() {
         (vec!["--batch-size", "0"], "--batch-size"),
         (vec!["--workers", "0"], "--workers"),
         (vec!["--prefetch", "0"], "--prefetch"),
+        (vec!["--batch-parts", "0"], "--batch-parts"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let mut c = cmd(&["bench", "--records", "256", "--record-bytes", "150528"]);
@@ -210,6 +211,7 @@ fn flags_that_do_not_apply_are_refused() {
         (vec![s(&packed), "--skip-bad-images"], "--skip-bad-images"),
         (vec![s(&packed), "--limit", "5"], "--limit"),
         (vec![s(&packed), "--image-field", "x"], "--image-field"),
+        (vec![s(&packed), "--copy-streams", "2"], "--device"),
     ] {
         let o = bench(&args);
         refused(&o, &[want]);
@@ -245,6 +247,7 @@ fn image_runs_honour_max_batches_no_shuffle_and_prefetch() {
     assert_eq!(v["samples"], 8, "{v}");
     assert_eq!(v["shuffle"], false);
     assert_eq!(v["prefetch"], 1);
+    assert_eq!(v["batch_parts"], 1, "batches of 3 KiB are made whole");
     assert_eq!(v["mode"], "images");
 }
 
