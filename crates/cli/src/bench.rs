@@ -105,9 +105,6 @@ pub struct Args {
     /// Copy each batch to this GPU (needs the `cuda` feature) and measure the pinned-copy ceiling.
     #[arg(long)]
     pub device: Option<usize>,
-    /// With --device: spread the copies over N streams in turn (default 1).
-    #[arg(long, value_name = "N")]
-    pub copy_streams: Option<usize>,
     /// Run the image pipeline (decode + RandomResizedCrop + flip) over an ImageFolder
     /// directory or a packed file of images, instead of raw records.
     #[arg(long, value_name = "DIR|PACKED")]
@@ -215,13 +212,6 @@ pub struct Report {
     pub h2d_steady_bytes_per_sec: Option<f64>,
     /// Pinned host-to-device copy ceiling measured in the same run (with `--device`).
     pub h2d_ceiling_bytes_per_sec: Option<f64>,
-    /// Streams the copies were spread over (with `--device`).
-    pub copy_streams: Option<usize>,
-    /// The same ceiling with the copies spread over `h2d_ceiling_streams` streams (with
-    /// `--device`: 2, or `--copy-streams` if more).
-    pub h2d_ceiling_streams_bytes_per_sec: Option<f64>,
-    /// The streams of `h2d_ceiling_streams_bytes_per_sec`.
-    pub h2d_ceiling_streams: Option<usize>,
     /// The GPU (with `--device`).
     pub device: Option<String>,
     /// Batch bytes per second of each epoch, in order (the first one pays for page faults and
@@ -382,12 +372,6 @@ fn check_flags(args: &Args) -> Result<()> {
                    run without --device for the host-only figures"
                 .into(),
         });
-    }
-    if args.copy_streams.is_some() && (args.device.is_none() || args.images.is_some()) {
-        return Err(refuse(
-            "--copy-streams",
-            "spreads the copies of a records run to the GPU: it needs --device N, and does not apply to --images",
-        ));
     }
     let only_images = [
         ("--image-size", args.image_size.is_some()),
@@ -1044,16 +1028,6 @@ fn print_report_with(
                 "host to device, epochs after the first: {:.2} GB/s ({:.0}% of the ceiling)\n",
                 steady / 1e9,
                 100.0 * steady / c
-            ));
-        }
-        if let (Some(m), Some(n)) = (
-            report.h2d_ceiling_streams_bytes_per_sec,
-            report.h2d_ceiling_streams,
-        ) {
-            text.push_str(&format!(
-                "the ceiling with the copies spread over {n} streams: {:.2} GB/s; this run used {} stream(s)\n",
-                m / 1e9,
-                report.copy_streams.unwrap_or(1)
             ));
         }
     }

@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use gpufeed::cuda::{
     Device, DeviceLoader, DeviceLoaderOptions, PinnedBacking, pinned_copy_ceiling,
-    pinned_copy_ceiling_streams,
 };
 use gpufeed::{Error, LoaderBuilder, Result};
 
@@ -53,12 +52,7 @@ pub fn run(
     let per_epoch = args.max_batches.map_or(loader.batches_per_epoch(), |m| {
         m.min(loader.batches_per_epoch())
     });
-    let mut options = DeviceLoaderOptions::default();
-    if let Some(n) = args.copy_streams {
-        options = options.copy_streams(n);
-    }
-    let copy_streams = options.copy_streams.unwrap_or(1);
-    let mut feed = DeviceLoader::new(loader, &device, options)?;
+    let mut feed = DeviceLoader::new(loader, &device, DeviceLoaderOptions::default())?;
     let consumer = device.new_stream()?;
     let sync = |s: &gpufeed::cuda::cudarc_driver::CudaStream| {
         s.synchronize().map_err(|source| Error::Driver {
@@ -111,9 +105,6 @@ pub fn run(
     // that it does not delay the first batch), in the same process.
     let iterations = ((4usize << 30) / copy_bytes.max(1)).clamp(20, 2000);
     let ceiling = pinned_copy_ceiling(&device, copy_bytes, iterations)?;
-    let ceiling_streams = copy_streams.max(2);
-    let ceiling_spread =
-        pinned_copy_ceiling_streams(&device, copy_bytes, iterations, ceiling_streams)?;
     let host = stats.loader.clone();
     let report = Report {
         dataset: path.display().to_string(),
@@ -142,9 +133,6 @@ pub fn run(
             (busy > 0.0).then(|| (stats.h2d_timed_bytes - b) as f64 / busy)
         }),
         h2d_ceiling_bytes_per_sec: Some(ceiling),
-        copy_streams: Some(copy_streams),
-        h2d_ceiling_streams_bytes_per_sec: Some(ceiling_spread),
-        h2d_ceiling_streams: Some(ceiling_streams),
         steady_bytes_per_sec: gpufeed::loader::steady_rate(&epoch_rates),
         epoch_bytes_per_sec: epoch_rates,
         device: Some(format!("{} (ordinal {})", device.name(), device.ordinal())),

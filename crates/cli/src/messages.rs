@@ -26,7 +26,6 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
         "batch_size" => "--batch-size",
         "prefetch" => "--prefetch",
         "batch_parts" => "--batch-parts",
-        "copy_streams" => "--copy-streams",
         "workers" | "threads" => "--workers",
         "pool_budget" => "--batch-size/--prefetch (the batch pool holds --prefetch + 2 batches)",
         "drop_last" => "--drop-last",

@@ -211,7 +211,6 @@ fn flags_that_do_not_apply_are_refused() {
         (vec![s(&packed), "--skip-bad-images"], "--skip-bad-images"),
         (vec![s(&packed), "--limit", "5"], "--limit"),
         (vec![s(&packed), "--image-field", "x"], "--image-field"),
-        (vec![s(&packed), "--copy-streams", "2"], "--device"),
     ] {
         let o = bench(&args);
         refused(&o, &[want]);

@@ -260,6 +260,8 @@ fn skipped_samples_of_every_part_are_counted_once_and_the_hook_runs_once_per_bat
         .batch_size(16)
         .workers(3)
         .batch_parts(4)
+        // Nothing of the next epoch is made ahead: every hook call is a delivered batch's.
+        .prefetch_across_epochs(false)
         .transform(transform)
         .batch_hook(move |_| {
             h.fetch_add(1, Ordering::SeqCst);

@@ -27,7 +27,7 @@ fn main() -> std::process::ExitCode {
             dropping_the_loader_mid_epoch_stops_promptly,
             consumer_stream_waits_and_buffers_are_recycled_behind_it,
             pinned_copy_ceiling_is_measured,
-            batches_in_parts_over_several_copy_streams_hold_exact_bytes,
+            batches_made_in_parts_reach_the_device_with_exact_bytes,
         ],
         cuda_device: [
             device_opens_with_a_copy_stream_and_kernels,

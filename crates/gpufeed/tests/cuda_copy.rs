@@ -5,10 +5,7 @@ use crate::cuda_common;
 
 use std::time::{Duration, Instant};
 
-use gpufeed::cuda::{
-    DeviceLoader, DeviceLoaderOptions, MAX_COPY_STREAMS, PinnedBacking, pinned_copy_ceiling,
-    pinned_copy_ceiling_streams,
-};
+use gpufeed::cuda::{DeviceLoader, DeviceLoaderOptions, PinnedBacking, pinned_copy_ceiling};
 use gpufeed::{HostPool, Loader, NpyArray};
 
 use cuda_common::{Rng, check_rows, device, write_npy};
@@ -192,86 +189,61 @@ pub fn pinned_copy_ceiling_is_measured() {
             bps / 1e9
         );
         assert!(bps > 1e9, "{bps}");
-        let spread = pinned_copy_ceiling_streams(&dev, mib << 20, 50, 2).unwrap();
-        eprintln!("the same over 2 streams: {:.1} GB/s", spread / 1e9);
-        assert!(spread > 1e9, "{spread}");
     }
-    assert!(pinned_copy_ceiling_streams(&dev, 1 << 20, 50, 0).is_err());
 }
 
-/// Batches made in parts by 4 workers, copied over 3 streams in turn, held 5 at a time by the
+/// Batches made in parts by 4 workers (in pinned buffers made ahead), held 5 at a time by the
 /// consumer: every byte is the source's, every sample arrives once per epoch, and no held
-/// batch is overwritten by a later copy on another stream.
-pub fn batches_in_parts_over_several_copy_streams_hold_exact_bytes() {
+/// batch is overwritten by a later copy.
+pub fn batches_made_in_parts_reach_the_device_with_exact_bytes() {
     let Some(dev) = device() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let mut rng = Rng::fresh("streams");
+    let mut rng = Rng::fresh("parts");
     let (path, data) = write_npy(dir.path(), "x.npy", 600, &[1021], &mut rng);
     let row = 1021;
-    for bad in [0usize, MAX_COPY_STREAMS + 1] {
-        let builder = Loader::builder(NpyArray::open(&path).unwrap()).batch_size(8);
-        let opts = DeviceLoaderOptions::default().copy_streams(bad);
-        let err = DeviceLoader::from_builder(builder, &dev, opts).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                gpufeed::Error::InvalidConfig {
-                    setting: "copy_streams",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-    }
     let builder = Loader::builder(NpyArray::open(&path).unwrap())
         .batch_size(24)
         .shuffle(rng.next_u64())
         .workers(4)
         .batch_parts(4)
         .prefetch_across_epochs(false);
-    let opts = DeviceLoaderOptions::default()
-        .depth(4)
-        .poison(0x5A)
-        .copy_streams(3);
+    let opts = DeviceLoaderOptions::default().depth(4).poison(0x5A);
     let mut dl = DeviceLoader::from_builder(builder, &dev, opts).unwrap();
+    let check = |b: &gpufeed::cuda::DeviceBatch, seen: &mut [u32]| {
+        check_rows(
+            &b.field_to_host("data").unwrap(),
+            b.indices(),
+            &data,
+            row,
+            "parts",
+        );
+        for &i in b.indices() {
+            seen[i as usize] += 1;
+        }
+    };
     for epoch in 0..2 {
         dl.set_epoch(epoch);
         let mut seen = vec![0u32; 600];
-        let mut held = std::collections::VecDeque::new();
+        let mut held = Vec::new();
         let mut batches = 0;
         for b in dl.by_ref() {
-            held.push_back(b.unwrap());
+            held.push(b.unwrap());
             batches += 1;
             if held.len() == 5 {
                 for b in held.drain(..) {
-                    check_rows(
-                        &b.field_to_host("data").unwrap(),
-                        b.indices(),
-                        &data,
-                        row,
-                        "streams",
-                    );
-                    for &i in b.indices() {
-                        seen[i as usize] += 1;
-                    }
+                    check(&b, &mut seen);
                 }
             }
         }
         for b in held.drain(..) {
-            check_rows(
-                &b.field_to_host("data").unwrap(),
-                b.indices(),
-                &data,
-                row,
-                "streams",
-            );
-            for &i in b.indices() {
-                seen[i as usize] += 1;
-            }
+            check(&b, &mut seen);
         }
         assert_eq!(batches, 25);
         assert!(seen.iter().all(|&n| n == 1), "every sample exactly once");
     }
     let s = dl.stats();
     assert_eq!(s.h2d_copies, 50);
+    let pool = &s.loader.as_ref().unwrap().pool;
+    // Two batches in flight per part-set (2 * ceil(4 / 4) + 2 = 4) and two held: 6 at most.
+    assert!(pool.allocations <= 6, "{pool}");
 }

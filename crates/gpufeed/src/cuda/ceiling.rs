@@ -11,23 +11,10 @@ use crate::memory::HostPool;
 /// from one ordinary pinned buffer into one device buffer, timed with events on a stream of its
 /// own after two warm-up copies: the ceiling the copy stage is measured against.
 pub fn pinned_copy_ceiling(device: &Device, bytes: usize, iterations: usize) -> Result<f64> {
-    pinned_copy_ceiling_streams(device, bytes, iterations, 1)
-}
-
-/// [`pinned_copy_ceiling`] with the copies spread over `streams` streams in turn (each into a
-/// device buffer of its own), as a device loader with
-/// [`copy_streams`](super::DeviceLoaderOptions::copy_streams) spreads them: from the first
-/// copy's start to the last one's end.
-pub fn pinned_copy_ceiling_streams(
-    device: &Device,
-    bytes: usize,
-    iterations: usize,
-    streams: usize,
-) -> Result<f64> {
-    if bytes == 0 || iterations == 0 || streams == 0 {
+    if bytes == 0 || iterations == 0 {
         return Err(Error::config(
             "ceiling",
-            "bytes, iterations and streams must be positive",
+            "bytes and iterations must be positive",
         ));
     }
     device.bind()?;
@@ -39,24 +26,16 @@ pub fn pinned_copy_ceiling_streams(
     for (i, b) in host.as_mut_slice().iter_mut().enumerate() {
         *b = (i.wrapping_mul(31) >> 3) as u8;
     }
-    let pool = DevicePool::new(device);
-    let mut lanes = Vec::with_capacity(streams);
-    for _ in 0..streams {
-        lanes.push((device.new_stream()?, pool.alloc(bytes)?));
-    }
-    let timed = time_copies(device, &lanes, &host, iterations);
-    // Whatever was enqueued reads `host` and writes the device buffers: fence each behind its
-    // stream before they drop (`release_on` synchronises the stream if it cannot record).
-    let mut fenced = Ok(());
-    for (stream, dev) in lanes {
-        if let Err(e) = dev.release_on(&stream) {
-            fenced = Err(e);
-        }
-        match EventFence::record(&stream) {
-            Ok(fence) => host.release_after(Box::new(fence)),
-            Err(_) => {
-                let _ = stream.synchronize();
-            }
+    let dev = DevicePool::new(device).alloc(bytes)?;
+    let stream = device.new_stream()?;
+    let timed = time_copies(device, &stream, &host, &dev, iterations);
+    // Whatever was enqueued reads `host` and writes `dev`: fence both behind it before they
+    // drop (`release_on` synchronises the stream if it cannot record).
+    let fenced = dev.release_on(&stream);
+    match EventFence::record(&stream) {
+        Ok(fence) => host.release_after(Box::new(fence)),
+        Err(_) => {
+            let _ = stream.synchronize();
         }
     }
     let secs = timed?;
@@ -70,26 +49,20 @@ pub fn pinned_copy_ceiling_streams(
     Ok((bytes as f64 * iterations as f64) / secs)
 }
 
-/// Enqueues two warm-up copies of `host` on each lane (a stream and its device buffer) and
-/// `iterations` timed ones over the lanes in turn, and returns the seconds from the first timed
-/// copy's start to the last one's end (it waits for them).
+/// Enqueues two warm-up copies of `host` into `dev` and `iterations` timed ones, and returns the
+/// seconds the timed ones took (it waits for them).
 fn time_copies(
     device: &Device,
-    lanes: &[(
-        std::sync::Arc<cudarc::driver::CudaStream>,
-        super::DeviceBuffer,
-    )],
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
     host: &crate::memory::HostBuffer,
+    dev: &super::DeviceBuffer,
     iterations: usize,
 ) -> Result<f64> {
     let ctx = device.context();
     let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let copy = |(stream, dev): &(
-        std::sync::Arc<cudarc::driver::CudaStream>,
-        super::DeviceBuffer,
-    )| {
+    let copy = || {
         // SAFETY: `host` (pinned) and `dev` both hold the copy's bytes; the caller fences both
-        // behind everything enqueued on this stream before they drop.
+        // behind everything enqueued here before they drop.
         unsafe {
             cudarc::driver::result::memcpy_htod_async(
                 dev.addr(),
@@ -99,34 +72,18 @@ fn time_copies(
         }
         .map_err(cuda_err("copy to the device (cuMemcpyHtoDAsync)"))
     };
-    for lane in lanes {
-        copy(lane)?;
-        copy(lane)?;
-    }
-    let first = &lanes[0].0;
-    // Every lane starts after the warm-up of all: the start event is recorded on the first
-    // stream once the others' warm-ups are done, and the others wait for it.
-    for (stream, _) in &lanes[1..] {
-        let warm = EventFence::record(stream)?;
-        warm.order(first)?;
-    }
+    copy()?;
+    copy()?;
     let start = ctx.new_event(timing).map_err(cuda_err("create an event"))?;
-    start.record(first).map_err(cuda_err("record an event"))?;
-    for (stream, _) in &lanes[1..] {
-        stream
-            .wait(&start)
-            .map_err(cuda_err("make a stream wait on an event"))?;
-    }
-    for k in 0..iterations {
-        copy(&lanes[k % lanes.len()])?;
-    }
-    for (stream, _) in &lanes[1..] {
-        let done = EventFence::record(stream)?;
-        done.order(first)?;
-    }
     let end = ctx.new_event(timing).map_err(cuda_err("create an event"))?;
-    end.record(first).map_err(cuda_err("record an event"))?;
-    end.synchronize().map_err(cuda_err("wait for an event"))?;
+    start.record(stream).map_err(cuda_err("record an event"))?;
+    for _ in 0..iterations {
+        copy()?;
+    }
+    end.record(stream).map_err(cuda_err("record an event"))?;
+    stream
+        .synchronize()
+        .map_err(cuda_err("synchronize a stream"))?;
     let ms = start
         .elapsed_ms(&end)
         .map_err(cuda_err("read the events' elapsed time"))?;

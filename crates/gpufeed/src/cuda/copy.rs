@@ -39,9 +39,6 @@ use crate::memory::{HostPool, PoolStats, human_bytes};
 use crate::sampler::OrderSpec;
 use crate::transform::OutputField;
 
-/// The most copy streams a device loader spreads its copies over.
-pub const MAX_COPY_STREAMS: usize = 8;
-
 /// Bytes of device batches the default depth aims to keep copied ahead.
 const DEPTH_BYTES: usize = 32 << 20;
 
@@ -70,11 +67,6 @@ pub struct DeviceLoaderOptions {
     /// Adds a field of this name to each device batch: the samples' dataset indices, as i64
     /// ([`BatchInfo::indices`](crate::BatchInfo::indices)). Opt-in.
     pub indices: Option<String>,
-    /// Streams the copies are spread over, batch by batch in turn (default 1: the device's
-    /// copy stream). More streams let the copy engines overlap one copy's fixed cost with
-    /// another's transfer, which matters for small batches (a few MiB); each batch's `ready`
-    /// fence is on its own stream, so consumers wait for exactly their batch.
-    pub copy_streams: Option<usize>,
 }
 
 impl DeviceLoaderOptions {
@@ -106,12 +98,6 @@ impl DeviceLoaderOptions {
     /// `name`.
     pub fn indices(mut self, name: impl Into<String>) -> Self {
         self.indices = Some(name.into());
-        self
-    }
-
-    /// Sets [`copy_streams`](Self::copy_streams).
-    pub fn copy_streams(mut self, n: usize) -> Self {
-        self.copy_streams = Some(n);
         self
     }
 }
@@ -496,18 +482,7 @@ impl DeviceLoader {
                 "at least one device batch must be in flight",
             ));
         }
-        let copy_streams = opts.copy_streams.unwrap_or(1);
-        if !(1..=MAX_COPY_STREAMS).contains(&copy_streams) {
-            return Err(Error::config(
-                "copy_streams",
-                format!("{copy_streams} streams: from 1 to {MAX_COPY_STREAMS}"),
-            ));
-        }
         let _scope = ContextScope::enter(device.context())?;
-        let mut streams = vec![Arc::clone(device.copy_stream())];
-        for _ in 1..copy_streams {
-            streams.push(device.new_stream()?);
-        }
         let plan = Plan::new(&loader, device, &opts)?;
         let depth = opts
             .depth
@@ -545,8 +520,6 @@ impl DeviceLoader {
             timing: VecDeque::new(),
             spare: Vec::new(),
             last_end: None,
-            streams,
-            turn: 0,
         };
         let thread = std::thread::Builder::new()
             .name(format!("gpufeed-copy-{}", device.ordinal()))
@@ -820,10 +793,6 @@ struct CopyThread {
     spare: Vec<CudaEvent>,
     /// The end event of the last copy timed, to count time shared with the next one once.
     last_end: Option<EventFence>,
-    /// The streams copies go on, in turn (the device's copy stream first).
-    streams: Vec<Arc<CudaStream>>,
-    /// Copies enqueued, to pick the next stream.
-    turn: usize,
 }
 
 impl CopyThread {
@@ -919,8 +888,7 @@ impl CopyThread {
 
     /// Enqueues the copy (and conversions) of one host batch; never waits for the device.
     fn copy(&mut self, mut batch: Batch) -> Result<DeviceBatch> {
-        let stream = Arc::clone(&self.streams[self.turn % self.streams.len()]);
-        self.turn = self.turn.wrapping_add(1);
+        let stream = Arc::clone(self.device.copy_stream());
         let mut buffer = self.pool.alloc(self.plan.device_bytes)?;
         match self.enqueue(&mut batch, &mut buffer, &stream) {
             Ok(ready) => Ok(DeviceBatch::new(

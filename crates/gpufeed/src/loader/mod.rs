@@ -499,13 +499,15 @@ impl LoaderBuilder {
             delivered_samples: 0,
             delivered_bytes: 0,
         };
-        // Batches made in parts would each wait for their buffer in turn (their parts take
-        // the first workers); make the buffers in parallel first, on as many workers.
+        // Batches made in parts would each wait for their buffer (their parts take every
+        // worker); one worker makes the budget's buffers ahead, in turn, while the others make
+        // batches in the first ones.
         if parts > 1 {
             let generation = loader.shared.generation.load(Ordering::Acquire);
-            for _ in 0..budget_batches.min(self.workers) {
-                loader.send(Task::Warm { generation })?;
-            }
+            loader.send(Task::Warm {
+                generation,
+                buffers: budget_batches,
+            })?;
         }
         // The workers start on the first batches now, while the caller sets up the rest of
         // its job: the first `next` finds them made or under way.

@@ -58,10 +58,13 @@ pub(crate) enum Task {
         assembly: Arc<Assembly>,
         part: usize,
     },
-    /// Make one buffer of the pool ahead of need and give it back to the pool: the first
-    /// batches of a loader whose batches are made in parts then find buffers made in parallel,
-    /// instead of each waiting for its own.
-    Warm { generation: u64 },
+    /// Make `buffers` buffers of the pool ahead of need, one after the other, each given back
+    /// to the pool as soon as it is made: the first batches of a loader whose batches are made
+    /// in parts then find their buffers made while other batches are being made, instead of
+    /// every worker waiting while each batch's first part makes one. In turn, not at once:
+    /// pinned blocks are made one at a time anyway (`cuda::PinnedBacking`), and the first is
+    /// ready soonest.
+    Warm { generation: u64, buffers: usize },
 }
 
 /// A finished batch: `None` when it was skipped (its generation is over) or abandoned midway.
@@ -163,17 +166,11 @@ pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) 
                 })
             }
             Task::Part { assembly, part } => make_part(shared, &assembly, part, &mut indices),
-            Task::Warm { generation } => {
-                let abandoned = || shared.generation.load(Ordering::Acquire) != generation;
-                let t0 = Instant::now();
-                // Dropped at once: the block goes back to the pool, free for the first batch
-                // that asks. A failure here is the batches' to report when they allocate.
-                drop(
-                    shared
-                        .pool
-                        .acquire_unless(shared.layout.total_bytes(), abandoned),
-                );
-                shared.times.add_collate(t0.elapsed());
+            Task::Warm {
+                generation,
+                buffers,
+            } => {
+                warm(shared, generation, buffers);
                 None
             }
         };
@@ -183,6 +180,18 @@ pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) 
             return;
         }
     }
+}
+
+/// Makes up to `buffers` new buffers of the pool, one after the other, each free for the next
+/// batch as soon as it is made (`HostPool::allocate_ahead`). A failure is the batches' to
+/// report, when they allocate theirs.
+fn warm(shared: &Shared, generation: u64, buffers: usize) {
+    let t0 = Instant::now();
+    let abandoned = || shared.generation.load(Ordering::Acquire) != generation;
+    let _ = shared
+        .pool
+        .allocate_ahead(shared.layout.total_bytes(), buffers, abandoned);
+    shared.times.add_collate(t0.elapsed());
 }
 
 /// Makes one batch alone; `None` if the task's generation ended while it was being made.

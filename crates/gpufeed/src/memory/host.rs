@@ -118,6 +118,17 @@ impl HostPool {
             .map(|buf| HostBuffer { buf }))
     }
 
+    /// Makes up to `count` buffers of `bytes` bytes ahead of need, in turn, each free for the
+    /// next `acquire` as soon as it is made (see `Pool::allocate_ahead`).
+    pub(crate) fn allocate_ahead(
+        &self,
+        bytes: usize,
+        count: usize,
+        cancelled: impl Fn() -> bool,
+    ) -> Result<usize> {
+        self.pool.allocate_ahead(bytes, count, cancelled)
+    }
+
     /// The pool's figures now.
     pub fn stats(&self) -> PoolStats {
         self.pool.stats()

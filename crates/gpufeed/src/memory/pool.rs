@@ -213,6 +213,70 @@ impl<B: Backing, F: Fence> Pool<B, F> {
         }
     }
 
+    /// Makes up to `count` new blocks for buffers of `bytes` bytes ahead of need, one after the
+    /// other, each cached (free for the next [`acquire`](Self::acquire)) as soon as it is made;
+    /// returns how many it made. The budget's room for all of them is reserved first, so that an
+    /// `acquire` meanwhile waits for the next block made here instead of making one of its own
+    /// at the same time (with pinned memory, two at once take as long as two in turn). Makes
+    /// only what the budget has room for now; stops early, giving the rest of the reservation
+    /// back, when `cancelled()` turns true or an allocation fails (the error is returned).
+    pub(crate) fn allocate_ahead(
+        &self,
+        bytes: usize,
+        count: usize,
+        cancelled: impl Fn() -> bool,
+    ) -> Result<usize> {
+        let size = (self.shared.round)(bytes).max(bytes).max(1);
+        let mut state = self.lock();
+        if state.closed {
+            return Err(Error::Shutdown);
+        }
+        collect_completed(&mut state);
+        let room = match state.stats.budget_bytes {
+            Some(b) => b.saturating_sub(state.stats.reserved_bytes) / size as u64,
+            None => count as u64,
+        };
+        let count = usize::try_from(room).unwrap_or(usize::MAX).min(count);
+        state.stats.reserved_bytes += (count * size) as u64;
+        drop(state);
+        let mut made = 0;
+        let outcome = loop {
+            if made == count || cancelled() || self.lock().closed {
+                break Ok(made);
+            }
+            let t0 = std::time::Instant::now();
+            let allocated = self.shared.backing.allocate(size);
+            let took = t0.elapsed();
+            let mut state = self.lock();
+            match allocated {
+                Ok(addr) => {
+                    made += 1;
+                    state.stats.allocations += 1;
+                    state.stats.allocation_time += took;
+                    state.stats.peak_reserved_bytes = state
+                        .stats
+                        .peak_reserved_bytes
+                        .max(state.stats.reserved_bytes);
+                    let block = Block {
+                        addr: Lent(addr),
+                        size,
+                        fences: Vec::new(),
+                    };
+                    cache(&mut state, block);
+                    drop(state);
+                    self.shared.released.notify_all();
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        // Give back the room of the blocks not made, and wake whoever waits for it.
+        let mut state = self.lock();
+        state.stats.reserved_bytes -= ((count - made) * size) as u64;
+        drop(state);
+        self.shared.released.notify_all();
+        outcome
+    }
+
     fn hand_out(
         &self,
         state: &mut State<B::Addr, F>,
@@ -700,5 +764,95 @@ mod tests {
         assert_eq!(pool.stats().reuses, 1);
         pool.close();
         assert!(matches!(pool.acquire(100, || false), Err(Error::Shutdown)));
+    }
+
+    #[test]
+    fn blocks_made_ahead_are_reserved_first_and_taken_by_acquire_without_a_new_allocation() {
+        // A budget of 3 blocks, one in use: two are made ahead, not three.
+        let pool: Pool<Numbers, Flag> = Pool::new(Numbers::default(), Some(300), round);
+        let held = get(&pool, 100);
+        assert_eq!(pool.allocate_ahead(100, 5, || false).unwrap(), 2);
+        let s = pool.stats();
+        assert_eq!(
+            (s.allocations, s.reserved_bytes, s.allocated_bytes),
+            (3, 300, 100)
+        );
+        // Both are cached: acquiring them reuses, allocates nothing.
+        let a = get(&pool, 100);
+        let b = get(&pool, 100);
+        assert_eq!(pool.stats().allocations, 3);
+        assert_eq!(pool.stats().reuses, 2);
+        drop((held, a, b));
+        // No room left: nothing is made, nothing reserved.
+        let full: Pool<Numbers, Flag> = Pool::new(Numbers::default(), Some(100), round);
+        let _x = get(&full, 100);
+        assert_eq!(full.allocate_ahead(100, 3, || false).unwrap(), 0);
+        assert_eq!(full.stats().reserved_bytes, 100);
+    }
+
+    #[test]
+    fn an_acquire_waits_for_the_block_made_ahead_instead_of_making_its_own() {
+        // The backing is slow to make its first block; meanwhile another thread asks for one.
+        // The budget holds one block, reserved by `allocate_ahead`, so the asker must get that
+        // block (one allocation in all), not a second one.
+        struct Slow(Numbers, std::sync::Barrier);
+        // SAFETY: as `Numbers`: addresses are numbers nothing dereferences.
+        unsafe impl Backing for Slow {
+            type Addr = usize;
+            fn name(&self) -> &'static str {
+                "slow"
+            }
+            fn allocate(&self, bytes: usize) -> Result<usize> {
+                self.1.wait(); // the asker is started
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                self.0.allocate(bytes)
+            }
+            unsafe fn free(&self, addr: usize, bytes: usize) {
+                // SAFETY: forwarded as received.
+                unsafe { self.0.free(addr, bytes) }
+            }
+        }
+        let pool: Pool<Slow, Flag> = Pool::new(
+            Slow(Numbers::default(), std::sync::Barrier::new(2)),
+            Some(100),
+            round,
+        );
+        let asker = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                pool.shared.backing.1.wait();
+                let b = pool.acquire(100, || false).unwrap().unwrap();
+                b.addr()
+            })
+        };
+        assert_eq!(pool.allocate_ahead(100, 1, || false).unwrap(), 1);
+        assert_eq!(asker.join().unwrap(), 0, "the block made ahead");
+        let s = pool.stats();
+        assert_eq!((s.allocations, s.reuses), (1, 1));
+    }
+
+    #[test]
+    fn a_cancelled_warm_up_gives_back_the_room_it_did_not_use() {
+        let pool: Pool<Numbers, Flag> = Pool::new(Numbers::default(), Some(500), round);
+        let calls = std::cell::Cell::new(0);
+        let cancelled = || {
+            calls.set(calls.get() + 1);
+            calls.get() > 2
+        };
+        assert_eq!(pool.allocate_ahead(100, 5, cancelled).unwrap(), 2);
+        let s = pool.stats();
+        assert_eq!((s.allocations, s.reserved_bytes), (2, 200));
+        // A failing backing: the error comes back, and the room with it.
+        let failing: Pool<Numbers, Flag> = Pool::new(
+            Numbers {
+                capacity: Some(1),
+                ..Numbers::default()
+            },
+            Some(500),
+            round,
+        );
+        assert!(failing.allocate_ahead(100, 3, || false).is_err());
+        assert_eq!(failing.stats().reserved_bytes, 100);
+        assert_eq!(failing.stats().allocations, 1);
     }
 }
