@@ -59,11 +59,11 @@ done
 step "gpufeed, same, host only: in parts, whole"
 "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --json | tee -a "$OUT/gpufeed.jsonl"
 "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --batch-parts 1 --json | tee -a "$OUT/gpufeed.jsonl"
-step "gpufeed, 4096-B records, batch 512: host, then to the GPU over 1, 2 and 4 copy streams"
+step "gpufeed, 4096-B records, batch 512: host, then to the GPU; plain copies (default), then streaming stores"
 for i in 1 2; do
-  "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --json | tee -a "$OUT/gpufeed.jsonl"
-  for n in 1 2 4; do
-    "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --device 0 --copy-streams $n --json | tee -a "$OUT/gpufeed.jsonl"
+  for t in 32768 1024; do
+    "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --stream-threshold $t --json | tee -a "$OUT/gpufeed.jsonl"
+    "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --stream-threshold $t --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
   done
 done
 

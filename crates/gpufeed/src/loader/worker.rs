@@ -23,7 +23,7 @@ use super::batch::{Batch, BatchInfo, BatchLayout};
 use super::budget::BatchPermit;
 use super::stats::StageTimes;
 use crate::error::{Error, Result};
-use crate::memory::{HostBuffer, HostPool};
+use crate::memory::{DeferredFence, HostBuffer, HostPool};
 use crate::sampler::Order;
 use crate::source::Dataset;
 use crate::transform::{BatchBytes, SampleContext, SampleTransform, Slots};
@@ -365,6 +365,9 @@ fn fill(
     let (mut fetch_ns, mut transform_ns) = (0u64, 0u64);
     let mut skipped = 0usize;
     let (fields, slots) = (shared.layout.fields(), shared.layout.slots());
+    // Streaming copies into the slots fence once, when this returns (before the batch is
+    // handed on), not once per sample.
+    let _fence = DeferredFence::start();
     let mut touched = vec![false; slots.len()];
     for position in positions {
         let index = indices[position];

@@ -6,12 +6,85 @@
 //! byte crosses the memory bus three times before the DMA reads it a fourth. Streaming stores
 //! skip the read and the cache: on a machine where 16 workers and the copy engine share the
 //! memory bus, that is bandwidth the copy engine gets back.
+//!
+//! Streaming stores are weakly ordered: a fence (`sfence`) must follow them before the buffer
+//! is handed on. [`copy_to_batch`] fences each copy; a loader's worker defers the fences of
+//! its copies to one per batch part ([`DeferredFence`]).
 
-/// Samples at least this large are copied with streaming stores; smaller ones with `memcpy`
-/// (for them the destination line is likely in cache already, and the fence costs more).
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The default of [`stream_threshold`]: samples at least this large are copied with streaming
+/// stores, smaller ones with `memcpy` (for them the destination line is likely in cache
+/// already, and a fence per copy costs more).
 pub const STREAM_THRESHOLD: usize = 32 * 1024;
 
-/// Copies `src` into `dst` (same length), with streaming stores for large copies on x86-64.
+/// The threshold now (see [`set_stream_threshold`]).
+static THRESHOLD: AtomicUsize = AtomicUsize::new(STREAM_THRESHOLD);
+
+/// Copies of at least this many bytes into batch buffers use streaming stores (default
+/// [`STREAM_THRESHOLD`]).
+pub fn stream_threshold() -> usize {
+    THRESHOLD.load(Ordering::Relaxed)
+}
+
+/// Sets [`stream_threshold`] for the whole process (`usize::MAX`: never stream). A tuning knob,
+/// as glibc's `x86_non_temporal_threshold` is: which is faster depends on the sample size, the
+/// caches and how busy the memory bus is (`gpufeed bench --stream-threshold` measures it).
+/// Inside the loader's workers the fence after streaming stores is paid once per batch part,
+/// not per sample, so small samples can stream too.
+pub fn set_stream_threshold(bytes: usize) {
+    THRESHOLD.store(bytes, Ordering::Relaxed);
+}
+
+thread_local! {
+    /// Whether this thread defers the fences of its streaming copies (`DeferredFence`), and
+    /// whether one is owed.
+    static DEFERRAL: Cell<(bool, bool)> = const { Cell::new((false, false)) };
+}
+
+/// While one lives, the streaming copies of this thread skip their fence, and one fence is
+/// issued when it drops (also on unwinding): a worker holds one while it writes a batch part,
+/// and drops it before handing the batch on.
+pub(crate) struct DeferredFence {
+    /// The state to put back (deferrals nest).
+    outer: (bool, bool),
+}
+
+impl DeferredFence {
+    /// Starts deferring this thread's fences.
+    pub(crate) fn start() -> DeferredFence {
+        let outer = DEFERRAL.with(|d| d.replace((true, false)));
+        DeferredFence { outer }
+    }
+}
+
+impl Drop for DeferredFence {
+    fn drop(&mut self) {
+        let (_, owed) = DEFERRAL.with(|d| d.replace(self.outer));
+        if owed {
+            if self.outer.0 {
+                // An outer deferral fences for us, later.
+                DEFERRAL.with(|d| d.set((true, true)));
+            } else {
+                store_fence();
+            }
+        }
+    }
+}
+
+/// Orders every streaming store this thread made before its later stores.
+fn store_fence() {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: SSE2 is part of the x86-64 baseline; a fence touches no memory.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// Copies `src` into `dst` (same length), with streaming stores for copies of at least
+/// [`stream_threshold`] bytes on x86-64; the copy is complete (fenced) when this returns, except
+/// inside a loader's worker, which fences once for each batch part it writes.
 ///
 /// # Panics
 ///
@@ -20,8 +93,18 @@ pub fn copy_to_batch(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_to_batch: lengths differ");
     // Under Miri, the plain copy: it checks the slices, not the CPU's streaming stores.
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if src.len() >= STREAM_THRESHOLD {
+    if src.len() >= stream_threshold().max(64) {
+        let deferred = DEFERRAL.with(|d| {
+            let (active, _) = d.get();
+            if active {
+                d.set((true, true));
+            }
+            active
+        });
         stream_copy_x86_64(dst, src);
+        if !deferred {
+            store_fence();
+        }
         return;
     }
     dst.copy_from_slice(src);
@@ -29,7 +112,7 @@ pub fn copy_to_batch(dst: &mut [u8], src: &[u8]) {
 
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 fn stream_copy_x86_64(dst: &mut [u8], src: &[u8]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
     // Head: plain copy up to the first 16-byte aligned destination address.
     let head = dst.as_ptr().align_offset(16).min(dst.len());
     dst[..head].copy_from_slice(&src[..head]);
@@ -55,9 +138,8 @@ fn stream_copy_x86_64(dst: &mut [u8], src: &[u8]) {
         }
         i += 64;
     }
-    // SAFETY: SSE2 is baseline on x86-64. The fence orders the streaming stores before every
-    // later store, so the batch is complete before it is handed to another thread or a DMA.
-    unsafe { _mm_sfence() };
+    // The caller fences (`copy_to_batch`, or a worker's `DeferredFence`) before the batch is
+    // handed to another thread or a DMA.
     let tail = head + body;
     dst[tail..].copy_from_slice(&src[tail..]);
 }
@@ -65,6 +147,33 @@ fn stream_copy_x86_64(dst: &mut [u8], src: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deferred_fences_nest_and_copies_stay_exact_at_any_threshold() {
+        let src: Vec<u8> = (0..10_000).map(|i| (i * 13 + 1) as u8).collect();
+        let mut dst = vec![0u8; 10_000];
+        {
+            let _outer = DeferredFence::start();
+            {
+                let _inner = DeferredFence::start();
+                copy_to_batch(&mut dst[..4096], &src[..4096]);
+            }
+            assert!(
+                DEFERRAL.with(|d| d.get().0),
+                "the outer deferral is still on"
+            );
+            copy_to_batch(&mut dst[4096..], &src[4096..]);
+        }
+        assert_eq!(DEFERRAL.with(|d| d.get()), (false, false));
+        assert_eq!(dst, src);
+        let before = stream_threshold();
+        set_stream_threshold(64);
+        assert_eq!(stream_threshold(), 64);
+        let mut small = vec![0u8; 700];
+        copy_to_batch(&mut small, &src[..700]);
+        assert_eq!(&small[..], &src[..700]);
+        set_stream_threshold(before);
+    }
 
     #[test]
     #[cfg_attr(

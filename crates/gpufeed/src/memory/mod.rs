@@ -23,7 +23,8 @@ mod copy;
 mod host;
 mod pool;
 
-pub use copy::{STREAM_THRESHOLD, copy_to_batch};
+pub(crate) use copy::DeferredFence;
+pub use copy::{STREAM_THRESHOLD, copy_to_batch, set_stream_threshold, stream_threshold};
 pub use host::{HostBuffer, HostPool};
 #[cfg(feature = "cuda")]
 pub(crate) use pool::{Buffer, Pool};
