@@ -59,12 +59,10 @@ done
 step "gpufeed, same, host only: in parts, whole"
 "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --json | tee -a "$OUT/gpufeed.jsonl"
 "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --batch-parts 1 --json | tee -a "$OUT/gpufeed.jsonl"
-step "gpufeed, 4096-B records, batch 512: host, then to the GPU; plain copies (default), then streaming stores"
+step "gpufeed, 4096-B records, batch 512: host, then to the GPU, in turn"
 for i in 1 2; do
-  for t in 32768 1024; do
-    "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --stream-threshold $t --json | tee -a "$OUT/gpufeed.jsonl"
-    "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --stream-threshold $t --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
-  done
+  "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --json | tee -a "$OUT/gpufeed.jsonl"
+  "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
 done
 
 step "train_loop_cuda: a 10 ms step, 4 epochs, start-up included"

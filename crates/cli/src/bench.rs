@@ -72,10 +72,6 @@ pub struct Args {
     /// batches of 4 MiB or more, else 1: each batch by one worker).
     #[arg(long, value_name = "N")]
     pub batch_parts: Option<usize>,
-    /// Copy samples of at least BYTES into batches with streaming (non-temporal) stores
-    /// (default: 32768).
-    #[arg(long, value_name = "BYTES")]
-    pub stream_threshold: Option<usize>,
     /// Shuffle seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -175,8 +171,6 @@ pub struct Report {
     pub prefetch: usize,
     /// Parts each batch is made in, by as many workers at once.
     pub batch_parts: usize,
-    /// Samples of at least this many bytes were copied into batches with streaming stores.
-    pub stream_threshold: usize,
     /// Epochs run.
     pub epochs: u64,
     /// Shuffled or not.
@@ -519,9 +513,6 @@ fn open_dataset(
 /// Runs `gpufeed bench`.
 pub fn run(args: Args) -> Result<()> {
     check_flags(&args)?;
-    if let Some(bytes) = args.stream_threshold {
-        gpufeed::memory::set_stream_threshold(bytes);
-    }
     if let Some(images) = &args.images {
         return run_images(&args, images);
     }
@@ -695,7 +686,6 @@ pub fn run(args: Args) -> Result<()> {
         generate_secs,
     );
     report.batch_parts = parts;
-    report.stream_threshold = gpufeed::memory::stream_threshold();
     if let Some(labels) = &args.labels {
         report.dataset = format!("{} with labels {}", path.display(), labels.display());
     }
@@ -805,7 +795,6 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         workers: r.workers,
         prefetch,
         batch_parts: parts,
-        stream_threshold: gpufeed::memory::stream_threshold(),
         epochs: r.epochs,
         shuffle: !args.no_shuffle,
         samples: r.images,

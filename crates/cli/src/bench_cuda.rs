@@ -114,7 +114,6 @@ pub fn run(
         workers,
         prefetch,
         batch_parts,
-        stream_threshold: gpufeed::memory::stream_threshold(),
         epochs: args.epochs,
         shuffle: !args.no_shuffle,
         samples: stats.samples,
