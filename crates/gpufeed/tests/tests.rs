@@ -24,3 +24,4 @@ mod shard_errors;
 mod shard_fixtures;
 mod shard_fuzz;
 mod typed_transforms;
+mod zip_sources;

@@ -5,7 +5,7 @@
 //! - [`ImageFolder`]: a directory of class subdirectories of JPEG/PNG files (torchvision's);
 //! - [`Concat`]: several sources of one schema as one dataset (a few files, all opened);
 //! - [`Zip`]: several sources of one length as one dataset whose fields are theirs together
-//!   (`images.npy` and `labels.npy`, say);
+//!   (`images.npy` and `labels.npy`, say), sharded where they are;
 //! - [`shards`]: sharded datasets (packed shards, WebDataset tar shards, MosaicML MDS), each
 //!   shard opened on first use, a bounded number open at once;
 //! - [`open`]: whichever of these a path names.

@@ -1,4 +1,6 @@
-//! [`Zip`]: several datasets of one length, presented as one whose fields are theirs together.
+//! [`Zip`]: several datasets of one length, presented as one whose fields are theirs together
+//! and whose shards are cut wherever any of theirs is (so a two-level shuffle over the zip
+//! keeps to every part's shards).
 
 use std::path::Path;
 
@@ -16,6 +18,26 @@ use crate::source::{Dataset, NpyArray, Sample};
 ///
 /// Each part has a label (its file, say) that errors name: parts of different lengths and
 /// field names found in two parts are refused, as an [`Error::Mismatch`] naming both parts.
+///
+/// # Shards
+///
+/// Parts that are sharded ([`Dataset::shard_sizes`]: a [`shards`](crate::source::shards)
+/// dataset, a [`Concat`](crate::Concat)) need not be cut alike: the zip's shards are their
+/// common refinement, cut at every boundary of every part's shards (a part that reports none
+/// counts as one shard of all its samples). So each shard of the zip lies within one shard of
+/// every part, and [`LoaderBuilder::shuffle_blocks`](crate::LoaderBuilder::shuffle_blocks)
+/// keeps the locality it gives a single sharded dataset: a window of `w` of the zip's shards
+/// reads at most `w` shards of each part, and with a window of one shard every block stays
+/// within one shard of every part. A zip none of whose parts has shards has none either
+/// (`None`, an undivided dataset). A part whose shards do not hold exactly its samples is
+/// refused, as an [`Error::Mismatch`] naming it.
+///
+/// The rest of [`Dataset`] goes to every part: [`read_ahead`](Dataset::read_ahead) announces
+/// the same indices to each (the furthest [`read_ahead_batches`](Dataset::read_ahead_batches)
+/// of any part is the zip's), and [`check_unchanged`](Dataset::check_unchanged) checks each
+/// part's files. A part that verifies what it reads (a [`RecordFile`](crate::RecordFile)
+/// opened with [`verify_checksums`](crate::format::ReadOptions::verify_checksums)) does so
+/// under the zip too, since every field of a zipped sample is read by its part.
 ///
 /// ```
 /// use gpufeed::source::{NpyArray, Zip};
@@ -50,6 +72,8 @@ pub struct Zip<D> {
     /// For each field of `schema`: (part, field of that part).
     fields: Vec<(usize, usize)>,
     len: u64,
+    /// The common refinement of the parts' shards; `None` when no part has shards.
+    shards: Option<Vec<u64>>,
 }
 
 impl<D> std::fmt::Debug for Zip<D> {
@@ -98,12 +122,31 @@ impl<D: Dataset> Zip<D> {
         }
         let schema = Schema::new(all)
             .map_err(|e| Error::mismatch(format!("zip of {}: {e}", labels.join(", "))))?;
+        let divisions = parts.iter().map(Dataset::shard_sizes).collect::<Vec<_>>();
+        for (k, sizes) in divisions.iter().enumerate() {
+            let Some(sizes) = sizes else { continue };
+            let total = sizes.iter().try_fold(0u64, |t, &n| t.checked_add(n));
+            if total != Some(len) {
+                let held = total.map_or_else(|| "more than 2^64".to_string(), |t| t.to_string());
+                return Err(Error::mismatch(format!(
+                    "{}'s {} shards hold {held} samples, but it has {len}: \
+                     a zipped source's shards must hold exactly its samples",
+                    labels[k],
+                    sizes.len()
+                )));
+            }
+        }
+        let shards = divisions
+            .iter()
+            .any(Option::is_some)
+            .then(|| common_refinement(len, &divisions));
         Ok(Zip {
             parts,
             labels,
             schema,
             fields,
             len,
+            shards,
         })
     }
 
@@ -116,6 +159,38 @@ impl<D: Dataset> Zip<D> {
     pub fn labels(&self) -> &[String] {
         &self.labels
     }
+}
+
+/// The common refinement of divisions of `len` samples into shards: the shards cut at every
+/// boundary of every division. A division is the sizes of its shards in order, summing to
+/// `len` (checked by the caller); `None` is one shard of all `len` samples, which adds no
+/// boundary. Shards of no sample add no boundary either, so every shard returned holds at
+/// least one sample (none at all when `len` is 0).
+fn common_refinement(len: u64, divisions: &[Option<Vec<u64>>]) -> Vec<u64> {
+    let mut ends: Vec<u64> = divisions
+        .iter()
+        .flatten()
+        .flat_map(|sizes| {
+            sizes.iter().scan(0u64, |end, &n| {
+                *end += n;
+                Some(*end)
+            })
+        })
+        .filter(|&end| end > 0 && end < len)
+        .collect();
+    if len > 0 {
+        ends.push(len);
+    }
+    ends.sort_unstable();
+    ends.dedup();
+    let mut start = 0;
+    ends.into_iter()
+        .map(|end| {
+            let n = end - start;
+            start = end;
+            n
+        })
+        .collect()
 }
 
 impl Zip<NpyArray> {
@@ -164,6 +239,12 @@ impl<D: Dataset> Dataset for Zip<D> {
         Ok(Sample::zipped(parts, &self.fields, &self.schema))
     }
 
+    /// The common refinement of the parts' shards (see [`Zip`]): `None` when no part has
+    /// shards.
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        self.shards.clone()
+    }
+
     fn read_ahead_batches(&self) -> usize {
         self.parts
             .iter()
@@ -186,14 +267,25 @@ impl<D: Dataset> Dataset for Zip<D> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    use proptest::prelude::*;
+
     use super::*;
     use crate::format::DType;
 
-    /// A dataset of `n` samples of one field `name`: `[i; width]` as u16.
+    /// A dataset of `n` samples of one field `name`: `[i; width]` as u16. It reports the
+    /// shards `shards` and read-ahead depth `ahead`, records the indices announced to it, and
+    /// fails `check_unchanged` naming `changed` when set.
     struct Rows {
         schema: Schema,
         n: u64,
         width: usize,
+        shards: Option<Vec<u64>>,
+        ahead: usize,
+        heard: Mutex<Vec<u64>>,
+        changed: Option<PathBuf>,
     }
 
     fn rows(name: &str, n: u64, width: usize) -> Rows {
@@ -201,6 +293,18 @@ mod tests {
             schema: Schema::new(vec![Field::tensor(name, DType::U16, &[width as u64])]).unwrap(),
             n,
             width,
+            shards: None,
+            ahead: 0,
+            heard: Mutex::new(Vec::new()),
+            changed: None,
+        }
+    }
+
+    /// `rows(name, sum of shards, 1)` in shards of these sizes.
+    fn sharded(name: &str, shards: &[u64]) -> Rows {
+        Rows {
+            shards: Some(shards.to_vec()),
+            ..rows(name, shards.iter().sum(), 1)
         }
     }
 
@@ -217,6 +321,32 @@ mod tests {
                 .collect();
             Sample::owned(b, &self.schema)
         }
+        fn shard_sizes(&self) -> Option<Vec<u64>> {
+            self.shards.clone()
+        }
+        fn read_ahead_batches(&self) -> usize {
+            self.ahead
+        }
+        fn read_ahead(&self, indices: &[u64]) {
+            self.heard.lock().unwrap().extend_from_slice(indices);
+        }
+        fn check_unchanged(&self) -> Result<()> {
+            match &self.changed {
+                None => Ok(()),
+                Some(path) => Err(Error::FileChanged {
+                    path: path.clone(),
+                    what: "replaced".into(),
+                }),
+            }
+        }
+    }
+
+    fn zip_shards(parts: Vec<Rows>) -> Option<Vec<u64>> {
+        let labelled = parts
+            .into_iter()
+            .enumerate()
+            .map(|(k, p)| (format!("{k}"), p));
+        Zip::new(labelled).unwrap().shard_sizes()
     }
 
     #[test]
@@ -270,5 +400,169 @@ mod tests {
         );
         let none: [(&str, Rows); 0] = [];
         assert!(matches!(Zip::new(none), Err(Error::InvalidConfig { .. })));
+    }
+
+    #[test]
+    fn shards_are_cut_at_every_part_s_boundaries() {
+        // Boundaries 0 3 5 10 and 0 4 5 8 10: together 0 3 4 5 8 10.
+        let got = zip_shards(vec![sharded("a", &[3, 2, 5]), sharded("b", &[4, 1, 3, 2])]);
+        assert_eq!(got, Some(vec![3, 1, 1, 3, 2]));
+        // Three parts, in any order, give the same shards.
+        let parts = || {
+            vec![
+                sharded("a", &[6, 6]),
+                sharded("b", &[4, 4, 4]),
+                sharded("c", &[1, 11]),
+            ]
+        };
+        assert_eq!(zip_shards(parts()), Some(vec![1, 3, 2, 2, 4]));
+        let mut reversed = parts();
+        reversed.reverse();
+        assert_eq!(zip_shards(reversed), Some(vec![1, 3, 2, 2, 4]));
+    }
+
+    #[test]
+    fn a_part_without_shards_is_one_shard_of_everything() {
+        let got = zip_shards(vec![rows("image", 10, 3), sharded("label", &[4, 6])]);
+        assert_eq!(got, Some(vec![4, 6]));
+        let got = zip_shards(vec![sharded("image", &[7, 3]), rows("label", 10, 1)]);
+        assert_eq!(got, Some(vec![7, 3]));
+        // No part has shards: neither has the zip.
+        assert_eq!(
+            zip_shards(vec![rows("image", 10, 3), rows("label", 10, 1)]),
+            None
+        );
+    }
+
+    #[test]
+    fn parts_cut_alike_keep_their_shards_and_empty_shards_vanish() {
+        let got = zip_shards(vec![sharded("a", &[5, 2, 9]), sharded("b", &[5, 2, 9])]);
+        assert_eq!(got, Some(vec![5, 2, 9]));
+        let got = zip_shards(vec![
+            sharded("a", &[0, 5, 0, 0, 11]),
+            sharded("b", &[5, 11, 0]),
+        ]);
+        assert_eq!(got, Some(vec![5, 11]));
+        // Nothing to cut: a sharded part of no sample gives a zip of no shard.
+        assert_eq!(
+            zip_shards(vec![sharded("a", &[0, 0]), rows("b", 0, 1)]),
+            Some(vec![])
+        );
+    }
+
+    #[test]
+    fn a_part_whose_shards_do_not_hold_its_samples_is_refused_naming_it() {
+        let bad = Rows {
+            shards: Some(vec![4, 5]),
+            ..rows("label", 10, 1)
+        };
+        let e = Zip::new([("images.npy", rows("image", 10, 2)), ("labels/", bad)]).unwrap_err();
+        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .contains("labels/'s 2 shards hold 9 samples, but it has 10"),
+            "{e}"
+        );
+        let huge = Rows {
+            shards: Some(vec![u64::MAX, 2]),
+            ..rows("label", 10, 1)
+        };
+        let e = Zip::new([("images.npy", rows("image", 10, 2)), ("labels/", huge)]).unwrap_err();
+        assert!(e.to_string().contains("more than 2^64"), "{e}");
+    }
+
+    #[test]
+    fn read_ahead_goes_to_every_part_as_far_as_the_furthest_asks() {
+        let (mut a, mut b) = (rows("a", 10, 1), rows("b", 10, 1));
+        a.ahead = 2;
+        b.ahead = 5;
+        let z = Zip::new([("a", a), ("b", b), ("c", rows("c", 10, 1))]).unwrap();
+        assert_eq!(z.read_ahead_batches(), 5);
+        z.read_ahead(&[7, 2, 9]);
+        z.read_ahead(&[0]);
+        for p in z.parts() {
+            assert_eq!(*p.heard.lock().unwrap(), [7, 2, 9, 0]);
+        }
+    }
+
+    #[test]
+    fn check_unchanged_checks_every_part_and_names_the_first_changed() {
+        let z = Zip::new([("a", rows("a", 3, 1)), ("b", rows("b", 3, 1))]).unwrap();
+        z.check_unchanged().unwrap();
+        let (mut b, mut c) = (rows("b", 3, 1), rows("c", 3, 1));
+        b.changed = Some(PathBuf::from("b.npy"));
+        c.changed = Some(PathBuf::from("c.npy"));
+        let z = Zip::new([("a", rows("a", 3, 1)), ("b", b), ("c", c)]).unwrap();
+        match z.check_unchanged() {
+            Err(Error::FileChanged { path, .. }) => assert_eq!(path, Path::new("b.npy")),
+            other => panic!("expected b.npy changed, got {other:?}"),
+        }
+    }
+
+    /// A division of `len` samples into shards, from cut points in `[0, len]` (repeats and
+    /// the ends included, so shards of no sample occur), or `None`.
+    fn division(len: u64) -> impl Strategy<Value = Option<Vec<u64>>> {
+        proptest::option::of(proptest::collection::vec(0..=len, 0..8)).prop_map(move |cuts| {
+            cuts.map(|mut cuts| {
+                cuts.sort_unstable();
+                let mut start = 0;
+                let mut sizes: Vec<u64> = cuts
+                    .into_iter()
+                    .map(|c| {
+                        let n = c - start;
+                        start = c;
+                        n
+                    })
+                    .collect();
+                sizes.push(len - start);
+                sizes
+            })
+        })
+    }
+
+    fn ends(sizes: &[u64]) -> Vec<u64> {
+        std::iter::once(0)
+            .chain(sizes.iter().scan(0, |end, &n| {
+                *end += n;
+                Some(*end)
+            }))
+            .collect()
+    }
+
+    proptest! {
+        // Cheap cases, but few under Miri (`.ci/run` runs this module's tests there).
+        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
+
+        /// The zip's shards are disjoint, cover every sample once, and are cut at every
+        /// boundary of every part and nowhere else: each lies within one shard of every part.
+        #[test]
+        fn the_refinement_partitions_the_samples_at_every_part_s_boundaries(
+            divisions in (0u64..60).prop_flat_map(|len| {
+                (Just(len), proptest::collection::vec(division(len), 1..5))
+            }),
+        ) {
+            let (len, divisions) = divisions;
+            let parts: Vec<Rows> = divisions
+                .iter()
+                .enumerate()
+                .map(|(k, d)| Rows { shards: d.clone(), ..rows(&format!("f{k}"), len, 1) })
+                .collect();
+            let got = zip_shards(parts);
+            prop_assert_eq!(got.is_some(), divisions.iter().any(Option::is_some));
+            let Some(got) = got else { return Ok(()) };
+            // Non-empty shards, one after another from 0 to len: disjoint and complete.
+            prop_assert!(got.iter().all(|&n| n > 0), "{:?}", got);
+            let zip_ends = ends(&got);
+            prop_assert_eq!(zip_ends.last().copied(), Some(len));
+            // Every part's boundary is a boundary of the zip ...
+            let mut part_ends: Vec<u64> = vec![0, len];
+            for d in divisions.iter().flatten() {
+                part_ends.extend(ends(d));
+            }
+            part_ends.sort_unstable();
+            part_ends.dedup();
+            // ... and the zip has no other (the coarsest such division).
+            prop_assert_eq!(zip_ends, part_ends);
+        }
     }
 }
