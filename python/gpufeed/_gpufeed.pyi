@@ -36,6 +36,7 @@ class LoaderCore:
         shuffle: Optional[int],
         workers: Optional[int],
         prefetch: Optional[int],
+        batch_parts: Optional[int],
         drop_last: bool,
         shard: Optional[Tuple[int, int]],
         shard_env: bool,

@@ -331,7 +331,11 @@ class Loader:
     - ``shuffle``: None or False for the files' order; a seed (an int) for a new order every
       epoch, the same for the same (seed, epoch); True means seed 0.
     - ``workers``: worker threads (default: the CPUs, at most 16). ``prefetch``: batches in
-      flight (default twice the workers).
+      flight (default: the workers + 2, more for small batches; for batches made in parts,
+      2 + twice the workers / the parts).
+    - ``batch_parts``: make each batch in this many parts, written by as many workers at once
+      (default: one per worker for batches of 4 MiB or more, else 1). Fewer batches in flight,
+      a smaller pool, a sooner first batch; the batches are the same.
     - ``drop_last``: drop the samples that do not fill a rank's share or a whole batch (default
       False: the last batch is short and ranks' shares are padded by wrapping around).
     - ``shard``: None (the whole data set, also under torchrun), ``(rank, world_size)``, or
@@ -396,6 +400,7 @@ class Loader:
         shuffle: Union[None, bool, int] = None,
         workers: Optional[int] = None,
         prefetch: Optional[int] = None,
+        batch_parts: Optional[int] = None,
         drop_last: bool = False,
         shard: Union[None, str, Tuple[int, int]] = None,
         evaluation: bool = False,
@@ -417,6 +422,7 @@ class Loader:
             seed = _int("shuffle", shuffle)
         workers = None if workers is None else _int("workers", workers, 1)
         prefetch = None if prefetch is None else _int("prefetch", prefetch, 1)
+        batch_parts = None if batch_parts is None else _int("batch_parts", batch_parts, 1)
         shard_pair: Optional[Tuple[int, int]] = None
         shard_env = False
         if isinstance(shard, str):
@@ -458,6 +464,7 @@ class Loader:
             shuffle=seed,
             workers=workers,
             prefetch=prefetch,
+            batch_parts=batch_parts,
             drop_last=bool(drop_last),
             shard=shard_pair,
             shard_env=shard_env,

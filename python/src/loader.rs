@@ -276,6 +276,7 @@ struct Settings {
     shuffle: Option<u64>,
     workers: Option<usize>,
     prefetch: Option<usize>,
+    batch_parts: Option<usize>,
     drop_last: bool,
     shard: Option<(u64, u64)>,
     shard_env: bool,
@@ -434,6 +435,9 @@ fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
     if let Some(p) = s.prefetch {
         builder = builder.prefetch(p);
     }
+    if let Some(p) = s.batch_parts {
+        builder = builder.batch_parts(p);
+    }
     if let Some(b) = s.pool_budget {
         builder = builder.pool_budget(b);
     }
@@ -585,7 +589,7 @@ impl LoaderCore {
 impl LoaderCore {
     #[new]
     #[pyo3(signature = (
-        paths, *, batch_size, shuffle, workers, prefetch, drop_last, shard, shard_env,
+        paths, *, batch_size, shuffle, workers, prefetch, batch_parts, drop_last, shard, shard_env,
         evaluation, images, fields, epoch, pool_budget, indices, convert, device=None
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -596,6 +600,7 @@ impl LoaderCore {
         shuffle: Option<u64>,
         workers: Option<usize>,
         prefetch: Option<usize>,
+        batch_parts: Option<usize>,
         drop_last: bool,
         shard: Option<(u64, u64)>,
         shard_env: bool,
@@ -615,6 +620,7 @@ impl LoaderCore {
             shuffle,
             workers,
             prefetch,
+            batch_parts,
             drop_last,
             shard,
             shard_env,

@@ -21,6 +21,7 @@ from conftest import N, read_offset_table, rows
         (dict(shard="all"), "shard", "'env' or (rank, world_size)"),
         (dict(workers=0), "workers", "at least 1"),
         (dict(prefetch=0), "prefetch", "at least 1"),
+        (dict(batch_parts=0), "batch_parts", "at least 1"),
         (dict(evaluation=True, drop_last=True), "evaluation", "drop_last"),
         (dict(output="pandas"), "output", "'torch', 'numpy', 'cupy', 'jax', 'dlpack'"),
         (dict(device="cuda:x"), "device", "'cuda' (the local rank's GPU) or 'cuda:N'"),

@@ -59,6 +59,19 @@ def test_shuffle_is_a_seeded_permutation_per_epoch(packed):
     assert order(42, 1) != a and sorted(order(42, 1)) == list(range(N))
     assert order(43, 0) != a
     assert order(True, 0) == order(0, 0)
+    # Batches made in parts by several workers hold the same samples in the same places.
+    for parts in (1, 3, 50):
+        split = gpufeed.Loader(
+            packed, batch_size=50, shuffle=42, workers=3, batch_parts=parts, output="numpy",
+        )
+        whole = gpufeed.Loader(
+            packed, batch_size=50, shuffle=42, workers=1, batch_parts=1, output="numpy",
+        )
+        count = 0
+        for x, y in zip(split, whole):
+            assert np.array_equal(x["data"], y["data"]) and np.array_equal(x["label"], y["label"])
+            count += 1
+        assert count == N // 50
     # Contents follow the indices.
     loader = gpufeed.Loader(packed, batch_size=50, shuffle=42, output="numpy")
     for b in loader:
