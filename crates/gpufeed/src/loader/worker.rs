@@ -471,3 +471,59 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         "(a non-text panic payload)".to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Parts of one buffer written by several threads at once: under Miri (CI runs
+    //! `loader::`), its data-race detector checks that parts' writes never overlap and that
+    //! the last part sees every other part's writes.
+    use crate::format::{DType, Field, Schema};
+    use crate::source::{Dataset, Sample};
+    use crate::{Error, Loader, Result};
+
+    struct Numbers(Vec<u8>, Schema);
+
+    impl Dataset for Numbers {
+        fn len(&self) -> u64 {
+            (self.0.len() / 8) as u64
+        }
+        fn schema(&self) -> &Schema {
+            &self.1
+        }
+        fn get(&self, index: u64) -> Result<Sample<'_>> {
+            let i = usize::try_from(index).map_err(|_| Error::user("index"))?;
+            let bytes = self.0.get(i * 8..i * 8 + 8).ok_or(Error::OutOfRange {
+                index,
+                len: self.len(),
+            })?;
+            Sample::borrowed(bytes, &self.1)
+        }
+    }
+
+    #[test]
+    fn parts_of_a_batch_written_by_several_workers_hold_every_sample() -> Result<()> {
+        let n = 60u64;
+        let data = (0..n).flat_map(|i| (i * 7 + 2).to_le_bytes()).collect();
+        let schema = Schema::new(vec![Field::tensor("x", DType::U64, &[])])?;
+        let mut loader = Loader::builder(Numbers(data, schema))
+            .batch_size(16)
+            .workers(3)
+            .batch_parts(4)
+            .shuffle(9)
+            .shard(0, 1)
+            .build()?;
+        for epoch in 0..2 {
+            loader.set_epoch(epoch);
+            let mut seen = vec![0u32; n as usize];
+            for batch in loader.by_ref() {
+                let batch = batch?;
+                for (&i, &x) in batch.indices().iter().zip(batch.field::<u64>("x")?) {
+                    assert_eq!(x, i * 7 + 2, "sample {i}");
+                    seen[i as usize] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "epoch {epoch}: {seen:?}");
+        }
+        Ok(())
+    }
+}
