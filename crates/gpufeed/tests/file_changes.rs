@@ -296,3 +296,244 @@ fn reads_past_a_truncation_are_typed_errors_under_pread() {
     arr.get(0).unwrap().copy_field_into(0, &mut row).unwrap();
     assert_eq!(row, [1u8; 16]);
 }
+
+// ---- Sharded datasets ---------------------------------------------------------------------
+
+/// Writes one byte of `path` again, in place (the same file, the same size; no truncation, so
+/// no mapping of it can fault), where `needle` first occurs, and moves its modification time a
+/// minute past what it was, so that the change shows whatever the file system's clock
+/// granularity.
+fn rewrite_in_place(path: &Path, needle: &[u8]) {
+    use std::io::{Seek, SeekFrom, Write};
+    let bytes = std::fs::read(path).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("{needle:?} is not in {}", path.display()));
+    let meta = std::fs::metadata(path).unwrap();
+    let (ino, len, was) = (inode(path), meta.len(), meta.modified().unwrap());
+    let mut f = OpenOptions::new().write(true).open(path).unwrap();
+    f.seek(SeekFrom::Start(at as u64)).unwrap();
+    f.write_all(&[bytes[at] ^ 0x20]).unwrap();
+    f.set_modified(was + Duration::from_secs(60)).unwrap();
+    drop(f);
+    let meta = std::fs::metadata(path).unwrap();
+    assert_eq!((inode(path), meta.len()), (ino, len), "not the same file");
+    assert_ne!(std::fs::read(path).unwrap(), bytes, "no byte changed");
+}
+
+/// A directory of packed shards (at least three) of 40 samples (`sample 00` .. `sample 39` in
+/// their `text`, the sample's number in `label`), and the shards' paths.
+fn packed_shards(dir: &Path) -> Vec<PathBuf> {
+    use gpufeed::source::shards::packed::ShardWriter;
+    let schema = Schema::new(vec![
+        Field::tensor("label", DType::U32, &[]),
+        Field::tensor("text", DType::U8, &[9]),
+    ])
+    .unwrap();
+    let mut w = ShardWriter::create(dir, schema, 640).unwrap();
+    for i in 0..40u32 {
+        w.append(&[&i.to_le_bytes(), format!("sample {i:02}").as_bytes()])
+            .unwrap();
+    }
+    let summary = w.finish().unwrap();
+    assert!(summary.shards.len() >= 3, "{:?}", summary.shards);
+    summary.shards.iter().map(|s| dir.join(&s.name)).collect()
+}
+
+/// The one of `paths` that holds `needle`.
+fn holding(paths: &[PathBuf], needle: &[u8]) -> PathBuf {
+    let mut with = paths.iter().filter(|p| {
+        std::fs::read(p)
+            .unwrap()
+            .windows(needle.len())
+            .any(|w| w == needle)
+    });
+    let path = with.next().expect("no shard holds the needle").clone();
+    assert!(with.next().is_none(), "two shards hold the needle");
+    path
+}
+
+/// The loader's view of a shard rewritten between epochs: epoch 0 runs; the next epoch's first
+/// `next()` is `FileChanged` naming the shard, once, and the position stays at that epoch's
+/// start; a loader over shards left alone runs that epoch.
+fn check_epochs_over_shards(
+    changed: Box<dyn Dataset>,
+    unchanged: Box<dyn Dataset>,
+    batches: usize,
+    rewrite: impl FnOnce() -> PathBuf,
+) {
+    use gpufeed::{FnTransform, Loader, OutputField};
+    let loader = |d: Box<dyn Dataset>| {
+        Loader::builder(d)
+            .batch_size(5)
+            .shuffle(7)
+            .workers(2)
+            .transform(FnTransform::new(
+                vec![OutputField::new("i", DType::U32, &[])],
+                |_s: gpufeed::Sample<'_>,
+                 ctx: &gpufeed::SampleContext,
+                 slots: &mut gpufeed::transform::Slots<'_>| {
+                    slots
+                        .field(0)?
+                        .copy_from_slice(&(ctx.index as u32).to_le_bytes());
+                    Ok(())
+                },
+            ))
+            .build()
+            .unwrap()
+    };
+    let mut l = loader(changed);
+    let mut good = loader(unchanged);
+    for l in [&mut l, &mut good] {
+        let mut delivered = 0;
+        for b in l.by_ref() {
+            b.unwrap();
+            delivered += 1;
+        }
+        assert_eq!(delivered, batches);
+    }
+    let path = rewrite();
+    l.set_epoch(1);
+    let at_start = l.state();
+    assert_eq!((at_start.epoch, at_start.next_batch), (1, 0));
+    match l.next() {
+        Some(Err(Error::FileChanged { path: p, what })) => {
+            assert_eq!(p, path);
+            assert!(what.contains("written in place"), "{what}");
+        }
+        Some(Err(e)) => panic!("expected FileChanged naming {}, got {e}", path.display()),
+        Some(Ok(_)) => panic!("a batch of epoch 1 was delivered from a changed shard"),
+        None => panic!("epoch 1 ended at once"),
+    }
+    assert_eq!(l.state(), at_start, "the error moved the position");
+    // Once, then the end of the iteration (so that `collect` cannot run forever).
+    assert!(l.next().is_none());
+    assert_eq!(l.state(), at_start);
+    good.set_epoch(1);
+    let mut seen: Vec<u32> = good
+        .by_ref()
+        .flat_map(|b| b.unwrap().field::<u32>("i").unwrap().to_vec())
+        .collect();
+    seen.sort();
+    assert!(seen.iter().copied().eq(0..batches as u32 * 5));
+}
+
+/// A packed shard written in place (same size, one byte changed) between epochs fails the
+/// next epoch's start, naming the shard, without losing the position.
+#[test]
+fn a_packed_shard_rewritten_between_epochs_fails_the_next_epoch_naming_it() {
+    use gpufeed::source::shards::packed::PackedShards;
+    let (dir, good) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let paths = packed_shards(dir.path());
+    packed_shards(good.path());
+    let changed = holding(&paths, b"sample 25");
+    assert_ne!(changed, paths[0]);
+    check_epochs_over_shards(
+        Box::new(PackedShards::open(dir.path()).unwrap()),
+        // Through `source::open`: a boxed sharded source forwards the check.
+        Box::new(source::open(good.path()).unwrap()),
+        8,
+        || {
+            rewrite_in_place(&changed, b"sample 25");
+            changed.clone()
+        },
+    );
+}
+
+fn tar_shards(dir: &Path) -> Vec<PathBuf> {
+    use gpufeed::source::shards::tar::TarBuilder;
+    (0..3)
+        .map(|k| {
+            let mut tar = TarBuilder::new();
+            for i in 0..5 {
+                let n = k * 5 + i;
+                tar.file(&format!("s{n:02}.txt"), format!("sample {n:02}").as_bytes());
+            }
+            let p = dir.join(format!("shard-{k}.tar"));
+            std::fs::write(&p, tar.finish()).unwrap();
+            p
+        })
+        .collect()
+}
+
+/// The same for WebDataset tar shards, which are mapped as they are.
+#[test]
+fn a_tar_shard_rewritten_between_epochs_fails_the_next_epoch_naming_it() {
+    use gpufeed::source::shards::webdataset::{WebDataset, WebDatasetOptions};
+    let (dir, good) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let options = WebDatasetOptions {
+        cache_dir: Some(dir.path().join("cache")),
+        ..WebDatasetOptions::default()
+    };
+    let paths = tar_shards(dir.path());
+    let good_paths = tar_shards(good.path());
+    check_epochs_over_shards(
+        Box::new(WebDataset::open_with(&paths, options.clone()).unwrap()),
+        Box::new(WebDataset::open_with(&good_paths, options).unwrap()),
+        3,
+        || {
+            rewrite_in_place(&paths[1], b"sample 07");
+            paths[1].clone()
+        },
+    );
+}
+
+/// Every kind of change to an open shard is reported, by the dataset's own check, naming the
+/// shard: packed, tar and MDS shards alike; a shard not opened yet is not looked at (it will
+/// be opened as it is); an unchanged set passes any number of times.
+#[test]
+fn open_shards_of_every_format_are_checked_and_unopened_ones_are_not() {
+    use gpufeed::source::shards::mds::MdsDataset;
+    use gpufeed::source::shards::packed::PackedShards;
+    use gpufeed::source::shards::webdataset::{WebDataset, WebDatasetOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let packed_dir = dir.path().join("packed");
+    std::fs::create_dir(&packed_dir).unwrap();
+    let packed = packed_shards(&packed_dir);
+    let tars = tar_shards(dir.path());
+    let mds_dir = dir.path().join("mds");
+    std::fs::create_dir(&mds_dir).unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/streaming/mds");
+    for e in std::fs::read_dir(&fixtures).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), mds_dir.join(e.file_name())).unwrap();
+    }
+    let mds: Vec<PathBuf> = (0..4)
+        .map(|k| mds_dir.join(format!("shard.0000{k}.mds")))
+        .collect();
+    let wds = WebDatasetOptions {
+        cache_dir: Some(dir.path().join("cache")),
+        ..WebDatasetOptions::default()
+    };
+    let sets: Vec<(Box<dyn Dataset>, &[PathBuf])> = vec![
+        (Box::new(PackedShards::open(&packed_dir).unwrap()), &packed),
+        (Box::new(WebDataset::open_with(&tars, wds).unwrap()), &tars),
+        (Box::new(MdsDataset::open(&mds_dir).unwrap()), &mds),
+    ];
+    for (d, paths) in &sets {
+        let sizes = d.shard_sizes().unwrap();
+        // Open the first two shards only.
+        d.get(0).unwrap();
+        d.get(sizes[0]).unwrap();
+        for _ in 0..3 {
+            d.check_unchanged().unwrap();
+        }
+        // The last shard, never opened, changes: nothing to report.
+        let last = paths.last().unwrap();
+        age(last);
+        d.check_unchanged().unwrap();
+        // An open one is extended, then truncated back (so written since), then removed.
+        let f = OpenOptions::new().write(true).open(&paths[1]).unwrap();
+        let len = f.metadata().unwrap().len();
+        f.set_len(len + 512).unwrap();
+        assert_changed(d.as_ref(), &paths[1], "extended in place");
+        f.set_len(len).unwrap();
+        f.set_modified(SystemTime::now() + Duration::from_secs(60))
+            .unwrap();
+        assert_changed(d.as_ref(), &paths[1], "written in place");
+        // The first changed shard is named: shard 0 before shard 1.
+        std::fs::remove_file(&paths[0]).unwrap();
+        assert_changed(d.as_ref(), &paths[0], "removed");
+    }
+}

@@ -328,3 +328,59 @@ fn tar_shards_from_a_url_read_back() {
         assert_eq!(s.field_named("cls").unwrap(), n.to_string().as_bytes());
     }
 }
+
+/// The cache's copies change as the cache works (touched at every use, removed to make room,
+/// fetched again, by any process of the machine) while no shard's bytes change: none of that
+/// fails an epoch. The object changing in the store is not looked for (that would take a
+/// request per shard at every epoch): a dataset opened again fetches the new version.
+#[test]
+fn the_cache_at_work_is_not_a_change_between_epochs() {
+    let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_packed(data.path(), 200, 64 << 10);
+    let tars = tempfile::tempdir().unwrap();
+    let tar = gpufeed::source::shards::tar::TarBuilder::new()
+        .file("a.txt", b"one")
+        .file("b.txt", b"two")
+        .finish();
+    std::fs::write(tars.path().join("shard-0.tar"), &tar).unwrap();
+    for (dir, n) in [(data.path(), 200), (tars.path(), 2)] {
+        let d = open(dir, options(cache.path()));
+        // Every shard opened, mapped from its cache file.
+        for i in 0..n {
+            d.get(i).unwrap();
+        }
+        d.check_unchanged().unwrap();
+        let copies: Vec<String> = walk(cache.path())
+            .into_iter()
+            .filter(|p| !p.ends_with(".lock"))
+            .collect();
+        assert!(!copies.is_empty());
+        // Touched (as another rank's use does), then removed (as another rank's eviction does).
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+        for p in &copies {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(later)
+                .unwrap();
+        }
+        d.check_unchanged().unwrap();
+        for p in &copies {
+            std::fs::remove_file(p).unwrap();
+        }
+        d.check_unchanged().unwrap();
+        // The objects themselves rewritten in place: not seen.
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(later)
+                .unwrap();
+        }
+        d.check_unchanged().unwrap();
+        d.get(0).unwrap();
+    }
+}

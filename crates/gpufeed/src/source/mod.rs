@@ -37,7 +37,9 @@
 //!
 //! Every file-backed source also remembers what its file was at open (device, inode, size,
 //! modification time): [`Dataset::check_unchanged`] compares that with the path now, and the
-//! loader calls it at the start of each epoch.
+//! loader calls it at the start of each epoch. Sharded datasets of local files do so for each
+//! shard open at that moment (see [`shards`](shards#shard-files-that-change)); shards
+//! downloaded into a cache are not checked.
 
 mod concat;
 mod file;

@@ -129,6 +129,25 @@ impl<T> OpenShards<T> {
         Ok(opened)
     }
 
+    /// The shards open now, by shard number, lowest first. Shards being opened or evicted while
+    /// this runs may be in it or not.
+    pub(crate) fn open_now(&self) -> Vec<Arc<T>> {
+        // The numbers first, under the mutex; then each slot, with the mutex released (a
+        // slot's lock may be held for a whole open, which must not stall the mutex).
+        let mut numbers = self.open.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        numbers.sort_unstable();
+        numbers
+            .into_iter()
+            .filter_map(|k| {
+                self.slots[k]
+                    .shard
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+            })
+            .collect()
+    }
+
     /// The counts so far.
     pub(crate) fn stats(&self) -> OpenShardStats {
         OpenShardStats {
@@ -165,6 +184,18 @@ mod tests {
         assert_eq!(reopened.load(Ordering::Relaxed), 1, "1 was evicted");
         set.get_or_open(0, || panic!("0 stayed open")).unwrap();
         set.get_or_open(3, || panic!("3 stayed open")).unwrap();
+    }
+
+    #[test]
+    fn open_now_lists_the_open_shards_in_shard_order() {
+        let set = OpenShards::<usize>::new(10, 3);
+        assert!(set.open_now().is_empty());
+        for k in [7, 2, 5, 9] {
+            set.get_or_open(k, || Ok(k)).unwrap();
+        }
+        // 7 was the least recently used when 9 came in.
+        let open: Vec<usize> = set.open_now().iter().map(|s| **s).collect();
+        assert_eq!(open, [2, 5, 9]);
     }
 
     #[test]

@@ -686,6 +686,11 @@ impl ShardFormat for MdsShards {
         }
         Ok(())
     }
+
+    /// The shard's file against what it was when mapped ([`ShardBytes::check_unchanged`]).
+    fn check_unchanged(&self, shard: &MdsShard) -> Result<()> {
+        shard.bytes.check_unchanged()
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,29 @@
 //!
 //! Opening a dataset reads its index only: no shard is opened or mapped until a sample of it is
 //! asked for (a dataset of 10,000 shards opens in the time it takes to parse its index).
+//!
+//! # Shard files that change
+//!
+//! An open shard of a local directory is a mapping of its file, with the same contract as a
+//! [`RecordFile`](crate::format::RecordFile)'s: the file must not be truncated or written in
+//! place while it is open (see the [`source`](crate::source) module). Each open shard
+//! remembers what its file was when it was opened (device, inode, size, modification time),
+//! and [`Dataset::check_unchanged`] (which the loader calls at each epoch's start) compares
+//! that with what the path names now, for every shard open at that moment, reporting the first
+//! changed one (lowest shard number) as [`Error::FileChanged`] naming its file. A shard not
+//! open then is not looked at: it has not been opened yet, or it was closed to stay within
+//! [`ShardOptions::max_open_shards`], and it is opened afresh, from the file as it is then,
+//! when a sample of it is next asked for (and checked against the index: sample count, size,
+//! and checksums with [`ShardOptions::verify`]).
+//!
+//! Shards fetched from an object store (`remote`, with the `remote` feature) are not checked:
+//! their local files are the cache's own copies, written whole under a name that includes the
+//! object's version (its checksum from the index, else its ETag or modification time, and
+//! size), touched at every use and removed and fetched again as the cache needs; none of that
+//! changes a shard's bytes, and an open shard keeps reading the copy it mapped. A change to
+//! the object in the store itself is not seen either: finding it would take a request per
+//! shard at every epoch (a dataset opened again looks again). See
+//! [`ShardStore::files_may_change`].
 
 mod lru;
 pub mod mds;
@@ -123,6 +146,15 @@ pub trait ShardFormat: Send + Sync + 'static {
         samples: u64,
         schema: &Schema,
     ) -> Result<()>;
+
+    /// Checks that the file an open shard reads is still the one it opened, as it was then:
+    /// [`Error::FileChanged`] naming the file if not (see [`Dataset::check_unchanged`]).
+    /// Called for shards of stores whose files may change ([`ShardStore::files_may_change`]).
+    /// The default, `Ok(())`, suits formats whose shards hold no file of their own.
+    fn check_unchanged(&self, shard: &Self::Shard) -> Result<()> {
+        let _ = shard;
+        Ok(())
+    }
 }
 
 /// The shards of one dataset, as one [`Dataset`] (see the [module](self) documentation).
@@ -337,6 +369,19 @@ impl<F: ShardFormat> Dataset for ShardedDataset<F> {
             self.store.prefetch(&self.names[at.shard]);
         }
         self.announced.store(last, Ordering::Relaxed);
+    }
+
+    /// Checks the file of every shard open now, lowest shard number first, for a store whose
+    /// files may change ([`ShardStore::files_may_change`]); shards not open are opened afresh
+    /// when next used. See the [module's section](self#shard-files-that-change).
+    fn check_unchanged(&self) -> Result<()> {
+        if !self.store.files_may_change() {
+            return Ok(());
+        }
+        self.open
+            .open_now()
+            .iter()
+            .try_for_each(|shard| self.format.check_unchanged(shard))
     }
 }
 

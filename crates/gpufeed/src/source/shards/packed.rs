@@ -324,6 +324,12 @@ impl ShardFormat for Packed {
         let file = self.open_file(store, k, name, samples, true, Some(schema))?;
         file.verify(|_| {})
     }
+
+    /// The shard's record file against what it was when opened
+    /// ([`RecordFile::check_unchanged`]).
+    fn check_unchanged(&self, shard: &PackedShard) -> Result<()> {
+        shard.file.check_unchanged()
+    }
 }
 
 /// Settings of a [`ShardWriter`].
@@ -677,5 +683,85 @@ mod tests {
         }
         let s = w.finish().unwrap();
         assert_eq!(s.shards[0].bytes, expect);
+    }
+
+    /// Writes a byte of `path`'s checksum table (`back` bytes before its footer, read only to
+    /// verify) again, in place (no truncation), and moves its modification time a minute on,
+    /// whatever the file system's clock granularity.
+    fn rewrite_in_place(path: &Path, back: u64) {
+        use std::io::{Seek, SeekFrom, Write};
+        let meta = std::fs::metadata(path).unwrap();
+        let (at, was) = (meta.len() - 64 - back, meta.modified().unwrap());
+        let mut f = std::fs::File::options().write(true).open(path).unwrap();
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(b"!").unwrap();
+        f.set_modified(was + std::time::Duration::from_secs(60))
+            .unwrap();
+    }
+
+    /// A store whose files are its own copies (as a download cache's): the same files as a
+    /// [`LocalDir`], but not to be checked.
+    struct Copies(LocalDir);
+
+    impl ShardStore for Copies {
+        fn locate(&self, name: &str) -> PathBuf {
+            self.0.locate(name)
+        }
+        fn stat(&self, name: &str) -> Result<super::super::ShardStat> {
+            self.0.stat(name)
+        }
+        fn open(&self, name: &str) -> Result<super::super::ShardBytes> {
+            self.0.open(name)
+        }
+        fn local_file(&self, name: &str) -> Result<PathBuf> {
+            self.0.local_file(name)
+        }
+    }
+
+    #[test]
+    fn the_open_shards_of_a_local_directory_are_checked_and_no_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = ShardWriter::create(dir.path(), schema(), 512).unwrap();
+        for i in 0..40u32 {
+            w.append(&[&i.to_le_bytes(), b"text"]).unwrap();
+        }
+        assert!(w.finish().unwrap().shards.len() >= 3);
+        let options = ShardOptions {
+            max_open_shards: 1,
+            ..ShardOptions::default()
+        };
+        let d = PackedShards::open_with(dir.path(), options.clone()).unwrap();
+        let (p0, p1) = (d.shard_path(0).unwrap(), d.shard_path(1).unwrap());
+        // Nothing open: nothing to check, whatever the files.
+        rewrite_in_place(&p1, 1);
+        d.check_unchanged().unwrap();
+        // Shard 0 opened, then closed when shard 1 opens (one open at most).
+        d.get(0).unwrap();
+        d.get(d.shard_start(1).unwrap()).unwrap();
+        assert_eq!(d.open_stats().open_now, 1);
+        d.check_unchanged().unwrap();
+        rewrite_in_place(&p0, 1);
+        d.check_unchanged().unwrap();
+        // Shard 1 is open: its file is looked at.
+        rewrite_in_place(&p1, 2);
+        match d.check_unchanged().unwrap_err() {
+            Error::FileChanged { path, what } => {
+                assert_eq!(path, p1);
+                assert!(what.contains("written in place"), "{what}");
+            }
+            other => panic!("expected FileChanged, got {other:?}"),
+        }
+        // The same shards from a store of copies are not checked.
+        let text = std::fs::read(dir.path().join(INDEX_FILE)).unwrap();
+        let copies = PackedShards::from_index(
+            Arc::new(Copies(LocalDir::new(dir.path()))),
+            &dir.path().join(INDEX_FILE),
+            &text,
+            options,
+        )
+        .unwrap();
+        copies.get(0).unwrap();
+        rewrite_in_place(&p0, 3);
+        copies.check_unchanged().unwrap();
     }
 }

@@ -6,6 +6,13 @@
 //! range is there at once; a store that downloads (an object store filling a local cache file)
 //! hands out [`ShardBytes::arriving`], whose reads wait until their range has arrived, so
 //! samples can be served from a shard that is still downloading without the readers knowing.
+//!
+//! A shard mapped from a local file ([`ShardBytes::map_file`]) remembers what the file was when
+//! it was mapped (device, inode, size, modification time, as every file-backed source does), so
+//! that [`ShardBytes::check_unchanged`] can tell whether the path still names that file, as it
+//! was. Whether a store's files are worth that check is the store's to say
+//! ([`ShardStore::files_may_change`]): a directory of the user's shards, yes; a download cache
+//! whose files the store itself manages, no.
 
 use std::fs::File;
 use std::ops::Range;
@@ -17,6 +24,7 @@ use bytes::Bytes;
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
+use crate::source::FileIdentity;
 
 /// What a store knows about a shard without reading it: the keys of on-disk index caches.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +54,23 @@ pub trait ShardStore: Send + Sync {
     /// A complete local file holding the shard, for readers that need a file (packed record
     /// files are opened by path). A store that downloads waits until the shard is complete.
     fn local_file(&self, name: &str) -> Result<PathBuf>;
+
+    /// Whether the local files this store's shards are read from (those
+    /// [`ShardBytes::map_file`] maps, those [`local_file`](ShardStore::local_file) names) are
+    /// the data set's own files, which a user or another program may replace or rewrite while
+    /// a job runs. When true, a sharded dataset's
+    /// [`Dataset::check_unchanged`](crate::Dataset::check_unchanged) (which the loader calls at
+    /// each epoch's start) compares the file of every shard it has open with what that file
+    /// was when the shard was opened.
+    ///
+    /// True for [`LocalDir`]. False (the default) for stores that hold no file (in memory) and
+    /// for stores whose files are copies they manage themselves: a download cache's files are
+    /// written whole under a name that includes their version, touched each time they are
+    /// used, removed to make room and fetched again, by any process of the machine, so their
+    /// modification time and inode change while their bytes do not.
+    fn files_may_change(&self) -> bool {
+        false
+    }
 
     /// How many batches ahead a dataset of this store wants to hear of the samples it will
     /// read ([`Dataset::read_ahead_batches`](crate::Dataset::read_ahead_batches)): 0 (the
@@ -130,6 +155,8 @@ pub struct ShardBytes {
     path: PathBuf,
     bytes: Bytes,
     arrival: Option<Arc<dyn ShardArrival>>,
+    /// What the file at `path` was when it was mapped ([`ShardBytes::map_file`] only).
+    identity: Option<FileIdentity>,
 }
 
 impl std::fmt::Debug for ShardBytes {
@@ -138,6 +165,7 @@ impl std::fmt::Debug for ShardBytes {
             .field("path", &self.path)
             .field("bytes", &self.bytes.len())
             .field("arriving", &self.arrival.is_some())
+            .field("mapped_file", &self.identity.is_some())
             .finish()
     }
 }
@@ -149,6 +177,7 @@ impl ShardBytes {
             path: path.into(),
             bytes,
             arrival: None,
+            identity: None,
         }
     }
 
@@ -163,28 +192,51 @@ impl ShardBytes {
             path: path.into(),
             bytes,
             arrival: Some(arrival),
+            identity: None,
         }
     }
 
-    /// Maps the file at `path` (read-only) as a complete shard.
+    /// Maps the file at `path` (read-only) as a complete shard, remembering what the file is
+    /// (device, inode, size, modification time, taken from the descriptor it maps) for
+    /// [`check_unchanged`](ShardBytes::check_unchanged).
     pub fn map_file(path: &Path) -> Result<ShardBytes> {
         let file = File::open(path).map_err(|e| Error::io(path, "open shard", e))?;
-        let len = file
+        let meta = file
             .metadata()
-            .map_err(|e| Error::io(path, "stat shard", e))?
-            .len();
-        if len == 0 {
+            .map_err(|e| Error::io(path, "stat shard", e))?;
+        let identity = Some(FileIdentity::of(&meta));
+        if meta.len() == 0 {
             // An empty file cannot be mapped; its bytes are nothing.
-            return Ok(ShardBytes::new(path, Bytes::new()));
+            return Ok(ShardBytes {
+                identity,
+                ..ShardBytes::new(path, Bytes::new())
+            });
         }
         // SAFETY: the mapping is read-only. Shards are written under a temporary name and
         // renamed into place (ShardWriter, webdataset's and MosaicML's writers write whole
         // files), so a shard in use is not rewritten by them; every read of the mapping is
         // bounds-checked against its length taken here, so changed bytes give wrong data or a
         // typed error. Truncation by another process (SIGBUS) is the one hazard left, as with
-        // every memory-mapped reader.
+        // every memory-mapped reader; `check_unchanged` (at each epoch's start) reports a file
+        // changed between epochs before it is read again.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, "map shard", e))?;
-        Ok(ShardBytes::new(path, Bytes::from_owner(map)))
+        Ok(ShardBytes {
+            identity,
+            ..ShardBytes::new(path, Bytes::from_owner(map))
+        })
+    }
+
+    /// For a shard mapped from a local file ([`map_file`](ShardBytes::map_file)): checks that
+    /// its path still names the file mapped, with the size and modification time it had then
+    /// (one `stat`). [`Error::FileChanged`] names the path and says what changed (replaced,
+    /// removed, truncated, extended, written in place); an [`Error::Io`] if the path cannot be
+    /// looked at. A shard held any other way (in memory, arriving, a copy a store made) has no
+    /// file to check: `Ok(())`.
+    pub fn check_unchanged(&self) -> Result<()> {
+        match &self.identity {
+            Some(identity) => identity.check(&self.path),
+            None => Ok(()),
+        }
     }
 
     /// Where the shard is (a path, or a URL as a path), for error messages.
@@ -282,6 +334,11 @@ impl ShardStore for LocalDir {
     fn local_file(&self, name: &str) -> Result<PathBuf> {
         Ok(self.locate(name))
     }
+
+    /// True: the files are the data set's own.
+    fn files_may_change(&self) -> bool {
+        true
+    }
 }
 
 /// Shards held in memory, by name: for tests, fuzzing and data made on the fly. Counts how
@@ -355,5 +412,88 @@ impl ShardStore for MemoryStore {
             "store",
             format!("shard `{name}` is in memory, not in a local file"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes byte `at` of `path` again, in place (no truncation), and moves its modification
+    /// time a minute on, whatever the file system's clock granularity.
+    fn rewrite_in_place(path: &Path, at: u64) {
+        use std::io::{Seek, SeekFrom, Write};
+        let was = std::fs::metadata(path).unwrap().modified().unwrap();
+        let mut f = File::options().write(true).open(path).unwrap();
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(b"!").unwrap();
+        f.set_modified(was + std::time::Duration::from_secs(60))
+            .unwrap();
+    }
+
+    fn changed(e: Error, want: &Path, needle: &str) {
+        match e {
+            Error::FileChanged { path, what } => {
+                assert_eq!(path, want);
+                assert!(what.contains(needle), "{what:?} lacks {needle:?}");
+            }
+            other => panic!("expected FileChanged, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_mapped_shard_notices_its_file_written_in_place_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.bin");
+        std::fs::write(&path, b"some shard bytes").unwrap();
+        let bytes = LocalDir::new(dir.path()).open("shard.bin").unwrap();
+        for _ in 0..3 {
+            bytes.check_unchanged().unwrap();
+        }
+        // Clones (the views samples keep) share what the file was.
+        let clone = bytes.clone();
+        rewrite_in_place(&path, 3);
+        changed(
+            bytes.check_unchanged().unwrap_err(),
+            &path,
+            "written in place",
+        );
+        changed(
+            clone.check_unchanged().unwrap_err(),
+            &path,
+            "written in place",
+        );
+        // An empty file, which is not mapped, is remembered too.
+        let empty = dir.path().join("empty.bin");
+        std::fs::write(&empty, b"").unwrap();
+        let none = ShardBytes::map_file(&empty).unwrap();
+        none.check_unchanged().unwrap();
+        std::fs::remove_file(&empty).unwrap();
+        changed(none.check_unchanged().unwrap_err(), &empty, "removed");
+    }
+
+    #[test]
+    fn shards_not_mapped_from_a_file_have_nothing_to_check() {
+        struct Arrived;
+        impl ShardArrival for Arrived {
+            fn wait_for(&self, _range: Range<u64>) -> Result<()> {
+                Ok(())
+            }
+        }
+        ShardBytes::new("x", Bytes::from_static(b"abc"))
+            .check_unchanged()
+            .unwrap();
+        ShardBytes::arriving("x", Bytes::from_static(b"abc"), Arc::new(Arrived))
+            .check_unchanged()
+            .unwrap();
+        let mut store = MemoryStore::new();
+        store.insert("a", &b"abc"[..]);
+        store.open("a").unwrap().check_unchanged().unwrap();
+    }
+
+    #[test]
+    fn only_a_local_directory_says_its_files_may_change() {
+        assert!(LocalDir::new("/nowhere").files_may_change());
+        assert!(!MemoryStore::new().files_may_change());
     }
 }

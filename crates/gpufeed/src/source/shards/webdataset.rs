@@ -960,6 +960,11 @@ impl ShardFormat for TarShards {
         }
         Ok(())
     }
+
+    /// The shard's file against what it was when mapped ([`ShardBytes::check_unchanged`](super::ShardBytes::check_unchanged)).
+    fn check_unchanged(&self, shard: &TarShard) -> Result<()> {
+        shard.bytes.check_unchanged()
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,17 @@
 //!   (ranks, data loader processes): a shard is downloaded once per machine, the others wait
 //!   for it; files are whole or absent (temporary name, then rename); a byte limit is kept by
 //!   removing the least recently used shards.
+//! - **Changes between epochs** are not looked for:
+//!   [`Dataset::check_unchanged`](crate::Dataset::check_unchanged) passes for a dataset of this
+//!   store ([`ShardStore::files_may_change`] is false). Its local files are the cache's copies,
+//!   named by the object's version and never written in place: touched at every use, removed
+//!   to make room and fetched again by any process of the machine, all without a byte of a
+//!   shard changing (an open shard keeps reading the copy it mapped). A change of the object in
+//!   the store itself is not seen either: that would take a request per shard at every epoch.
+//!   A store opened again (a new run) looks again: a copy's version is the index's checksum
+//!   where the index has one (a cached copy that matches the index is read; an object that no
+//!   longer matches it is refused when fetched), else the object's ETag or modification time
+//!   and its size (a changed object is fetched anew, under a new name).
 //!
 //! Endpoint and keys come from the usual variables of each store (`AWS_ENDPOINT_URL` or
 //! `AWS_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
@@ -743,6 +754,12 @@ impl ShardStore for RemoteStore {
 
     fn local_file(&self, name: &str) -> Result<PathBuf> {
         self.inner.whole_file(name)
+    }
+
+    /// False: the files are the cache's own copies, which change (touched, evicted, fetched
+    /// again) without their bytes changing; see the [module](self) documentation.
+    fn files_may_change(&self) -> bool {
+        false
     }
 
     fn read_ahead_batches(&self) -> usize {
