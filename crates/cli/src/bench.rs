@@ -261,6 +261,12 @@ pub struct EpochDetail {
     pub h2d_bytes_per_sec: f64,
     /// Seconds the consumer waited for device batches.
     pub consumer_wait_s: f64,
+    /// Seconds the copy thread waited for host batches (the host loader's wait).
+    pub copy_thread_host_wait_s: f64,
+    /// Seconds the copy thread spent enqueueing copies.
+    pub copy_thread_enqueue_s: f64,
+    /// Seconds the copy thread was blocked on a full queue to the consumer.
+    pub copy_thread_blocked_s: f64,
 }
 
 /// `RANK/WORLD` as two whole numbers.

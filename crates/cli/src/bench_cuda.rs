@@ -173,5 +173,8 @@ fn epoch_detail(
         h2d_busy_s: busy,
         h2d_bytes_per_sec: if busy > 0.0 { timed as f64 / busy } else { 0.0 },
         consumer_wait_s: secs(after.waited, before.waited),
+        copy_thread_host_wait_s: stage(|s| s.waited),
+        copy_thread_enqueue_s: secs(after.copy_thread_enqueue, before.copy_thread_enqueue),
+        copy_thread_blocked_s: secs(after.copy_thread_blocked, before.copy_thread_blocked),
     }
 }

@@ -266,6 +266,13 @@ pub struct DeviceStats {
     /// Device time of those copies: the union of the intervals between the events around each
     /// copy on the copy stream (time shared by queued copies counted once).
     pub h2d_busy: Duration,
+    /// Copy-thread time spent enqueueing copies (taking a device buffer, recording events,
+    /// the copy and conversion calls): with the host loader's `waited` (for host batches) and
+    /// `copy_thread_blocked` (on a full queue to the consumer), where the copy thread's time went.
+    pub copy_thread_enqueue: Duration,
+    /// Copy-thread time blocked handing device batches to the consumer (the queue of `depth`
+    /// batches was full: the consumer is the slower side).
+    pub copy_thread_blocked: Duration,
     /// The device pool.
     pub device_pool: PoolStats,
     /// Device buffers of this loader leaked because their release could not be fenced (a
@@ -325,6 +332,13 @@ impl std::fmt::Display for DeviceStats {
         )?;
         writeln!(
             f,
+            "{:<22} enqueueing {:.3}s, blocked on the consumer {:.3}s",
+            "copy thread",
+            self.copy_thread_enqueue.as_secs_f64(),
+            self.copy_thread_blocked.as_secs_f64()
+        )?;
+        writeln!(
+            f,
             "{:<22} {:.3}s ({:.2}% of the consumer's time)",
             "consumer waited",
             self.waited.as_secs_f64(),
@@ -367,6 +381,8 @@ struct Counters {
     h2d_copies: u64,
     h2d_timed_bytes: u64,
     h2d_busy: Duration,
+    enqueue: Duration,
+    blocked: Duration,
     loader: Option<LoaderStats>,
 }
 
@@ -675,6 +691,8 @@ impl DeviceLoader {
             h2d_copies: c.h2d_copies,
             h2d_timed_bytes: c.h2d_timed_bytes,
             h2d_busy: c.h2d_busy,
+            copy_thread_enqueue: c.enqueue,
+            copy_thread_blocked: c.blocked,
             device_pool: self.pool.stats(),
             device_leaked: self.pool.leaked().0,
             loader: c.loader.clone(),
@@ -870,19 +888,26 @@ impl CopyThread {
                     result: Err(e),
                     advanced: self.loader.next_batch() != before,
                 },
-                Some(Ok(batch)) => Message::Batch {
-                    generation,
-                    result: self.copy(batch),
-                    advanced: true,
-                },
+                Some(Ok(batch)) => {
+                    let t0 = Instant::now();
+                    let result = self.copy(batch);
+                    self.shared.counters().enqueue += t0.elapsed();
+                    Message::Batch {
+                        generation,
+                        result,
+                        advanced: true,
+                    }
+                }
             };
             sent += 1;
             if ended || sent % STATS_EVERY == 1 {
                 self.shared.counters().loader = Some(self.loader.stats());
             }
+            let t0 = Instant::now();
             if self.tx.send(message).is_err() {
                 return;
             }
+            self.shared.counters().blocked += t0.elapsed();
         }
     }
 
