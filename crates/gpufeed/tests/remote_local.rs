@@ -384,3 +384,130 @@ fn the_cache_at_work_is_not_a_change_between_epochs() {
         d.get(0).unwrap();
     }
 }
+
+/// `shards` tar shards of `per` samples (`NNNNNN.data`: `record(n)`, `NNNNNN.label`: `n` as
+/// u32 LE) in `dir`, named `shard-NNN.tar`; returns the largest one's size.
+fn write_tars(dir: &Path, shards: u32, per: u32) -> u64 {
+    use gpufeed::source::shards::tar::TarBuilder;
+    let mut largest = 0;
+    for s in 0..shards {
+        let mut t = TarBuilder::new();
+        for i in 0..per {
+            let n = s * per + i;
+            t.file(&format!("{n:06}.data"), &record(n));
+            t.file(&format!("{n:06}.label"), &n.to_le_bytes());
+        }
+        let bytes = t.finish();
+        largest = largest.max(bytes.len() as u64);
+        std::fs::write(dir.join(format!("shard-{s:03}.tar")), bytes).unwrap();
+    }
+    largest
+}
+
+/// Tar shards listed from a URL have no index to give their sizes: the listing does, and a
+/// dataset of them keeps no more shards mapped than the cache holds of the largest, as packed
+/// and MDS datasets do (before, it kept up to `max_open_shards`, 1,024 by default: an epoch
+/// over tar shards larger than the cache kept them all resident and on disk). The epoch, in
+/// the two-level shuffle's order through a cache of two shards, still yields every sample
+/// once, intact.
+#[test]
+fn tar_shards_from_a_url_keep_no_more_shards_mapped_than_the_cache_holds() {
+    use gpufeed::{FnTransform, Loader, OutputField};
+    let (data, cache, index_cache) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let (shards, per) = (6u32, 40u32);
+    let largest = write_tars(data.path(), shards, per);
+    // Not a shard, and larger than the cache: it does not shrink the bound.
+    std::fs::write(
+        data.path().join("README.md"),
+        vec![b'x'; 8 * largest as usize],
+    )
+    .unwrap();
+    let o = RemoteOptions {
+        cache_limit: 2 * largest + largest / 2,
+        ..options(cache.path())
+    };
+    let w = WebDatasetOptions {
+        cache_dir: Some(index_cache.path().to_path_buf()),
+        ..WebDatasetOptions::default()
+    };
+    let d: Arc<dyn ShardedSource> = Arc::from(open_url_with(&url(data.path()), &w, o).unwrap());
+    assert_eq!(d.shard_names().len(), shards as usize);
+    assert_eq!(d.open_stats().limit, 2, "{:?}", d.open_stats());
+
+    let dataset: Arc<dyn Dataset> = Arc::clone(&d) as Arc<dyn Dataset>;
+    let mut loader = Loader::builder_shared(dataset)
+        .batch_size(16)
+        .shuffle(7)
+        .shuffle_blocks(3, 8)
+        .workers(3)
+        .transform(FnTransform::new(
+            vec![
+                OutputField::new("label", DType::U32, &[]),
+                OutputField::new("intact", DType::U8, &[]),
+            ],
+            |s: gpufeed::Sample<'_>,
+             _: &gpufeed::SampleContext,
+             slots: &mut gpufeed::transform::Slots<'_>| {
+                let label = s.field_named("label").unwrap_or_default();
+                let n = u32::from_le_bytes(label.try_into().unwrap_or([0xff; 4]));
+                let intact = s.field_named("data") == Some(&record(n)[..]);
+                slots.field(0)?.copy_from_slice(&n.to_le_bytes());
+                slots.field(1)?.copy_from_slice(&[u8::from(intact)]);
+                Ok(())
+            },
+        ))
+        .build()
+        .unwrap();
+    let mut seen = HashSet::new();
+    for b in loader.by_ref() {
+        let b = b.unwrap();
+        let open = d.open_stats();
+        assert!(open.open_now <= 2, "{open:?}");
+        let labels = b.field::<u32>("label").unwrap();
+        let intact = b.field::<u8>("intact").unwrap();
+        for (&label, &ok) in labels.iter().zip(intact) {
+            assert!(seen.insert(label), "sample {label} came twice");
+            assert_eq!(ok, 1, "sample {label} is not what was written");
+        }
+    }
+    assert_eq!(seen.len(), (shards * per) as usize, "samples lost");
+    let open = d.open_stats();
+    assert!(open.evictions >= u64::from(shards) - 2, "{open:?}");
+}
+
+/// One `.tar` object named by the URL: its size comes from a HEAD request (made anyway to
+/// read the shard, and not repeated), and bounds the open shards the same way.
+#[test]
+fn a_single_tar_url_is_bounded_by_its_size() {
+    let (data, cache, index_cache) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let size = write_tars(data.path(), 1, 30);
+    let o = RemoteOptions {
+        cache_limit: 3 * size,
+        ..options(cache.path())
+    };
+    let w = WebDatasetOptions {
+        cache_dir: Some(index_cache.path().to_path_buf()),
+        ..WebDatasetOptions::default()
+    };
+    let one = format!("{}/shard-000.tar", url(data.path()));
+    let d = open_url_with(&one, &w, o).unwrap();
+    assert_eq!(d.open_stats().limit, 3, "{:?}", d.open_stats());
+    assert_eq!(d.len(), 30);
+    for n in 0..30u32 {
+        let s = d.get(u64::from(n)).unwrap();
+        assert_eq!(s.field_named("data").unwrap(), &record(n)[..]);
+    }
+    let s = d.store_stats().unwrap();
+    assert_eq!(s.cache_misses, 1, "{s}");
+    // One HEAD, then the shard's parts (`options`: 8 KiB each), with no retry.
+    assert_eq!(s.retries, 0, "{s}");
+    assert_eq!(s.requests, 1 + size.div_ceil(8 << 10), "{s}");
+}

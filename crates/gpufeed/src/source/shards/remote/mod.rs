@@ -269,6 +269,8 @@ pub(crate) struct Inner {
     pub requests: Arc<tokio::sync::Semaphore>,
     pub stats: Counters,
     expected: Mutex<HashMap<String, Expected>>,
+    /// What the store said of each shard it was asked about or listed: size, modification
+    /// time, ETag (from a HEAD request, or the listing of tar shards).
     heads: Mutex<HashMap<String, ShardStat>>,
     inflight: Mutex<HashMap<String, Arc<Download>>>,
     /// Shards this store has fetched: found whole later, they are no cache hit.
@@ -392,7 +394,8 @@ impl RemoteStore {
     }
 
     /// The names (relative to the store's URL) of the objects under it whose names end with
-    /// `suffix`, sorted.
+    /// `suffix`, sorted. What the listing says of each (size, ETag, modification time) is
+    /// kept: no HEAD request is made for them later.
     pub fn list(&self, suffix: &str) -> Result<Vec<String>> {
         self.inner.list(suffix)
     }
@@ -446,6 +449,14 @@ impl Inner {
 
     pub(crate) fn key_of(&self, name: &str) -> object_store::path::Path {
         object_store::path::Path::from(format!("{}{name}", self.prefix))
+    }
+
+    /// The size of the largest shard whose size is known without fetching it: from the index
+    /// ([`Expected`]), else from the listing or a HEAD request (tar shards); 0 if none is.
+    fn largest_known(&self) -> u64 {
+        let indexed = lock(&self.expected).values().map(|e| e.bytes).max();
+        let listed = lock(&self.heads).values().map(|s| s.bytes).max();
+        indexed.max(listed).unwrap_or(0)
     }
 
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
@@ -795,17 +806,17 @@ impl ShardStore for RemoteStore {
 }
 
 /// `shards` with at most as many shards open as the store's cache holds of the largest shard
-/// its index names (at least one). An open shard is a mapping of its cache file: it keeps the
-/// file's pages resident and, once the cache has evicted the file, its disk space taken, until
-/// it is dropped; so without this bound an epoch over a data set larger than the cache would
-/// keep up to `max_open_shards` shards resident and on disk whatever the cache limit. (Tar
-/// shards, whose sizes no index gives, keep `max_open_shards`.)
+/// (at least one). An open shard is a mapping of its cache file: it keeps the file's pages
+/// resident and, once the cache has evicted the file, its disk space taken, until it is
+/// dropped; so without this bound an epoch over a data set larger than the cache would keep
+/// up to `max_open_shards` shards resident and on disk whatever the cache limit.
+///
+/// The sizes are those the store knows before fetching any shard: the index's for packed
+/// shards and MDS, the listing's for tar shards under a URL (a HEAD request's for the one
+/// `.tar` object a URL names). Called once they are known; with none known (no shard), the
+/// options are left as they are.
 fn mapped_within_cache(store: &RemoteStore, shards: &ShardOptions) -> ShardOptions {
-    let largest = lock(&store.inner.expected)
-        .values()
-        .map(|e| e.bytes)
-        .max()
-        .unwrap_or(0);
+    let largest = store.inner.largest_known();
     let mut shards = shards.clone();
     if let Some(fit) = store.options().cache_limit.checked_div(largest) {
         let fit = usize::try_from(fit).unwrap_or(usize::MAX).max(1);
@@ -823,7 +834,9 @@ pub fn open_url(url: &str, options: &WebDatasetOptions) -> Result<Box<dyn Sharde
 /// Opens the sharded dataset under `url`: packed shards or MDS when `URL/index.json` exists
 /// (told apart by its content, as for a local directory), else the `.tar` objects under the
 /// URL (sorted), or the one `.tar` object the URL names. Fetches the index (or lists the
-/// objects), and for tar shards their sample counts (cached); no other shard.
+/// objects, or asks for the one object's size), and for tar shards their sample counts
+/// (cached); no other shard. At most as many shards stay open as the cache holds of the
+/// largest (see [`RemoteOptions::cache_limit`]), fewer if `options.shards` says so.
 pub fn open_url_with(
     url: &str,
     options: &WebDatasetOptions,
@@ -833,10 +846,17 @@ pub fn open_url_with(
     if trimmed.ends_with(".tar") {
         let (dir, file) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
         let store = RemoteStore::new(dir, remote)?;
+        // Its size, for the bound on open shards; reading its index asks again, answered from
+        // what this request learned.
+        store.stat(file)?;
+        let options = WebDatasetOptions {
+            shards: mapped_within_cache(&store, &options.shards),
+            ..options.clone()
+        };
         return Ok(Box::new(WebDataset::from_store(
             Arc::new(store),
             vec![file.to_owned()],
-            options.clone(),
+            options,
         )?));
     }
     let store = RemoteStore::new(trimmed, remote)?;
@@ -930,12 +950,92 @@ pub fn open_url_with(
                         .into(),
                 });
             }
+            // The listing gave each shard's size (see `Inner::list`).
+            let options = WebDatasetOptions {
+                shards: mapped_within_cache(&store, &options.shards),
+                ..options.clone()
+            };
             Ok(Box::new(WebDataset::from_store(
                 Arc::new(store),
                 tars,
-                options.clone(),
+                options,
             )?))
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store over `dir` (a `file://` URL) with a cache of `cache_limit` bytes in `cache`.
+    fn store(dir: &Path, cache: &Path, cache_limit: u64) -> RemoteStore {
+        let options = RemoteOptions {
+            cache_dir: Some(cache.to_path_buf()),
+            cache_limit,
+            prefetch_shards: 0,
+            runtime_threads: 1,
+            ..RemoteOptions::default()
+        };
+        RemoteStore::new(&format!("file://{}", dir.display()), options).unwrap()
+    }
+
+    fn bound(store: &RemoteStore, max_open_shards: usize) -> usize {
+        let shards = ShardOptions {
+            max_open_shards,
+            ..ShardOptions::default()
+        };
+        mapped_within_cache(store, &shards).max_open_shards
+    }
+
+    /// Tar shards have no index: the listing's sizes bound the open shards, by the largest
+    /// listed tar object only (another object, larger, is not a shard).
+    #[test]
+    fn tar_sizes_from_the_listing_bound_the_open_shards() {
+        let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        for (name, size) in [("a.tar", 3000), ("b.tar", 5000), ("c.tar", 4000)] {
+            std::fs::write(dir.path().join(name), vec![0u8; size]).unwrap();
+        }
+        std::fs::write(dir.path().join("notes.txt"), vec![0u8; 50_000]).unwrap();
+        let s = store(dir.path(), cache.path(), 14_999);
+        // Nothing known yet: the options as they are.
+        assert_eq!(bound(&s, 1024), 1024);
+        assert_eq!(s.list(".tar").unwrap(), ["a.tar", "b.tar", "c.tar"]);
+        assert_eq!(s.inner.largest_known(), 5000);
+        assert_eq!(bound(&s, 1024), 2);
+        assert_eq!(bound(&s, 1), 1, "a smaller setting stays");
+        // No more than one shard fits: one stays open all the same.
+        let small = store(dir.path(), cache.path(), 4999);
+        small.list(".tar").unwrap();
+        assert_eq!(bound(&small, 1024), 1);
+    }
+
+    /// The one `.tar` object a URL names: its size from a HEAD request.
+    #[test]
+    fn a_head_request_gives_a_single_tar_its_bound() {
+        let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(dir.path().join("only.tar"), vec![0u8; 1000]).unwrap();
+        let s = store(dir.path(), cache.path(), 3500);
+        assert_eq!(s.stat("only.tar").unwrap().bytes, 1000);
+        assert_eq!(bound(&s, 1024), 3);
+    }
+
+    /// An index's sizes and a listing's count alike: the largest of either.
+    #[test]
+    fn the_largest_of_index_and_listing_sizes_counts() {
+        let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(dir.path().join("a.tar"), vec![0u8; 1000]).unwrap();
+        let s = store(dir.path(), cache.path(), 10_000);
+        s.expect(
+            "shard-0.gfd",
+            Expected {
+                bytes: 2500,
+                checksum: None,
+            },
+        );
+        assert_eq!(bound(&s, 1024), 4);
+        s.list(".tar").unwrap();
+        assert_eq!(bound(&s, 1024), 4);
     }
 }
