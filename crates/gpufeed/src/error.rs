@@ -98,7 +98,8 @@ pub enum Error {
     /// A file changed on disk after a source opened it: replaced by another file, removed,
     /// truncated, extended or written in place. Found by
     /// [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) (at each epoch's
-    /// start) or by a read that ends early ([`ReadMode::Pread`](crate::source::ReadMode)).
+    /// start), by a read that ends early ([`ReadMode::Pread`](crate::source::ReadMode)), or by
+    /// [`pack_raw_records`](crate::format::pack_raw_records) for an input that shrank.
     #[error("{path}: the file changed after it was opened: {what}")]
     FileChanged {
         /// The file concerned.
