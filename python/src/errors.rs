@@ -84,6 +84,11 @@ fn details(e: &Error) -> Details {
             record: Some(*record),
             ..Details::default()
         },
+        Error::FileChanged { path: p, .. } => Details {
+            kind: "file_changed",
+            path: path(p),
+            ..Details::default()
+        },
         Error::UnsupportedNpy { path: p, .. } => Details {
             kind: "unsupported_npy",
             path: path(p),
