@@ -182,12 +182,17 @@ pub enum Error {
     },
 
     /// An image could not be decoded or transformed.
-    #[error("{source_name}: {what}")]
+    #[error("{source_name}: {what}{}", ColonThen(.source.as_deref()))]
     Image {
         /// The file (or packed record) the image came from.
         source_name: String,
         /// What is wrong with it.
         what: String,
+        /// The decoder's own error, when a decoder said what is wrong (`image`'s
+        /// `ImageError`, zune-jpeg's `DecodeErrors`, `turbojpeg::Error`); the message ends
+        /// with its message.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
 
     /// The loader was shut down (its threads stopped) while an operation waited on it.
@@ -404,6 +409,19 @@ impl Error {
     }
 }
 
+/// `: ` and a cause's message, or nothing without a cause: the end of a message whose cause is
+/// optional ([`Error::Image`]).
+struct ColonThen<'a>(Option<&'a (dyn std::error::Error + Send + Sync + 'static)>);
+
+impl fmt::Display for ColonThen<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(cause) => write!(f, ": {cause}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The message, then each cause the lines before do not already contain, as `anyhow` prints
 /// an error: what `fn main() -> gpufeed::Result<()>` shows when it returns an error.
 ///
@@ -572,6 +590,7 @@ mod tests {
                 Error::Image {
                     source_name: "a.jpg".into(),
                     what: "x".into(),
+                    source: None,
                 },
                 ErrorKind::Image,
             ),
@@ -581,6 +600,31 @@ mod tests {
         for (e, kind) in cases {
             assert_eq!(e.kind(), kind, "{e}");
         }
+    }
+
+    #[test]
+    fn an_image_error_keeps_the_decoders_error_as_its_source() {
+        let e = Error::Image {
+            source_name: "a.png".into(),
+            what: "corrupt PNG".into(),
+            source: Some(Box::new(ReadOnly(Inner))),
+        };
+        assert_eq!(e.kind(), ErrorKind::Image);
+        assert_eq!(e.to_string(), "a.png: corrupt PNG: the volume is read-only");
+        let cause = e.source().unwrap().downcast_ref::<ReadOnly>().unwrap();
+        assert!(cause.source().unwrap().is::<Inner>());
+        // The decoder's message is in the line already; its own cause is not.
+        assert_eq!(
+            format!("{e:?}"),
+            "a.png: corrupt PNG: the volume is read-only\ncaused by: mounted with `ro`"
+        );
+        let plain = Error::Image {
+            source_name: "b.png".into(),
+            what: "empty file: no image data".into(),
+            source: None,
+        };
+        assert_eq!(plain.to_string(), "b.png: empty file: no image data");
+        assert!(plain.source().is_none());
     }
 
     #[cfg(feature = "cuda")]

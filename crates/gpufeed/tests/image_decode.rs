@@ -21,7 +21,9 @@ fn dec(bytes: &[u8]) -> gpufeed::Result<(u32, u32, Vec<u8>)> {
 
 fn assert_image_error(r: gpufeed::Result<impl std::fmt::Debug>, needle: &str) {
     match r {
-        Err(Error::Image { source_name, what }) => {
+        Err(Error::Image {
+            source_name, what, ..
+        }) => {
             assert_eq!(source_name, "test.img");
             assert!(what.contains(needle), "{what:?} lacks {needle:?}");
         }
@@ -123,6 +125,42 @@ fn truncated_and_corrupt_png_are_errors() {
         *x ^= 0x5a;
     }
     assert_image_error(dec(&c), "PNG");
+}
+
+/// The decoder's own error, which an image error keeps as its source.
+fn decoder_error<T: std::fmt::Debug>(
+    r: gpufeed::Result<T>,
+) -> Box<dyn std::error::Error + Send + Sync> {
+    match r {
+        Err(Error::Image {
+            source: Some(cause),
+            ..
+        }) => cause,
+        other => panic!("expected an image error with a cause, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_decoders_error_is_kept_as_the_source() {
+    let b = png(&noisy_rgb(40, 40, 2), 40, 40, E::Rgb8);
+    let mut c = b.clone();
+    for x in &mut c[60..120] {
+        *x ^= 0x5a;
+    }
+    let e = dec(&c).unwrap_err();
+    let text = e.to_string();
+    let cause = decoder_error(dec(&c));
+    assert!(cause.is::<image::ImageError>(), "{cause:?}");
+    // One line with the decoder's message, which Debug does not repeat.
+    assert!(text.starts_with("test.img: corrupt PNG: "), "{text}");
+    assert!(text.ends_with(&cause.to_string()), "{text}");
+    assert!(!format!("{e:?}").contains("caused by"), "{e:?}");
+
+    let mut j = vec![0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x02];
+    j.extend((0..500u32).map(|i| (i * 7919 % 251) as u8));
+    j.extend([0xFF, 0xD9]);
+    let cause = decoder_error(dec(&j));
+    assert!(cause.is::<zune_jpeg::errors::DecodeErrors>(), "{cause:?}");
 }
 
 #[test]
@@ -519,5 +557,7 @@ mod region {
         let mut cut = b[..sos].to_vec();
         cut.extend([0xFF, 0xD9]);
         assert_image_error(dec_region(&cut), "JPEG");
+        let cause = decoder_error(dec_region(&cut));
+        assert!(cause.is::<turbojpeg::Error>(), "{cause:?}");
     }
 }

@@ -85,11 +85,26 @@ pub struct Decoded {
     pub height: u32,
 }
 
-/// Builds an [`Error::Image`].
+/// Builds an [`Error::Image`] that says what is wrong in its own words.
 pub(crate) fn image_error(source_name: &str, what: impl Into<String>) -> Error {
     Error::Image {
         source_name: source_name.to_owned(),
         what: what.into(),
+        source: None,
+    }
+}
+
+/// Builds an [`Error::Image`] whose cause is a decoder's (or resizer's) error, kept as its
+/// [`source`](std::error::Error::source): the message is `what: <cause's message>`.
+pub(crate) fn image_error_from(
+    source_name: &str,
+    what: impl Into<String>,
+    cause: impl std::error::Error + Send + Sync + 'static,
+) -> Error {
+    Error::Image {
+        source_name: source_name.to_owned(),
+        what: what.into(),
+        source: Some(Box::new(cause)),
     }
 }
 
@@ -299,7 +314,7 @@ fn jpeg_header<'a>(
         jpeg_options(ColorSpace::RGB),
     );
     d.decode_headers()
-        .map_err(|e| image_error(name, format!("corrupt JPEG header: {e:?}")))?;
+        .map_err(|e| image_error_from(name, "corrupt JPEG header", e))?;
     let info = d
         .info()
         .ok_or_else(|| image_error(name, "corrupt JPEG header: no frame"))?;
@@ -377,7 +392,7 @@ fn decode_jpeg(
     }
     out.resize(len, 0);
     d.decode_into(out)
-        .map_err(|e| image_error(name, format!("corrupt JPEG data: {e:?}")))?;
+        .map_err(|e| image_error_from(name, "corrupt JPEG data", e))?;
     Ok(Decoded {
         width: w,
         height: h,
@@ -391,7 +406,7 @@ fn decode_png(
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
 ) -> Result<Decoded> {
-    let bad = |e: ::image::ImageError| image_error(name, format!("corrupt PNG: {e}"));
+    let bad = |e: ::image::ImageError| image_error_from(name, "corrupt PNG", e);
     // The declared size, checked before the decoder (or this function) allocates for it.
     let header = PngHeader::read(bytes, name)?;
     check_size(name, header.width, header.height, Some(limits.max_pixels))?;
@@ -499,12 +514,12 @@ impl Tj3 {
         Ok(Tj3(h))
     }
 
-    /// The handle's last error message.
-    fn error(&self) -> String {
+    /// The handle's last error, with libjpeg-turbo's message.
+    fn error(&self) -> turbojpeg::Error {
         // SAFETY: self.0 is a live handle (non-null, not yet destroyed). tj3GetErrorStr returns
         // a pointer to a NUL-terminated string owned by the handle (or a static buffer), valid
         // until the next call on this handle; we copy it out before making any other call.
-        unsafe {
+        let message = unsafe {
             let s = turbojpeg::raw::tj3GetErrorStr(self.0);
             if s.is_null() {
                 "unknown libjpeg-turbo error".to_owned()
@@ -514,7 +529,8 @@ impl Tj3 {
                     .trim()
                     .to_owned()
             }
-        }
+        };
+        turbojpeg::Error::TurboJpegError(message)
     }
 
     /// Whether the handle's last error was only a warning (the image was decoded).
@@ -597,7 +613,7 @@ pub fn decode_rgb8_region(
         let Some(tj) = slot.as_ref() else {
             return Err(image_error(name, "libjpeg-turbo: no decompressor"));
         };
-        let fail = |what: &str| image_error(name, format!("{what}: {}", tj.error()));
+        let fail = |what: &str| image_error_from(name, what, tj.error());
         // SAFETY: tj.0 is a live handle; the pointer and length describe `bytes`, which
         // outlives the call; libjpeg-turbo only reads them.
         if unsafe { raw::tj3DecompressHeader(tj.0, bytes.as_ptr(), bytes.len() as _) } != 0 {
