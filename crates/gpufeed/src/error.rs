@@ -195,6 +195,20 @@ pub enum Error {
         source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
 
+    /// A thread gpufeed needs could not be started: the operating system refused it (too many
+    /// threads for `ulimit -u`, no memory for its stack). It names the setting that asks for
+    /// the thread, the one to lower; it is of [`ErrorKind::Config`], as a setting that cannot
+    /// work on this machine.
+    #[error("invalid setting `{setting}`: cannot start {thread}: {source}")]
+    Spawn {
+        /// The setting that asks for the thread (`workers`, `device`, ...).
+        setting: &'static str,
+        /// The thread, in words (`worker thread 3`, `the copy thread`).
+        thread: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+
     /// The loader was shut down (its threads stopped) while an operation waited on it.
     #[error("the loader has shut down")]
     Shutdown,
@@ -323,7 +337,8 @@ pub enum ErrorKind {
     /// [`Error::OutOfRange`]).
     Mismatch,
     /// A setting or a schema that cannot work ([`Error::InvalidConfig`],
-    /// [`Error::InvalidSchema`]).
+    /// [`Error::InvalidSchema`]), or a thread a setting asks for that could not be started
+    /// ([`Error::Spawn`]).
     Config,
     /// An image could not be decoded or transformed ([`Error::Image`]); these are what
     /// `OnBadImage::Skip` skips.
@@ -367,7 +382,9 @@ impl Error {
             }
             Error::FileChanged { .. } => ErrorKind::FileChanged,
             Error::Mismatch { .. } | Error::OutOfRange { .. } => ErrorKind::Mismatch,
-            Error::InvalidConfig { .. } | Error::InvalidSchema { .. } => ErrorKind::Config,
+            Error::InvalidConfig { .. } | Error::InvalidSchema { .. } | Error::Spawn { .. } => {
+                ErrorKind::Config
+            }
             Error::Sample { source, .. } | Error::Batch { source, .. } => source.kind(),
             Error::User { .. } => ErrorKind::User,
             Error::Image { .. } => ErrorKind::Image,
@@ -393,6 +410,19 @@ impl Error {
         Error::InvalidConfig {
             setting,
             what: what.into(),
+        }
+    }
+
+    /// An [`Error::Spawn`]: `thread`, which `setting` asks for, could not be started.
+    pub(crate) fn spawn(
+        setting: &'static str,
+        thread: impl Into<String>,
+        source: std::io::Error,
+    ) -> Error {
+        Error::Spawn {
+            setting,
+            thread: thread.into(),
+            source,
         }
     }
 
@@ -594,6 +624,10 @@ mod tests {
                 },
                 ErrorKind::Image,
             ),
+            (
+                Error::spawn("workers", "worker thread 0", std::io::Error::other("x")),
+                ErrorKind::Config,
+            ),
             (Error::Shutdown, ErrorKind::Shutdown),
             (Error::NoGpu { what: "x".into() }, ErrorKind::Gpu),
         ];
@@ -625,6 +659,28 @@ mod tests {
         };
         assert_eq!(plain.to_string(), "b.png: empty file: no image data");
         assert!(plain.source().is_none());
+    }
+
+    #[test]
+    fn a_thread_that_cannot_start_keeps_the_os_error_and_names_the_setting() {
+        let e = Error::spawn(
+            "workers",
+            "worker thread 3",
+            std::io::Error::from_raw_os_error(libc::EAGAIN),
+        );
+        assert_eq!(e.kind(), ErrorKind::Config);
+        let text = e.to_string();
+        assert!(
+            text.starts_with("invalid setting `workers`: cannot start worker thread 3: "),
+            "{text}"
+        );
+        let io = e
+            .source()
+            .unwrap()
+            .downcast_ref::<std::io::Error>()
+            .unwrap();
+        assert_eq!(io.raw_os_error(), Some(libc::EAGAIN));
+        assert_eq!(format!("{e:?}"), text);
     }
 
     #[cfg(feature = "cuda")]
