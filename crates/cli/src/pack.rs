@@ -621,7 +621,12 @@ fn pack_raw(
             bar.set_position(done);
             Ok(())
         },
-    )?;
+    )
+    .map_err(|e| match e {
+        // The schema is one field of --record-bytes bytes, checked: only its name can be wrong.
+        Error::InvalidSchema { what } => config("--field", &what),
+        e => e,
+    })?;
     bar.finish_and_clear();
     Ok((written, total))
 }
