@@ -12,9 +12,11 @@ class                   also a                      raised for (``kind``)
 ``DataError``           ``ValueError``              data that is not what it should be: a malformed
                                                     or truncated file, a bad record, a checksum, an
                                                     image that cannot be decoded, inputs that
-                                                    disagree (``malformed``, ``unsupported_version``,
+                                                    disagree, a file that changed while in use
+                                                    (``malformed``, ``unsupported_version``,
                                                     ``bad_record``, ``checksum``, ``unsupported_npy``,
-                                                    ``image``, ``mismatch``, ``out_of_range``)
+                                                    ``image``, ``mismatch``, ``out_of_range``,
+                                                    ``file_changed``)
 ``FileError``           ``OSError``                 the operating system refused (``io``); ``errno``,
                                                     ``filename``
 ``FileNotFound``        ``FileNotFoundError``       the same, for a file that does not exist
@@ -118,6 +120,7 @@ _DATA_KINDS = {
     "image",
     "mismatch",
     "out_of_range",
+    "file_changed",
 }
 
 

@@ -84,6 +84,11 @@ fn details(e: &Error) -> Details {
             record: Some(*record),
             ..Details::default()
         },
+        Error::FileChanged { path: p, .. } => Details {
+            kind: "file_changed",
+            path: path(p),
+            ..Details::default()
+        },
         Error::UnsupportedNpy { path: p, .. } => Details {
             kind: "unsupported_npy",
             path: path(p),
@@ -100,6 +105,16 @@ fn details(e: &Error) -> Details {
         Error::InvalidConfig { setting, .. } => Details {
             kind: "invalid_config",
             argument: Some(python_argument(setting)),
+            ..Details::default()
+        },
+        // A thread a setting asks for that could not start: that setting's error, with the
+        // operating system's errno.
+        Error::Spawn {
+            setting, source, ..
+        } => Details {
+            kind: "invalid_config",
+            argument: Some(python_argument(setting)),
+            errno: source.raw_os_error(),
             ..Details::default()
         },
         // A sample's failure is of its cause's kind, and names the sample and batch.
@@ -160,6 +175,14 @@ fn message(e: &Error) -> String {
         Error::InvalidConfig { setting, what } => {
             format!("invalid argument {}: {what}", python_argument(setting))
         }
+        Error::Spawn {
+            setting,
+            thread,
+            source,
+        } => format!(
+            "invalid argument {}: cannot start {thread}: {source}",
+            python_argument(setting)
+        ),
         Error::Sample {
             index,
             batch,

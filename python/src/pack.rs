@@ -11,7 +11,9 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use gpufeed::format::{DType, Field, FieldKind, PackSummary, RecordFile, RecordWriter, Schema};
+use gpufeed::format::{
+    Field, FieldKind, PackSummary, RecordFile, RecordWriter, Schema, pack_raw_records,
+};
 use gpufeed::source::{ImageFolder, pack_image_folder};
 use gpufeed::{Dataset, Error, NpyArray};
 use pyo3::prelude::*;
@@ -116,82 +118,40 @@ fn pack_npy(
     Ok((writer.finish()?, total))
 }
 
+/// Packs raw record files through the library ([`pack_raw_records`]), which checks them,
+/// reads them and names `record_bytes` in its errors; this looks for Ctrl-C between reads.
 fn pack_raw(
     inputs: &[PathBuf],
     record_bytes: u64,
     output: &Path,
 ) -> Result<(PackSummary, u64), PackError> {
-    let rb = usize::try_from(record_bytes)
-        .ok()
-        .filter(|&n| n > 0 && n <= u32::MAX as usize)
-        .ok_or_else(|| {
-            PackError::Argument(
-                "record_bytes",
-                format!("{record_bytes} is not from 1 to 4 GiB"),
-            )
-        })?;
-    if inputs.is_empty() {
-        return Err(PackError::Argument(
-            "inputs",
-            "at least one input is needed".into(),
-        ));
-    }
-    let mut sizes = Vec::with_capacity(inputs.len());
-    for path in inputs {
-        let size = std::fs::metadata(path)
-            .map_err(|e| Error::Io {
-                path: path.clone(),
-                op: "stat",
-                source: e,
-            })?
-            .len();
-        if size % record_bytes != 0 {
-            return Err(PackError::Library(Error::Malformed {
-                path: path.clone(),
-                format: "raw record",
-                what: format!(
-                    "its size, {size} bytes, is not a multiple of record_bytes={record_bytes} ({} whole records and {} bytes over)",
-                    size / record_bytes,
-                    size % record_bytes
-                ),
-            }));
-        }
-        sizes.push(size);
-    }
-    let schema = Schema::new(vec![Field::tensor("data", DType::U8, &[record_bytes])])
-        .map_err(|e| PackError::Argument("record_bytes", e.to_string()))?;
-    let total: u64 = sizes.iter().sum();
-    let mut writer = RecordWriter::create(output, schema)?;
-    // Whole records per read: about 8 MiB, at least one record.
-    let per_chunk = ((8usize << 20) / rb).max(1);
-    let mut buf = vec![0u8; per_chunk * rb];
-    let (mut done, mut checked) = (0u64, 0u64);
-    for (path, &size) in inputs.iter().zip(&sizes) {
-        let mut file = File::open(path).map_err(|e| Error::Io {
-            path: path.clone(),
-            op: "open",
-            source: e,
-        })?;
-        let mut left = size;
-        while left > 0 {
-            let want = (buf.len() as u64).min(left) as usize;
-            file.read_exact(&mut buf[..want]).map_err(|e| Error::Io {
-                path: path.clone(),
-                op: "read (did the file shrink while being packed?)",
-                source: e,
-            })?;
-            for record in buf[..want].chunks_exact(rb) {
-                writer.append(&[record])?;
-            }
-            left -= want as u64;
-            done += want as u64;
+    let (mut total, mut checked) = (0u64, 0u64);
+    let mut interrupted = None;
+    let packed = pack_raw_records(
+        inputs,
+        record_bytes,
+        "record_bytes",
+        NpyArray::FIELD,
+        |schema, bytes| {
+            total = bytes;
+            RecordWriter::create(output, schema)
+        },
+        |done| {
             if done - checked >= CHECK_EVERY {
-                check_signals()?;
                 checked = done;
+                if let Err(e) = Python::attach(|py| py.check_signals()) {
+                    interrupted = Some(e);
+                    return Err(Error::user("interrupted by a signal handler"));
+                }
             }
-        }
+            Ok(())
+        },
+    );
+    match (packed, interrupted) {
+        (_, Some(e)) => Err(PackError::Interrupted(e)),
+        (Ok(summary), None) => Ok((summary, total)),
+        (Err(e), None) => Err(PackError::Library(e)),
     }
-    Ok((writer.finish()?, total))
 }
 
 fn pack_folder(inputs: &[PathBuf], output: &Path) -> Result<(PackSummary, u64), PackError> {

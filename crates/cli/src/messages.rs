@@ -81,6 +81,14 @@ pub fn describe(e: &Error) -> String {
             Some(flag) => format!("{flag}: {}", in_flags(what)),
             None => in_flags(&e.to_string()),
         },
+        Error::Spawn {
+            setting,
+            thread,
+            source,
+        } => match flag_of(setting) {
+            Some(flag) => format!("{flag}: cannot start {thread}: {source}"),
+            None => e.to_string(),
+        },
         _ => in_flags(&e.to_string()),
     };
     if let Error::Sample { source, .. } = e

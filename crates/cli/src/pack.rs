@@ -2,10 +2,11 @@
 //! ImageFolder directory.
 //!
 //! Inputs are read in place (`.npy` arrays are memory-mapped one at a time, raw files are read
-//! in large chunks) and streamed through one [`RecordWriter`], which writes a temporary file and
-//! renames it over the destination only once it is complete. Several inputs concatenate, in the
-//! order given. This module never leaves a half-written file under the destination's name: any
-//! error drops the writer, which removes its temporary file (signals: see `cleanup.rs`).
+//! in large chunks by the library's [`pack_raw_records`]) and streamed through one
+//! [`RecordWriter`], which writes a temporary file and renames it over the destination only
+//! once it is complete. Several inputs concatenate, in the order given. This module never
+//! leaves a half-written file under the destination's name: any error drops the writer, which
+//! removes its temporary file (signals: see `cleanup.rs`).
 //!
 //! Before reading anything it checks the output (`check_output`): never one of the inputs
 //! (same device and inode, through any link), never anything but a regular file, never an
@@ -16,13 +17,14 @@
 //! written last, so that a directory with an index is complete (`docs/FORMAT.md`, "Shard
 //! directories").
 
-use std::fs::File;
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::messages::human_bytes;
-use gpufeed::format::{DType, Field, PackSummary, RecordWriter, Schema};
+use gpufeed::format::{
+    DType, Field, PackSummary, RecordSink, RecordWriter, Schema, pack_raw_records,
+};
 use gpufeed::source::shards::packed::{ShardWriter, parse_byte_size};
 
 use gpufeed::{Dataset, Error, NpyArray, Result};
@@ -182,7 +184,9 @@ enum PackWriter {
     Shards(Box<ShardWriter>),
 }
 
-impl PackWriter {
+impl RecordSink for PackWriter {
+    type Summary = Written;
+
     fn append(&mut self, fields: &[&[u8]]) -> Result<()> {
         match self {
             PackWriter::File(w) => w.append(fields),
@@ -593,80 +597,36 @@ fn pack_npy(
     Ok((summary, total))
 }
 
+/// Packs raw record files through the library ([`pack_raw_records`]), which checks them,
+/// reads them and names `--record-bytes` in its errors; this draws the progress bar.
 fn pack_raw(
     inputs: &[PathBuf],
     record_bytes: u64,
     field: &str,
     output: &Output<'_>,
 ) -> Result<(Written, u64)> {
-    let rb = usize::try_from(record_bytes)
-        .ok()
-        .filter(|&n| n > 0 && n <= u32::MAX as usize)
-        .ok_or_else(|| {
-            config(
-                "--record-bytes",
-                &format!("{record_bytes} is not from 1 to 4 GiB"),
-            )
-        })?;
-    let mut sizes = Vec::with_capacity(inputs.len());
-    for path in inputs {
-        let size = std::fs::metadata(path).map_err(|e| Error::Io {
-            path: path.clone(),
-            op: "stat",
-            source: e,
-        })?;
-        let size = size.len();
-        if size % record_bytes != 0 {
-            return Err(Error::Malformed {
-                path: path.clone(),
-                format: "raw record",
-                what: format!(
-                    "its size, {size} bytes, is not a multiple of --record-bytes {record_bytes} \
-                     ({} whole records and {} bytes over)",
-                    size / record_bytes,
-                    size % record_bytes
-                ),
-            });
-        }
-        sizes.push(size);
-    }
-    let schema = Schema::new(vec![Field::tensor(field, DType::U8, &[record_bytes])])
-        .map_err(|e| Error::user(format!("the schema of the output: {e}")))?;
-    let total: u64 = sizes.iter().sum();
-    let bar = progress(total);
-    let mut writer = output.writer(schema)?;
-    // Whole records per read: about 8 MiB, at least one record.
-    let per_chunk = ((8usize << 20) / rb).max(1);
-    let mut buf = vec![0u8; per_chunk * rb];
-    let mut done = 0u64;
-    let mut shown = 0u64;
-    for (path, &size) in inputs.iter().zip(&sizes) {
-        let mut file = File::open(path).map_err(|e| Error::Io {
-            path: path.clone(),
-            op: "open",
-            source: e,
-        })?;
-        let mut left = size;
-        while left > 0 {
-            let want = (buf.len() as u64).min(left) as usize;
-            file.read_exact(&mut buf[..want]).map_err(|e| Error::Io {
-                path: path.clone(),
-                op: "read (did the file shrink while being packed?)",
-                source: e,
-            })?;
-            for record in buf[..want].chunks_exact(rb) {
-                writer.append(&[record])?;
-            }
-            left -= want as u64;
-            done += want as u64;
-            if done - shown >= PROGRESS_STEP {
-                bar.set_position(done);
-                shown = done;
-            }
-        }
-    }
-    bar.set_position(done);
-    let summary = writer.finish()?;
+    let bar = progress(0);
+    let mut total = 0;
+    let written = pack_raw_records(
+        inputs,
+        record_bytes,
+        "--record-bytes",
+        field,
+        |schema, bytes| {
+            total = bytes;
+            bar.set_length(bytes);
+            output.writer(schema)
+        },
+        |done| {
+            bar.set_position(done);
+            Ok(())
+        },
+    )
+    .map_err(|e| match e {
+        // The schema is one field of --record-bytes bytes, checked: only its name can be wrong.
+        Error::InvalidSchema { what } => config("--field", &what),
+        e => e,
+    })?;
     bar.finish_and_clear();
-    Ok((summary, total))
+    Ok((written, total))
 }

@@ -213,6 +213,30 @@ fn pack_raw_refuses_a_partial_record() {
 }
 
 #[test]
+fn pack_raw_names_the_field_flag_for_a_field_name_a_schema_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.bin");
+    std::fs::write(&a, [0u8; 20]).unwrap();
+    let out = dir.path().join("raw.gfd");
+    let o = gpufeed(&[
+        "pack",
+        "--from",
+        "raw",
+        s(&a),
+        "--record-bytes",
+        "10",
+        "--field",
+        "",
+        "-o",
+        s(&out),
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("--field") && e.contains("empty"), "{e}");
+    assert!(!out.exists());
+}
+
+#[test]
 fn inspect_npy_json() {
     let dir = tempfile::tempdir().unwrap();
     let a = write_npy(&dir.path().join("a.npy"), DType::F32, &[7, 3], &[0; 84]);

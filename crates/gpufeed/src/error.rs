@@ -98,7 +98,8 @@ pub enum Error {
     /// A file changed on disk after a source opened it: replaced by another file, removed,
     /// truncated, extended or written in place. Found by
     /// [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) (at each epoch's
-    /// start) or by a read that ends early ([`ReadMode::Pread`](crate::source::ReadMode)).
+    /// start), by a read that ends early ([`ReadMode::Pread`](crate::source::ReadMode)), or by
+    /// [`pack_raw_records`](crate::format::pack_raw_records) for an input that shrank.
     #[error("{path}: the file changed after it was opened: {what}")]
     FileChanged {
         /// The file concerned.
@@ -181,12 +182,31 @@ pub enum Error {
     },
 
     /// An image could not be decoded or transformed.
-    #[error("{source_name}: {what}")]
+    #[error("{source_name}: {what}{}", ColonThen(.source.as_deref()))]
     Image {
         /// The file (or packed record) the image came from.
         source_name: String,
         /// What is wrong with it.
         what: String,
+        /// The decoder's own error, when a decoder said what is wrong (`image`'s
+        /// `ImageError`, zune-jpeg's `DecodeErrors`, `turbojpeg::Error`); the message ends
+        /// with its message.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
+
+    /// A thread gpufeed needs could not be started: the operating system refused it (too many
+    /// threads for `ulimit -u`, no memory for its stack). It names the setting that asks for
+    /// the thread, the one to lower; it is of [`ErrorKind::Config`], as a setting that cannot
+    /// work on this machine.
+    #[error("invalid setting `{setting}`: cannot start {thread}: {source}")]
+    Spawn {
+        /// The setting that asks for the thread (`workers`, `device`, ...).
+        setting: &'static str,
+        /// The thread, in words (`worker thread 3`, `the copy thread`).
+        thread: String,
+        /// The operating system's error.
+        source: std::io::Error,
     },
 
     /// The loader was shut down (its threads stopped) while an operation waited on it.
@@ -317,7 +337,8 @@ pub enum ErrorKind {
     /// [`Error::OutOfRange`]).
     Mismatch,
     /// A setting or a schema that cannot work ([`Error::InvalidConfig`],
-    /// [`Error::InvalidSchema`]).
+    /// [`Error::InvalidSchema`]), or a thread a setting asks for that could not be started
+    /// ([`Error::Spawn`]).
     Config,
     /// An image could not be decoded or transformed ([`Error::Image`]); these are what
     /// `OnBadImage::Skip` skips.
@@ -361,7 +382,9 @@ impl Error {
             }
             Error::FileChanged { .. } => ErrorKind::FileChanged,
             Error::Mismatch { .. } | Error::OutOfRange { .. } => ErrorKind::Mismatch,
-            Error::InvalidConfig { .. } | Error::InvalidSchema { .. } => ErrorKind::Config,
+            Error::InvalidConfig { .. } | Error::InvalidSchema { .. } | Error::Spawn { .. } => {
+                ErrorKind::Config
+            }
             Error::Sample { source, .. } | Error::Batch { source, .. } => source.kind(),
             Error::User { .. } => ErrorKind::User,
             Error::Image { .. } => ErrorKind::Image,
@@ -390,6 +413,19 @@ impl Error {
         }
     }
 
+    /// An [`Error::Spawn`]: `thread`, which `setting` asks for, could not be started.
+    pub(crate) fn spawn(
+        setting: &'static str,
+        thread: impl Into<String>,
+        source: std::io::Error,
+    ) -> Error {
+        Error::Spawn {
+            setting,
+            thread: thread.into(),
+            source,
+        }
+    }
+
     /// An [`Error::Mismatch`].
     pub(crate) fn mismatch(what: impl Into<String>) -> Error {
         Error::Mismatch { what: what.into() }
@@ -399,6 +435,19 @@ impl Error {
     pub fn user(what: impl std::fmt::Display) -> Error {
         Error::User {
             what: what.to_string(),
+        }
+    }
+}
+
+/// `: ` and a cause's message, or nothing without a cause: the end of a message whose cause is
+/// optional ([`Error::Image`]).
+struct ColonThen<'a>(Option<&'a (dyn std::error::Error + Send + Sync + 'static)>);
+
+impl fmt::Display for ColonThen<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(cause) => write!(f, ": {cause}"),
+            None => Ok(()),
         }
     }
 }
@@ -571,8 +620,13 @@ mod tests {
                 Error::Image {
                     source_name: "a.jpg".into(),
                     what: "x".into(),
+                    source: None,
                 },
                 ErrorKind::Image,
+            ),
+            (
+                Error::spawn("workers", "worker thread 0", std::io::Error::other("x")),
+                ErrorKind::Config,
             ),
             (Error::Shutdown, ErrorKind::Shutdown),
             (Error::NoGpu { what: "x".into() }, ErrorKind::Gpu),
@@ -580,6 +634,53 @@ mod tests {
         for (e, kind) in cases {
             assert_eq!(e.kind(), kind, "{e}");
         }
+    }
+
+    #[test]
+    fn an_image_error_keeps_the_decoders_error_as_its_source() {
+        let e = Error::Image {
+            source_name: "a.png".into(),
+            what: "corrupt PNG".into(),
+            source: Some(Box::new(ReadOnly(Inner))),
+        };
+        assert_eq!(e.kind(), ErrorKind::Image);
+        assert_eq!(e.to_string(), "a.png: corrupt PNG: the volume is read-only");
+        let cause = e.source().unwrap().downcast_ref::<ReadOnly>().unwrap();
+        assert!(cause.source().unwrap().is::<Inner>());
+        // The decoder's message is in the line already; its own cause is not.
+        assert_eq!(
+            format!("{e:?}"),
+            "a.png: corrupt PNG: the volume is read-only\ncaused by: mounted with `ro`"
+        );
+        let plain = Error::Image {
+            source_name: "b.png".into(),
+            what: "empty file: no image data".into(),
+            source: None,
+        };
+        assert_eq!(plain.to_string(), "b.png: empty file: no image data");
+        assert!(plain.source().is_none());
+    }
+
+    #[test]
+    fn a_thread_that_cannot_start_keeps_the_os_error_and_names_the_setting() {
+        let e = Error::spawn(
+            "workers",
+            "worker thread 3",
+            std::io::Error::from_raw_os_error(libc::EAGAIN),
+        );
+        assert_eq!(e.kind(), ErrorKind::Config);
+        let text = e.to_string();
+        assert!(
+            text.starts_with("invalid setting `workers`: cannot start worker thread 3: "),
+            "{text}"
+        );
+        let io = e
+            .source()
+            .unwrap()
+            .downcast_ref::<std::io::Error>()
+            .unwrap();
+        assert_eq!(io.raw_os_error(), Some(libc::EAGAIN));
+        assert_eq!(format!("{e:?}"), text);
     }
 
     #[cfg(feature = "cuda")]

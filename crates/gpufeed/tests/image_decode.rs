@@ -21,7 +21,9 @@ fn dec(bytes: &[u8]) -> gpufeed::Result<(u32, u32, Vec<u8>)> {
 
 fn assert_image_error(r: gpufeed::Result<impl std::fmt::Debug>, needle: &str) {
     match r {
-        Err(Error::Image { source_name, what }) => {
+        Err(Error::Image {
+            source_name, what, ..
+        }) => {
             assert_eq!(source_name, "test.img");
             assert!(what.contains(needle), "{what:?} lacks {needle:?}");
         }
@@ -123,6 +125,42 @@ fn truncated_and_corrupt_png_are_errors() {
         *x ^= 0x5a;
     }
     assert_image_error(dec(&c), "PNG");
+}
+
+/// The decoder's own error, which an image error keeps as its source.
+fn decoder_error<T: std::fmt::Debug>(
+    r: gpufeed::Result<T>,
+) -> Box<dyn std::error::Error + Send + Sync> {
+    match r {
+        Err(Error::Image {
+            source: Some(cause),
+            ..
+        }) => cause,
+        other => panic!("expected an image error with a cause, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_decoders_error_is_kept_as_the_source() {
+    let b = png(&noisy_rgb(40, 40, 2), 40, 40, E::Rgb8);
+    let mut c = b.clone();
+    for x in &mut c[60..120] {
+        *x ^= 0x5a;
+    }
+    let e = dec(&c).unwrap_err();
+    let text = e.to_string();
+    let cause = decoder_error(dec(&c));
+    assert!(cause.is::<image::ImageError>(), "{cause:?}");
+    // One line with the decoder's message, which Debug does not repeat.
+    assert!(text.starts_with("test.img: corrupt PNG: "), "{text}");
+    assert!(text.ends_with(&cause.to_string()), "{text}");
+    assert!(!format!("{e:?}").contains("caused by"), "{e:?}");
+
+    let mut j = vec![0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x02];
+    j.extend((0..500u32).map(|i| (i * 7919 % 251) as u8));
+    j.extend([0xFF, 0xD9]);
+    let cause = decoder_error(dec(&j));
+    assert!(cause.is::<zune_jpeg::errors::DecodeErrors>(), "{cause:?}");
 }
 
 #[test]
@@ -519,5 +557,54 @@ mod region {
         let mut cut = b[..sos].to_vec();
         cut.extend([0xFF, 0xD9]);
         assert_image_error(dec_region(&cut), "JPEG");
+        // libjpeg-turbo's own message is kept as the source.
+        let cause = decoder_error(dec_region(&cut));
+        assert!(cause.is::<turbojpeg::Error>(), "{cause:?}");
+    }
+
+    /// What `dec_region` gives for `bytes`, as text: the output's length or the error.
+    fn outcome(bytes: &[u8]) -> String {
+        format!("{:?}", dec_region(bytes).map(|out| out.len()))
+    }
+
+    #[test]
+    fn what_a_jpeg_decodes_to_does_not_depend_on_the_jpegs_before_it() {
+        // Each thread keeps one libjpeg-turbo decompressor: neither a good image nor a failure
+        // before may change what the next image gives (a stale size let garbage after a good
+        // image "decode" to the previous image's size and pixels).
+        let good = tj_jpeg(&smooth_rgb(64, 64), 64, 64, turbojpeg::Subsamp::Sub2x2);
+        let mut garbage = vec![0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x02];
+        garbage.extend((0..500u32).map(|i| (i * 7919 % 251) as u8));
+        garbage.extend([0xFF, 0xD9]);
+        let sos = good.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
+        let mut no_scan = good[..sos].to_vec();
+        no_scan.extend([0xFF, 0xD9]);
+        let dqt = good.windows(2).position(|w| w == [0xFF, 0xDB]).unwrap();
+        let mut bad_table = good.clone();
+        bad_table[dqt + 4] = 0x0F; // quantization table 15 of 0..=3
+        let cases = [good, garbage, no_scan, bad_table];
+        let on_a_new_thread =
+            |f: Box<dyn FnOnce() -> String + Send>| std::thread::spawn(f).join().unwrap();
+        let alone: Vec<String> = cases
+            .iter()
+            .map(|c| {
+                let c = c.clone();
+                on_a_new_thread(Box::new(move || outcome(&c)))
+            })
+            .collect();
+        assert!(alone[0].starts_with("Ok("), "{}", alone[0]);
+        for a in &alone[1..] {
+            assert!(a.starts_with("Err("), "{a}");
+        }
+        for (i, before) in cases.iter().enumerate() {
+            for (j, after) in cases.iter().enumerate() {
+                let (before, after) = (before.clone(), after.clone());
+                let got = on_a_new_thread(Box::new(move || {
+                    let _ = dec_region(&before);
+                    outcome(&after)
+                }));
+                assert_eq!(got, alone[j], "case {j} after case {i}");
+            }
+        }
     }
 }

@@ -346,7 +346,9 @@ fn an_empty_crop_box_is_an_image_error_not_stale_pixels() {
             seed: 7,
         };
         match t.apply_image(&one, "one.png", &ctx, &mut slot) {
-            Err(Error::Image { source_name, what }) => {
+            Err(Error::Image {
+                source_name, what, ..
+            }) => {
                 assert_eq!(source_name, "one.png");
                 assert!(what.contains("empty"), "{what}");
             }
@@ -400,7 +402,9 @@ fn max_pixels_is_a_setting_of_the_transform() {
     let mut slot = vec![0u8; 8 * 8 * 3];
     let small = ImageTransform::train(8).max_pixels(399).build().unwrap();
     match small.apply_image(&bytes, "big.png", &ctx, &mut slot) {
-        Err(Error::Image { source_name, what }) => {
+        Err(Error::Image {
+            source_name, what, ..
+        }) => {
             assert_eq!(source_name, "big.png");
             assert!(what.contains("max_pixels"), "{what}");
         }

@@ -540,7 +540,7 @@ impl DeviceLoader {
         let thread = std::thread::Builder::new()
             .name(format!("gpufeed-copy-{}", device.ordinal()))
             .spawn(move || worker.run())
-            .map_err(|e| Error::config("device", format!("cannot start the copy thread: {e}")))?;
+            .map_err(|e| Error::spawn("device", "the copy thread", e))?;
         Ok(DeviceLoader {
             device: device.clone(),
             pool,

@@ -9,7 +9,9 @@
 //! ```
 //!
 //! - [`schema`](Schema): named fields, fixed-size tensors and variable-size bytes;
-//! - [`RecordWriter`]: writes a file atomically (temporary name, then rename);
+//! - [`RecordWriter`]: writes a file atomically (temporary name, then rename); [`RecordSink`]
+//!   is what it and the shard writer have in common;
+//! - [`pack_raw_records`]: packs raw files of fixed-size records into a [`RecordSink`];
 //! - [`RecordFile`]: maps, validates in O(1), hands out zero-copy samples; [`ReadOptions`] says
 //!   how it reads (mapping or `pread`, checksums checked or not).
 //!
@@ -17,14 +19,16 @@
 //! [`Error`](crate::Error) that names the file and the fault.
 
 mod layout;
+mod raw;
 mod reader;
 mod schema;
 mod writer;
 
 pub use layout::{FOOTER_MAGIC, MAGIC, VERSION_MAJOR, VERSION_MINOR};
+pub use raw::pack_raw_records;
 pub use reader::{ReadMode, ReadOptions, RecordFile};
 pub use schema::{Codec, DType, Field, FieldKind, Schema};
 pub use writer::{
-    PackSummary, RecordWriter, TEMPORARY_MARKER, default_record_align, remove_stale_temporaries,
-    remove_unfinished_temporaries,
+    PackSummary, RecordSink, RecordWriter, TEMPORARY_MARKER, default_record_align,
+    remove_stale_temporaries, remove_unfinished_temporaries,
 };

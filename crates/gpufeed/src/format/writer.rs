@@ -390,6 +390,35 @@ fn record_pieces<'a>(
     put(&zeros[..padded - at]);
 }
 
+/// Where packed records go: one packed file ([`RecordWriter`]) or a directory of packed shards
+/// ([`ShardWriter`](crate::source::shards::packed::ShardWriter)). Code that produces records
+/// for either, such as [`pack_raw_records`](super::pack_raw_records), writes through this.
+///
+/// A sink dropped before [`finish`](RecordSink::finish) leaves nothing under the output's
+/// name: both writers remove their temporary files.
+pub trait RecordSink {
+    /// What [`finish`](RecordSink::finish) reports: what was written, and where.
+    type Summary;
+
+    /// Appends one record: one byte slice per field, in schema order.
+    fn append(&mut self, fields: &[&[u8]]) -> Result<()>;
+
+    /// Completes the output (tables, footer, index) and gives it its name.
+    fn finish(self) -> Result<Self::Summary>;
+}
+
+impl RecordSink for RecordWriter {
+    type Summary = PackSummary;
+
+    fn append(&mut self, fields: &[&[u8]]) -> Result<()> {
+        RecordWriter::append(self, fields)
+    }
+
+    fn finish(self) -> Result<PackSummary> {
+        RecordWriter::finish(self)
+    }
+}
+
 impl std::fmt::Debug for RecordWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecordWriter")

@@ -453,9 +453,7 @@ impl LoaderBuilder {
             let handle = std::thread::Builder::new()
                 .name(format!("gpufeed-worker-{w}"))
                 .spawn(move || worker::run(&shared, &tasks, &done))
-                .map_err(|e| {
-                    Error::config("workers", format!("cannot start worker thread {w}: {e}"))
-                });
+                .map_err(|e| Error::spawn("workers", format!("worker thread {w}"), e));
             match handle {
                 Ok(h) => threads.push(h),
                 Err(e) => {

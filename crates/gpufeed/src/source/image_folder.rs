@@ -229,6 +229,7 @@ impl Dataset for ImageFolder {
         let n = u32::try_from(record.len() - start).map_err(|_| Error::Image {
             source_name: path.display().to_string(),
             what: "larger than 4 GiB".into(),
+            source: None,
         })?;
         let table = self.schema.var_table_offset();
         record[table..table + 4].copy_from_slice(&n.to_le_bytes());

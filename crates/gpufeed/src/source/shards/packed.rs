@@ -29,7 +29,8 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::format::{
-    Field, FieldKind, ReadOptions, RecordFile, RecordWriter, Schema, default_record_align,
+    Field, FieldKind, ReadOptions, RecordFile, RecordSink, RecordWriter, Schema,
+    default_record_align,
 };
 use crate::source::Sample;
 
@@ -564,6 +565,18 @@ impl ShardWriter {
             shards: index.shards,
             samples,
         })
+    }
+}
+
+impl RecordSink for ShardWriter {
+    type Summary = ShardSummary;
+
+    fn append(&mut self, fields: &[&[u8]]) -> Result<()> {
+        ShardWriter::append(self, fields)
+    }
+
+    fn finish(self) -> Result<ShardSummary> {
+        ShardWriter::finish(self)
     }
 }
 

@@ -85,11 +85,26 @@ pub struct Decoded {
     pub height: u32,
 }
 
-/// Builds an [`Error::Image`].
+/// Builds an [`Error::Image`] that says what is wrong in its own words.
 pub(crate) fn image_error(source_name: &str, what: impl Into<String>) -> Error {
     Error::Image {
         source_name: source_name.to_owned(),
         what: what.into(),
+        source: None,
+    }
+}
+
+/// Builds an [`Error::Image`] whose cause is a decoder's (or resizer's) error, kept as its
+/// [`source`](std::error::Error::source): the message is `what: <cause's message>`.
+pub(crate) fn image_error_from(
+    source_name: &str,
+    what: impl Into<String>,
+    cause: impl std::error::Error + Send + Sync + 'static,
+) -> Error {
+    Error::Image {
+        source_name: source_name.to_owned(),
+        what: what.into(),
+        source: Some(Box::new(cause)),
     }
 }
 
@@ -299,7 +314,7 @@ fn jpeg_header<'a>(
         jpeg_options(ColorSpace::RGB),
     );
     d.decode_headers()
-        .map_err(|e| image_error(name, format!("corrupt JPEG header: {e:?}")))?;
+        .map_err(|e| image_error_from(name, "corrupt JPEG header", e))?;
     let info = d
         .info()
         .ok_or_else(|| image_error(name, "corrupt JPEG header: no frame"))?;
@@ -377,7 +392,7 @@ fn decode_jpeg(
     }
     out.resize(len, 0);
     d.decode_into(out)
-        .map_err(|e| image_error(name, format!("corrupt JPEG data: {e:?}")))?;
+        .map_err(|e| image_error_from(name, "corrupt JPEG data", e))?;
     Ok(Decoded {
         width: w,
         height: h,
@@ -391,7 +406,7 @@ fn decode_png(
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
 ) -> Result<Decoded> {
-    let bad = |e: ::image::ImageError| image_error(name, format!("corrupt PNG: {e}"));
+    let bad = |e: ::image::ImageError| image_error_from(name, "corrupt PNG", e);
     // The declared size, checked before the decoder (or this function) allocates for it.
     let header = PngHeader::read(bytes, name)?;
     check_size(name, header.width, header.height, Some(limits.max_pixels))?;
@@ -499,12 +514,12 @@ impl Tj3 {
         Ok(Tj3(h))
     }
 
-    /// The handle's last error message.
-    fn error(&self) -> String {
+    /// The handle's last error, with libjpeg-turbo's message.
+    fn error(&self) -> turbojpeg::Error {
         // SAFETY: self.0 is a live handle (non-null, not yet destroyed). tj3GetErrorStr returns
         // a pointer to a NUL-terminated string owned by the handle (or a static buffer), valid
         // until the next call on this handle; we copy it out before making any other call.
-        unsafe {
+        let message = unsafe {
             let s = turbojpeg::raw::tj3GetErrorStr(self.0);
             if s.is_null() {
                 "unknown libjpeg-turbo error".to_owned()
@@ -514,7 +529,8 @@ impl Tj3 {
                     .trim()
                     .to_owned()
             }
-        }
+        };
+        turbojpeg::Error::TurboJpegError(message)
     }
 
     /// Whether the handle's last error was only a warning (the image was decoded).
@@ -586,6 +602,13 @@ pub fn decode_rgb8_region(
         ));
     }
     check_jpeg_end(bytes, name)?;
+    if jpeg_frame(bytes).is_none() {
+        // No frame header where the marker walk looks (a tables-only datastream, garbage, or
+        // markers libjpeg-turbo would skip to with a warning): libjpeg-turbo reads no size
+        // from such a header and would keep the previous image's, so the whole-image
+        // decoder, which says what is wrong, takes it.
+        return whole(out, scratch);
+    }
     thread_local! {
         static TJ3: std::cell::RefCell<Option<Tj3>> = const { std::cell::RefCell::new(None) };
     }
@@ -597,92 +620,100 @@ pub fn decode_rgb8_region(
         let Some(tj) = slot.as_ref() else {
             return Err(image_error(name, "libjpeg-turbo: no decompressor"));
         };
-        let fail = |what: &str| image_error(name, format!("{what}: {}", tj.error()));
-        // SAFETY: tj.0 is a live handle; the pointer and length describe `bytes`, which
-        // outlives the call; libjpeg-turbo only reads them.
-        if unsafe { raw::tj3DecompressHeader(tj.0, bytes.as_ptr(), bytes.len() as _) } != 0 {
-            return Err(fail("corrupt JPEG header"));
+        let decoded = (|| -> Result<Option<DecodedRegion>> {
+            let fail = |what: &str| image_error_from(name, what, tj.error());
+            // SAFETY: tj.0 is a live handle; the pointer and length describe `bytes`, which
+            // outlives the call; libjpeg-turbo only reads them.
+            if unsafe { raw::tj3DecompressHeader(tj.0, bytes.as_ptr(), bytes.len() as _) } != 0 {
+                return Err(fail("corrupt JPEG header"));
+            }
+            let (jw, jh) = (
+                tj.get(raw::TJPARAM_TJPARAM_JPEGWIDTH),
+                tj.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT),
+            );
+            if jw <= 0 || jh <= 0 {
+                // A tables-only datastream, or garbage libjpeg-turbo read no frame from.
+                return Err(image_error(name, "corrupt JPEG header: no frame"));
+            }
+            let (w32, h32) = check_size(name, jw as u64, jh as u64, Some(limits.max_pixels))?;
+            check_jpeg_data(name, bytes, w32, h32)?;
+            let subsamp = tj.get(raw::TJPARAM_TJPARAM_SUBSAMP);
+            let colorspace = tj.get(raw::TJPARAM_TJPARAM_COLORSPACE);
+            let usable = (0..MCU_WIDTH.len() as std::ffi::c_int).contains(&subsamp)
+                && matches!(
+                    colorspace as raw::TJCS,
+                    raw::TJCS_TJCS_RGB | raw::TJCS_TJCS_YCbCr | raw::TJCS_TJCS_GRAY
+                )
+                && tj.get(raw::TJPARAM_TJPARAM_LOSSLESS) == 0
+                && tj.get(raw::TJPARAM_TJPARAM_PRECISION) == 8;
+            if !usable {
+                return Ok(None);
+            }
+            let d = denom as std::ffi::c_int;
+            let scaled = |v: std::ffi::c_int| (v + d - 1) / d; // TJSCALED(v, 1/denom)
+            let (sw, sh) = (scaled(jw), scaled(jh));
+            // The requested region at this scale, clamped to the scaled image, then the pixels
+            // that cover it; the left edge goes down to the scaled iMCU width.
+            let r = region.scaled(denom, sw as u32, sh as u32);
+            let mcu_w = scaled(MCU_WIDTH[subsamp as usize]).max(1);
+            let x1 = ((r.left + r.width).ceil() as std::ffi::c_int).clamp(1, sw);
+            let y1 = ((r.top + r.height).ceil() as std::ffi::c_int).clamp(1, sh);
+            let x0 = (r.left.floor() as std::ffi::c_int).clamp(0, x1 - 1) / mcu_w * mcu_w;
+            let y0 = (r.top.floor() as std::ffi::c_int).clamp(0, y1 - 1);
+            let (w, h) = (x1 - x0, y1 - y0);
+            let factor = raw::tjscalingfactor { num: 1, denom: d };
+            // SAFETY: tj.0 is a live handle whose header has been read; the factor is passed by value.
+            if unsafe { raw::tj3SetScalingFactor(tj.0, factor) } != 0 {
+                return Err(fail("libjpeg-turbo scaling"));
+            }
+            let crop = raw::tjregion { x: x0, y: y0, w, h };
+            // SAFETY: as above; the region is passed by value and checked by libjpeg-turbo (x is a
+            // multiple of the scaled iMCU width, and the region lies within the scaled image).
+            if unsafe { raw::tj3SetCroppingRegion(tj.0, crop) } != 0 {
+                return Err(fail("libjpeg-turbo cropping"));
+            }
+            let pitch = w as usize * 3;
+            out.resize(pitch * h as usize, 0);
+            // SAFETY: tj.0 is a live handle; `bytes` is read-only input that outlives the call;
+            // `out` holds exactly pitch * h bytes, and with the cropping region set libjpeg-turbo
+            // writes h rows of w RGB pixels (3 bytes each) at `pitch` bytes apart, so every write
+            // lies within `out`, which nothing else borrows during the call.
+            let rc = unsafe {
+                raw::tj3Decompress8(
+                    tj.0,
+                    bytes.as_ptr(),
+                    bytes.len() as _,
+                    out.as_mut_ptr(),
+                    pitch as std::ffi::c_int,
+                    raw::TJPF_TJPF_RGB as std::ffi::c_int,
+                )
+            };
+            if rc != 0 && !tj.last_was_warning() {
+                return Err(fail("corrupt JPEG data"));
+            }
+            let decoded = Decoded {
+                width: w as u32,
+                height: h as u32,
+            };
+            let (ox, oy) = (f64::from(x0), f64::from(y0));
+            let within = Region {
+                left: r.left - ox,
+                top: r.top - oy,
+                width: r.width.min(f64::from(w) - (r.left - ox)),
+                height: r.height.min(f64::from(h) - (r.top - oy)),
+            };
+            Ok(Some(DecodedRegion {
+                decoded,
+                region: within,
+                denom,
+            }))
+        })();
+        if decoded.is_err() {
+            // A failure can leave the handle in a state in which it misreads the next image's
+            // header: the next image gets a new one.
+            *slot = None;
         }
-        let (jw, jh) = (
-            tj.get(raw::TJPARAM_TJPARAM_JPEGWIDTH),
-            tj.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT),
-        );
-        if jw <= 0 || jh <= 0 {
-            // A tables-only datastream, or garbage libjpeg-turbo read no frame from.
-            return Err(image_error(name, "corrupt JPEG header: no frame"));
-        }
-        let (w32, h32) = check_size(name, jw as u64, jh as u64, Some(limits.max_pixels))?;
-        check_jpeg_data(name, bytes, w32, h32)?;
-        let subsamp = tj.get(raw::TJPARAM_TJPARAM_SUBSAMP);
-        let colorspace = tj.get(raw::TJPARAM_TJPARAM_COLORSPACE);
-        let usable = (0..MCU_WIDTH.len() as std::ffi::c_int).contains(&subsamp)
-            && matches!(
-                colorspace as raw::TJCS,
-                raw::TJCS_TJCS_RGB | raw::TJCS_TJCS_YCbCr | raw::TJCS_TJCS_GRAY
-            )
-            && tj.get(raw::TJPARAM_TJPARAM_LOSSLESS) == 0
-            && tj.get(raw::TJPARAM_TJPARAM_PRECISION) == 8;
-        if !usable {
-            return Ok(None);
-        }
-        let d = denom as std::ffi::c_int;
-        let scaled = |v: std::ffi::c_int| (v + d - 1) / d; // TJSCALED(v, 1/denom)
-        let (sw, sh) = (scaled(jw), scaled(jh));
-        // The requested region at this scale, clamped to the scaled image, then the pixels
-        // that cover it; the left edge goes down to the scaled iMCU width.
-        let r = region.scaled(denom, sw as u32, sh as u32);
-        let mcu_w = scaled(MCU_WIDTH[subsamp as usize]).max(1);
-        let x1 = ((r.left + r.width).ceil() as std::ffi::c_int).clamp(1, sw);
-        let y1 = ((r.top + r.height).ceil() as std::ffi::c_int).clamp(1, sh);
-        let x0 = (r.left.floor() as std::ffi::c_int).clamp(0, x1 - 1) / mcu_w * mcu_w;
-        let y0 = (r.top.floor() as std::ffi::c_int).clamp(0, y1 - 1);
-        let (w, h) = (x1 - x0, y1 - y0);
-        let factor = raw::tjscalingfactor { num: 1, denom: d };
-        // SAFETY: tj.0 is a live handle whose header has been read; the factor is passed by value.
-        if unsafe { raw::tj3SetScalingFactor(tj.0, factor) } != 0 {
-            return Err(fail("libjpeg-turbo scaling"));
-        }
-        let crop = raw::tjregion { x: x0, y: y0, w, h };
-        // SAFETY: as above; the region is passed by value and checked by libjpeg-turbo (x is a
-        // multiple of the scaled iMCU width, and the region lies within the scaled image).
-        if unsafe { raw::tj3SetCroppingRegion(tj.0, crop) } != 0 {
-            return Err(fail("libjpeg-turbo cropping"));
-        }
-        let pitch = w as usize * 3;
-        out.resize(pitch * h as usize, 0);
-        // SAFETY: tj.0 is a live handle; `bytes` is read-only input that outlives the call;
-        // `out` holds exactly pitch * h bytes, and with the cropping region set libjpeg-turbo
-        // writes h rows of w RGB pixels (3 bytes each) at `pitch` bytes apart, so every write
-        // lies within `out`, which nothing else borrows during the call.
-        let rc = unsafe {
-            raw::tj3Decompress8(
-                tj.0,
-                bytes.as_ptr(),
-                bytes.len() as _,
-                out.as_mut_ptr(),
-                pitch as std::ffi::c_int,
-                raw::TJPF_TJPF_RGB as std::ffi::c_int,
-            )
-        };
-        if rc != 0 && !tj.last_was_warning() {
-            return Err(fail("corrupt JPEG data"));
-        }
-        let decoded = Decoded {
-            width: w as u32,
-            height: h as u32,
-        };
-        let (ox, oy) = (f64::from(x0), f64::from(y0));
-        let within = Region {
-            left: r.left - ox,
-            top: r.top - oy,
-            width: r.width.min(f64::from(w) - (r.left - ox)),
-            height: r.height.min(f64::from(h) - (r.top - oy)),
-        };
-        Ok(Some(DecodedRegion {
-            decoded,
-            region: within,
-            denom,
-        }))
+        decoded
     })?;
     match done {
         Some(done) => Ok(done),

@@ -517,16 +517,16 @@ impl ImageTransform {
             &bufs.decoded,
             fir::PixelType::U8x3,
         )
-        .map_err(|e| decode::image_error(name, format!("resize: {e}")))?;
+        .map_err(|e| decode::image_error_from(name, "resize", e))?;
         let options = fir::ResizeOptions::new()
             .crop(region.left, region.top, region.width, region.height)
             .resize_alg(fir::ResizeAlg::Convolution(self.cfg.filter.filter_type()));
         let pixels = out_h as usize * out_w as usize;
-        let resize_err = |e: fir::ResizeError| decode::image_error(name, format!("resize: {e}"));
+        let resize_err = |e: fir::ResizeError| decode::image_error_from(name, "resize", e);
         if self.converter.is_identity() {
             let mut dst =
                 fir::images::Image::from_slice_u8(out_w, out_h, slot, fir::PixelType::U8x3)
-                    .map_err(|e| decode::image_error(name, format!("resize: {e}")))?;
+                    .map_err(|e| decode::image_error_from(name, "resize", e))?;
             bufs.resizer
                 .resize(&src, &mut dst, &options)
                 .map_err(resize_err)?;
@@ -541,7 +541,7 @@ impl ImageTransform {
                 &mut bufs.resized,
                 fir::PixelType::U8x3,
             )
-            .map_err(|e| decode::image_error(name, format!("resize: {e}")))?;
+            .map_err(|e| decode::image_error_from(name, "resize", e))?;
             bufs.resizer
                 .resize(&src, &mut dst, &options)
                 .map_err(resize_err)?;

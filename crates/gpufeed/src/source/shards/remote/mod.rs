@@ -318,12 +318,7 @@ impl RemoteStore {
             .thread_name("gpufeed-remote")
             .enable_all()
             .build()
-            .map_err(|e| {
-                Error::config(
-                    "runtime_threads",
-                    format!("cannot start the store's threads: {e}"),
-                )
-            })?;
+            .map_err(|e| Error::spawn("runtime_threads", "the store's threads", e))?;
         let cache = DiskCache::new(options.cache_root(), options.cache_limit, &target.base)?;
         let inner = Arc::new(Inner {
             base: target.base,
@@ -349,12 +344,7 @@ impl RemoteStore {
                     std::thread::Builder::new()
                         .name("gpufeed-prefetch".into())
                         .spawn(move || prefetch_loop(&inner))
-                        .map_err(|e| {
-                            Error::config(
-                                "prefetch_shards",
-                                format!("cannot start the prefetch thread: {e}"),
-                            )
-                        })?,
+                        .map_err(|e| Error::spawn("prefetch_shards", "the prefetch thread", e))?,
                 )
             } else {
                 None
