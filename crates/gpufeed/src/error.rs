@@ -233,7 +233,7 @@ pub enum Error {
 
     /// A CUDA operation failed without a driver error code (the driver returned a null
     /// pointer, the pinned memory could not be mapped, a measurement came out empty, ...).
-    /// Failed driver calls are [`Error::Driver`] (feature `cuda`).
+    /// Failed driver calls are `Error::Driver` (feature `cuda`).
     #[error("CUDA: {op}: {what}")]
     Cuda {
         /// The operation that failed.

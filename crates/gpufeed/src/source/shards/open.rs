@@ -67,7 +67,7 @@ pub fn open(spec: &str) -> Result<Box<dyn ShardedSource>> {
 /// to tar shards.
 ///
 /// A URL (`s3://bucket/prefix`, `gs://`, `az://`, `http(s)://`, `file://`) is read through
-/// [`remote::open_url`](super::remote::open_url) (the `remote` feature, and the store's own:
+/// `remote::open_url` (the `remote` feature, and the store's own:
 /// `s3`, `gcs`, `azure`, `http`), with the cache settings of the environment
 /// (`GPUFEED_CACHE_DIR`, `GPUFEED_CACHE_LIMIT`).
 pub fn open_with(spec: &str, options: &WebDatasetOptions) -> Result<Box<dyn ShardedSource>> {

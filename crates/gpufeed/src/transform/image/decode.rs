@@ -6,7 +6,7 @@
 //! crate's decoder, then grayscale, grey+alpha, RGBA and 16-bit samples are converted to RGB8
 //! (alpha is dropped, as PIL's `convert("RGB")` does). With the `turbojpeg` feature, JPEGs go
 //! through libjpeg-turbo instead, which decodes only the part that covers a crop, at 1/2, 1/4
-//! or 1/8 scale in the DCT domain when the crop allows ([`decode_rgb8_region`]).
+//! or 1/8 scale in the DCT domain when the crop allows (`decode_rgb8_region`).
 //!
 //! Every failure is an [`Error::Image`] naming the source (file or record) and what is wrong:
 //! truncated or corrupt data, an unsupported format, a zero-sized or oversized image.
