@@ -147,6 +147,19 @@ impl<B: Backing, F: Fence> Pool<B, F> {
             if cancelled() {
                 return Ok(None);
             }
+            // A cached block first; else the oldest pending block of the size whose fences have
+            // completed (oldest first, stopping at the first: a fence query is a driver call,
+            // and on the copy thread's path one per pending block per batch added up).
+            let found = match take_free(&mut state, size) {
+                Some(block) => Some(block),
+                None => take_completed(&mut state, size),
+            };
+            if let Some(block) = found {
+                state.stats.reuses += 1;
+                return Ok(Some(self.hand_out(&mut state, block, bytes)));
+            }
+            // Nothing of this size: cache every pending block that completed, of any size, so
+            // that eviction below can give those back (and one of this size may be done now).
             collect_completed(&mut state);
             if let Some(block) = take_free(&mut state, size) {
                 state.stats.reuses += 1;
@@ -418,13 +431,36 @@ fn collect_completed<A, F: Fence>(state: &mut State<A, F>) {
     while i < state.pending.len() {
         state.pending[i].fences.retain(|f| !f.is_complete());
         if state.pending[i].fences.is_empty() {
-            let block = state.pending.swap_remove(i);
+            let block = state.pending.remove(i);
             cache(state, block);
         } else {
             i += 1;
         }
     }
     state.stats.pending_blocks = state.pending.len() as u64;
+}
+
+/// The oldest pending block that `take_free` would take for `size` (at least `size` bytes, at
+/// most twice that) whose fences have all completed, taken out of the pending list; queries the
+/// fences of pending blocks of other sizes not at all, and stops at the first block found.
+/// Blocks are released in the order their work was enqueued, so the oldest is the likeliest
+/// done. Order is kept (the list is at most a budget's worth of blocks).
+fn take_completed<A, F: Fence>(state: &mut State<A, F>, size: usize) -> Option<Block<A, F>> {
+    let fits = |b: &Block<A, F>| b.size >= size && b.size <= size.saturating_mul(2);
+    let mut found = None;
+    for (i, block) in state.pending.iter_mut().enumerate() {
+        if !fits(block) {
+            continue;
+        }
+        block.fences.retain(|f| !f.is_complete());
+        if block.fences.is_empty() {
+            found = Some(i);
+            break;
+        }
+    }
+    let block = state.pending.remove(found?);
+    state.stats.pending_blocks = state.pending.len() as u64;
+    Some(block)
 }
 
 /// The smallest cached block of at least `size` bytes and at most twice that.
@@ -854,5 +890,33 @@ mod tests {
         assert!(failing.allocate_ahead(100, 3, || false).is_err());
         assert_eq!(failing.stats().reserved_bytes, 100);
         assert_eq!(failing.stats().allocations, 1);
+    }
+
+    #[test]
+    fn the_oldest_completed_pending_block_of_the_size_is_taken_and_the_rest_stay_pending() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let pool = Pool::new(Numbers::default(), None, round);
+        // Three released blocks, oldest first: 100 B not done, 100 B done, 400 B done.
+        let (mut a, mut b, mut c) = (get(&pool, 100), get(&pool, 100), get(&pool, 400));
+        let (a_addr, b_addr, c_addr) = (a.addr(), b.addr(), c.addr());
+        let (fa, _a_done) = flag("a", &log);
+        let (fb, b_done) = flag("b", &log);
+        let (fc, c_done) = flag("c", &log);
+        a.fences_mut().push(fa);
+        b.fences_mut().push(fb);
+        c.fences_mut().push(fc);
+        drop((a, b, c));
+        b_done.store(true, Ordering::Release);
+        c_done.store(true, Ordering::Release);
+        let got = get(&pool, 100);
+        assert_eq!(got.addr(), b_addr, "the completed one of the size");
+        assert_ne!(got.addr(), a_addr);
+        let s = pool.stats();
+        assert_eq!((s.allocations, s.reuses), (3, 1));
+        // The 400 B block completed too, and is cached once figures are read; `a` is pending.
+        assert_eq!(s.pending_blocks, 1);
+        let big = get(&pool, 400);
+        assert_eq!(big.addr(), c_addr);
+        assert!(log.lock().unwrap().is_empty(), "nothing waited");
     }
 }
