@@ -330,7 +330,8 @@ class Loader:
     - ``batch_size``: samples per batch (default 1).
     - ``shuffle``: None or False for the files' order; a seed (an int) for a new order every
       epoch, the same for the same (seed, epoch); True means seed 0.
-    - ``workers``: worker threads (default: the CPUs, at most 16). ``prefetch``: batches in
+    - ``workers``: worker threads (default: the CPUs, at most 16; two fewer on a GPU, for the copy
+      thread and your loop). ``prefetch``: batches in
       flight (default: the workers + 2, more for small batches; for batches made in parts,
       2 + twice the workers / the parts).
     - ``batch_parts``: make each batch in this many parts, written by as many workers at once

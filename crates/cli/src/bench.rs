@@ -61,7 +61,8 @@ pub struct Args {
     /// Samples per batch.
     #[arg(long, default_value_t = 256)]
     pub batch_size: usize,
-    /// Worker threads (default: the available parallelism, at most 16).
+    /// Worker threads (default: the available parallelism, at most 16; two fewer with --device,
+    /// for the copy thread and the consumer).
     #[arg(long)]
     pub workers: Option<usize>,
     /// Batches in flight (default: --workers + 2, more for small batches; for batches made in
@@ -457,13 +458,11 @@ fn check_flags(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The workers a run uses: `--workers`, or the available parallelism, at most 16.
+/// The workers a run uses: `--workers`, or the library's default (one per CPU, at most 16; two
+/// CPUs fewer with `--device`).
 fn workers(args: &Args) -> usize {
-    args.workers.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .min(16)
-    })
+    args.workers
+        .unwrap_or_else(|| gpufeed::loader::default_workers(args.device.is_some()))
 }
 
 /// The transform of a records run: every field, or those of `--fields`.

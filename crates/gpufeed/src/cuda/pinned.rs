@@ -190,6 +190,10 @@ unsafe impl Backing for PinnedBacking {
         true
     }
 
+    fn feeds_device(&self) -> bool {
+        true
+    }
+
     unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize) {
         let _ = self.ctx.bind_to_thread();
         if !self.huge {

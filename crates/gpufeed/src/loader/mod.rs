@@ -120,7 +120,10 @@ pub struct LoaderBuilder {
     batch_hook: Option<BatchHook>,
     batch_size: usize,
     shuffle: Option<u64>,
-    workers: usize,
+    /// `None`: [`default_workers`] at build.
+    workers: Option<usize>,
+    /// The backing's blocks are copied to a device (see [`Backing::feeds_device`]).
+    feeds_device: bool,
     prefetch: Option<usize>,
     parts: Option<usize>,
     drop_last: bool,
@@ -163,9 +166,10 @@ impl LoaderBuilder {
         self
     }
 
-    /// Worker threads (default: the available parallelism, at most 16).
+    /// Worker threads (default: [`default_workers`]: one per CPU, at most 16, and two CPUs fewer
+    /// when the batches go to a GPU).
     pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n;
+        self.workers = Some(n);
         self
     }
 
@@ -275,6 +279,7 @@ impl LoaderBuilder {
 
     /// Backs the batch buffers with `backing` (pinned memory, with the `cuda` feature).
     pub fn backing(mut self, backing: impl Backing<Addr = std::ptr::NonNull<u8>>) -> Self {
+        self.feeds_device = backing.feeds_device();
         self.backing = Some(Box::new(move |budget| {
             HostPool::with_backing(backing, budget)
         }));
@@ -289,18 +294,21 @@ impl LoaderBuilder {
             ShardChoice::Explicit(r, w) => (r, w),
             ShardChoice::FromEnv => rank_from_env()?,
         };
-        if self.workers == 0 {
+        let workers = self
+            .workers
+            .unwrap_or_else(|| default_workers(self.feeds_device));
+        if workers == 0 {
             return Err(Error::config(
                 "workers",
                 "at least one worker thread is needed",
             ));
         }
-        if self.workers > MAX_WORKERS {
+        if workers > MAX_WORKERS {
             return Err(Error::config(
                 "workers",
                 format!(
                     "{} worker threads is more than the {MAX_WORKERS} a loader starts (this machine has {} CPUs)",
-                    self.workers,
+                    workers,
                     std::thread::available_parallelism().map_or(1, |n| n.get())
                 ),
             ));
@@ -363,11 +371,11 @@ impl LoaderBuilder {
         let batch_bytes = HostPool::block_size(layout.total_bytes()) as u64;
         let parts = self
             .parts
-            .unwrap_or_else(|| default_parts(self.workers, batch_bytes))
+            .unwrap_or_else(|| default_parts(workers, batch_bytes))
             .clamp(1, self.batch_size.max(1));
         let prefetch = self
             .prefetch
-            .unwrap_or_else(|| default_prefetch(self.workers, batch_bytes, parts));
+            .unwrap_or_else(|| default_prefetch(workers, batch_bytes, parts));
         let memory = physical_memory();
         if let Some(memory) = memory
             && batch_bytes > memory / 2
@@ -445,10 +453,10 @@ impl LoaderBuilder {
         let (task_tx, task_rx) = crossbeam_channel::unbounded::<Task>();
         // Results in flight never exceed the permits; stale ones (skipped tasks) only make a
         // worker wait until the consumer drains them.
-        let results = prefetch.min(budget_batches).saturating_add(self.workers);
+        let results = prefetch.min(budget_batches).saturating_add(workers);
         let (done_tx, done_rx) = crossbeam_channel::bounded::<Done>(results);
-        let mut threads = Vec::with_capacity(self.workers);
-        for w in 0..self.workers {
+        let mut threads = Vec::with_capacity(workers);
+        for w in 0..workers {
             let (shared, tasks, done) = (Arc::clone(&shared), task_rx.clone(), done_tx.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("gpufeed-worker-{w}"))
@@ -531,6 +539,21 @@ pub fn default_prefetch(workers: usize, batch_bytes: u64, parts: usize) -> usize
     }
     let by_bytes = usize::try_from(PREFETCH_BYTES.div_ceil(batch_bytes.max(1))).unwrap_or(1);
     by_bytes.min(4 * workers).max(workers + 2)
+}
+
+/// The default number of worker threads: one per CPU (the available parallelism), at most 16;
+/// when the batches go to a GPU (`feeds_device`), two CPUs fewer (at least one), for the copy
+/// thread and the training loop. On the H200 machine (16 CPUs), 4 KiB rows reached the GPU at
+/// 37 to 39 GB/s with 16 workers and 42 to 48 GB/s with 14 (`benches/RESULTS.md`, run 19): with
+/// every CPU busy writing batches, the copy thread waited for a CPU between copies.
+pub fn default_workers(feeds_device: bool) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let cpus = if feeds_device {
+        cpus.saturating_sub(2).max(1)
+    } else {
+        cpus
+    };
+    cpus.min(16)
 }
 
 /// Batches at least this large are made in parts by default.
@@ -1189,16 +1212,14 @@ impl Loader {
 
 impl LoaderBuilder {
     fn from_arc(dataset: Arc<dyn Dataset>) -> LoaderBuilder {
-        let workers = std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .min(16);
         LoaderBuilder {
             dataset,
             transform: Arc::new(CopyFields::all()),
             batch_hook: None,
             batch_size: 1,
             shuffle: None,
-            workers,
+            workers: None,
+            feeds_device: false,
             prefetch: None,
             parts: None,
             drop_last: false,

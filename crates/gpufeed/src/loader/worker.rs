@@ -249,6 +249,9 @@ fn make_part(
 ) -> Option<Done> {
     let (generation, order, number) = (assembly.generation, &assembly.order, assembly.number);
     let abandoned = || shared.generation.load(Ordering::Acquire) != generation;
+    order.batch(number, indices);
+    let n = indices.len();
+    let positions = n * part / assembly.parts..n * (part + 1) / assembly.parts;
     let bytes = if abandoned() {
         None
     } else {
@@ -271,16 +274,16 @@ fn make_part(
             }
             shared.times.add_collate(t0.elapsed());
         }
-        if state.failure.is_some() {
-            None // another part failed: the batch is an error, skip the work
-        } else {
-            state.bytes
+        match &state.failure {
+            // A sample before this part's failed: the batch's error is that one whatever this
+            // part finds, so skip the work. A failure after this part's samples does not skip
+            // it: one of its samples may fail first, and the batch names the first failing
+            // sample, as a batch made whole does.
+            Some((at, _)) if *at < positions.start || *at == 0 => None,
+            _ => state.bytes,
         }
     };
     if let Some((ptr, len)) = bytes {
-        order.batch(number, indices);
-        let n = indices.len();
-        let positions = n * part / assembly.parts..n * (part + 1) / assembly.parts;
         // SAFETY: `ptr..ptr + len` is the assembly's buffer, which stays in the assembly (alive,
         // not moved from, not read) until every part has counted itself done below, after this
         // part's last write; parts write disjoint positions (`positions` splits `0..n`), and
@@ -313,7 +316,7 @@ fn make_part(
     } else {
         match (buffer, permit) {
             (Some(buffer), Some(permit)) if !state.abandoned && !abandoned() => {
-                order.batch(number, indices);
+                // `indices` holds the batch's indices (computed above; `fill` reads them).
                 let info = BatchInfo {
                     indices: std::mem::take(indices),
                     padding: order.batch_padding(number),
@@ -524,6 +527,78 @@ mod tests {
             }
             assert!(seen.iter().all(|&c| c == 1), "epoch {epoch}: {seen:?}");
         }
+        Ok(())
+    }
+
+    /// The parts of one batch run out of order, the last part first: its failure (sample 28)
+    /// must not hide the failure of an earlier sample (23) in a part that starts after it.
+    #[test]
+    fn a_part_that_starts_after_a_later_failure_still_reports_its_own_earlier_one() -> Result<()> {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicU64;
+
+        use super::{Assembly, Shared, make_part};
+        use crate::loader::budget::BatchBudget;
+        use crate::loader::{BatchLayout, StageTimes};
+        use crate::memory::HostPool;
+        use crate::sampler::{OrderSpec, Remainder};
+        use crate::transform::{FnTransform, OutputField, SampleContext, Slots};
+
+        let data = (0..50u64).flat_map(|i| (i * 3 + 1).to_le_bytes()).collect();
+        let schema = Schema::new(vec![Field::tensor("x", DType::U64, &[])])?;
+        let fields = vec![OutputField::new("x", DType::U64, &[])];
+        let transform = FnTransform::new(
+            fields.clone(),
+            |s: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>| {
+                if ctx.index == 23 || ctx.index == 28 {
+                    return Err(Error::user(format!("bad {}", ctx.index)));
+                }
+                slots
+                    .field(0)?
+                    .copy_from_slice(s.field(0).ok_or_else(|| Error::user("no field"))?);
+                Ok(())
+            },
+        );
+        let shared = Shared {
+            dataset: Arc::new(Numbers(data, schema)),
+            transform: Arc::new(transform),
+            batch_hook: None,
+            layout: Arc::new(BatchLayout::new(fields, 10)?),
+            pool: HostPool::heap(1 << 20),
+            generation: AtomicU64::new(0),
+            times: StageTimes::default(),
+        };
+        let spec = OrderSpec {
+            len: 50,
+            batch_size: 10,
+            shuffle: None,
+            rank: 0,
+            world: 1,
+            remainder: Remainder::Wrap,
+            blocks: None,
+        };
+        let budget = BatchBudget::new(1);
+        let permit = budget
+            .try_acquire()
+            .ok_or_else(|| Error::user("no permit"))?;
+        // Batch 2 (samples 20..30) in 4 parts: positions 0..2, 2..5, 5..7, 7..10.
+        let assembly = Assembly::new(0, spec.epoch(0), 2, 4, permit);
+        let mut indices = Vec::new();
+        for part in [3, 0, 2] {
+            assert!(make_part(&shared, &assembly, part, &mut indices).is_none());
+        }
+        let done = make_part(&shared, &assembly, 1, &mut indices)
+            .ok_or_else(|| Error::user("the last part hands the batch on"))?;
+        match done.result {
+            Some(Err(Error::Sample {
+                index: 23,
+                batch: 2,
+                ..
+            })) => {}
+            other => panic!("expected sample 23's error, got {other:?}"),
+        }
+        drop(assembly);
+        assert!(budget.try_acquire().is_some(), "the permit came back");
         Ok(())
     }
 }

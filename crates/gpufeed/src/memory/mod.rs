@@ -66,6 +66,13 @@ pub unsafe trait Backing: Send + Sync + 'static {
         false
     }
 
+    /// True when batches in these blocks are copied to a device by a copy thread (pinned
+    /// memory): a loader's default worker count then leaves CPUs to that thread and the
+    /// consumer ([`default_workers`](crate::loader::default_workers)). Default false.
+    fn feeds_device(&self) -> bool {
+        false
+    }
+
     /// Returns a block to the system.
     ///
     /// # Safety
