@@ -51,20 +51,22 @@ python3 "$G/torch_baseline.py" --npy "$DATA/tokens.npy" --records 524288 --recor
 step "first-epoch probe: context, pinned allocation, first copies, page faults"
 "$G/examples/first_epoch_probe" "$DATA/records.npy" --buffers 34 --threads 16 | tee "$OUT/probe.jsonl"
 
+# Workers: the defaults (16 on the host path; 14 to the GPU, two CPUs left to the copy thread
+# and the consumer), as a user gets them.
 step "gpufeed, 150528-B records to the GPU, 5 epochs: batches in parts (default) and whole, in turn"
 for i in 1 2 3; do
-  "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
-  "$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --device 0 --batch-parts 1 --json | tee -a "$OUT/gpufeed.jsonl"
+  "$G/bin/gpufeed" bench "$DATA/records.npy" --epochs 5 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
+  "$G/bin/gpufeed" bench "$DATA/records.npy" --epochs 5 --device 0 --batch-parts 1 --json | tee -a "$OUT/gpufeed.jsonl"
 done
 step "gpufeed, same, host only: in parts, whole"
-"$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --json | tee -a "$OUT/gpufeed.jsonl"
-"$G/bin/gpufeed" bench "$DATA/records.npy" --workers 16 --epochs 5 --batch-parts 1 --json | tee -a "$OUT/gpufeed.jsonl"
+"$G/bin/gpufeed" bench "$DATA/records.npy" --epochs 5 --json | tee -a "$OUT/gpufeed.jsonl"
+"$G/bin/gpufeed" bench "$DATA/records.npy" --epochs 5 --batch-parts 1 --json | tee -a "$OUT/gpufeed.jsonl"
 step "gpufeed, 4096-B records, batch 512: host, then to the GPU, in turn"
-for i in 1 2; do
-  "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --json | tee -a "$OUT/gpufeed.jsonl"
-  "$G/bin/gpufeed" bench "$DATA/tokens.npy" --workers 16 --epochs 5 --batch-size 512 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
+for i in 1 2 3; do
+  "$G/bin/gpufeed" bench "$DATA/tokens.npy" --epochs 5 --batch-size 512 --json | tee -a "$OUT/gpufeed.jsonl"
+  "$G/bin/gpufeed" bench "$DATA/tokens.npy" --epochs 5 --batch-size 512 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
 done
 
 step "train_loop_cuda: a 10 ms step, 4 epochs, start-up included"
-"$G/examples/train_loop_cuda" "$DATA/records.npy" --step-ms 10 --epochs 4 --workers 16 2>&1 | tail -8
+"$G/examples/train_loop_cuda" "$DATA/records.npy" --step-ms 10 --epochs 4 --workers 14 2>&1 | tail -8
 echo "== done"
