@@ -316,14 +316,22 @@ impl<B: Backing, F: Fence> Pool<B, F> {
         block.fences.retain(|f| !f.is_complete());
         let mut state = self.lock();
         state.stats.allocated_bytes -= block.size as u64;
-        if block.fences.is_empty() {
+        // Wake waiters when the block can be used now (cached), or when it is the first pending
+        // one: a waiter that saw no pending block sleeps until woken, one that saw some polls
+        // them (`POLL`). Another pending block changes nothing for either, and waking every
+        // waiter for it was most of the copy thread's time per small batch (device run 21).
+        let wake = if block.fences.is_empty() {
             cache(&mut state, block);
+            true
         } else {
             state.pending.push(block);
-        }
+            state.pending.len() == 1
+        };
         state.stats.pending_blocks = state.pending.len() as u64;
         drop(state);
-        self.shared.released.notify_all();
+        if wake {
+            self.shared.released.notify_all();
+        }
     }
 
     /// Gives cached blocks back to the backing, largest first, until `need` more bytes fit the
@@ -918,5 +926,46 @@ mod tests {
         let big = get(&pool, 400);
         assert_eq!(big.addr(), c_addr);
         assert!(log.lock().unwrap().is_empty(), "nothing waited");
+    }
+
+    #[test]
+    fn a_waiter_asleep_with_nothing_pending_wakes_for_the_first_pending_block() {
+        // Budget of one block, held; a second thread waits with nothing pending (an untimed
+        // wait). The held block comes back behind a fence that has not completed: the waiter
+        // must switch to polling and take the block once the fence completes.
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let pool = Pool::new(Numbers::default(), Some(100), round);
+        let mut held = get(&pool, 100);
+        let addr = held.addr();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                let b = get(&pool, 100);
+                tx.send(b.addr()).unwrap();
+            })
+        };
+        // Let the waiter reach its wait (it cannot allocate: the budget is held).
+        while pool.stats().waits == 0 {
+            std::thread::yield_now();
+        }
+        let (f, done) = flag("held", &log);
+        held.fences_mut().push(f);
+        drop(held);
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(50))
+                .is_err(),
+            "reused under a fence that has not completed"
+        );
+        done.store(true, Ordering::Release);
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the waiter never saw the block complete");
+        assert_eq!(got, addr);
+        waiter.join().unwrap();
+        assert!(
+            log.lock().unwrap().is_empty(),
+            "nothing waited on the fence"
+        );
     }
 }
