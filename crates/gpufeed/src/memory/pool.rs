@@ -179,17 +179,7 @@ impl<B: Backing, F: Fence> Pool<B, F> {
                 state = self.lock();
                 match allocated {
                     Ok(addr) => {
-                        state.stats.allocations += 1;
-                        state.stats.allocation_time += took;
-                        state.stats.peak_reserved_bytes = state
-                            .stats
-                            .peak_reserved_bytes
-                            .max(state.stats.reserved_bytes);
-                        let block = Block {
-                            addr: Lent(addr),
-                            size,
-                            fences: Vec::new(),
-                        };
+                        let block = new_block(&mut state, addr, size, took);
                         return Ok(Some(self.hand_out(&mut state, block, bytes)));
                     }
                     Err(e) => {
@@ -264,17 +254,7 @@ impl<B: Backing, F: Fence> Pool<B, F> {
             match allocated {
                 Ok(addr) => {
                     made += 1;
-                    state.stats.allocations += 1;
-                    state.stats.allocation_time += took;
-                    state.stats.peak_reserved_bytes = state
-                        .stats
-                        .peak_reserved_bytes
-                        .max(state.stats.reserved_bytes);
-                    let block = Block {
-                        addr: Lent(addr),
-                        size,
-                        fences: Vec::new(),
-                    };
+                    let block = new_block(&mut state, addr, size, took);
                     cache(&mut state, block);
                     drop(state);
                     self.shared.released.notify_all();
@@ -422,6 +402,22 @@ fn fits(stats: &PoolStats, size: usize) -> bool {
     stats
         .budget_bytes
         .is_none_or(|b| stats.reserved_bytes + size as u64 <= b)
+}
+
+/// A block the backing just allocated (`size` bytes at `addr`, in `took`), counted in the
+/// figures; its bytes were reserved before the allocation.
+fn new_block<A, F>(state: &mut State<A, F>, addr: A, size: usize, took: Duration) -> Block<A, F> {
+    state.stats.allocations += 1;
+    state.stats.allocation_time += took;
+    state.stats.peak_reserved_bytes = state
+        .stats
+        .peak_reserved_bytes
+        .max(state.stats.reserved_bytes);
+    Block {
+        addr: Lent(addr),
+        size,
+        fences: Vec::new(),
+    }
 }
 
 /// Puts a block whose fences have all completed on the free list.
