@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Issue 13's device run: the Python package's GPU path on the H200 machine, in one device call.
 #
-#   bash benches/device_python.sh        # nvidia-h200 (1 GPU, 16 CPUs): tests, benches, training
-#   bash benches/device_python.sh ddp    # nvidia-h200-x2 (2 GPUs, 32 CPUs): the 2-GPU part
+#   bash crates/bench/scripts/device_python.sh        # nvidia-h200 (1 GPU, 16 CPUs): tests, benches, training
+#   bash crates/bench/scripts/device_python.sh ddp    # nvidia-h200-x2 (2 GPUs, 32 CPUs): the 2-GPU part
 #
 # One GPU (about 6 minutes): installs the carried wheel; the Python tests with
 # GPUFEED_REQUIRE_GPU=1 (test_device.py must not skip) and the staged Rust GPU tests, if any;
 # the JPEG folder of torch_baseline.py (3,000 JPEGs of 500x375, with PyTorch's one-epoch JPEG
-# figure); benches/python_loader.py --device 0 --torch on 150,528-B records, 4,096-B token rows
+# figure); crates/bench/scripts/python_loader.py --device 0 --torch on 150,528-B records, 4,096-B token rows
 # and the JPEGs (RandomResizedCrop(224) + flip, normalised bf16 on the GPU): `gpufeed bench
 # --device 0`, the Python path and PyTorch's DataLoader on the same files in the same run;
-# benches/train_resnet50.py, 200 steps fed by gpufeed, then by PyTorch.
+# crates/bench/scripts/train_resnet50.py, 200 steps fed by gpufeed, then by PyTorch.
 # Two GPUs (about 5 minutes): the wheel, the JPEGs, the 2-GPU Python test, the one-GPU training
 # run on this machine (the reference for per-rank images/s), then torchrun --nproc-per-node 2
-# benches/train_resnet50_ddp.py (200 steps per feed, checks: same batches, disjoint samples,
+# crates/bench/scripts/train_resnet50_ddp.py (200 steps per feed, checks: same batches, disjoint samples,
 # final barrier).
 #
 # Stage here (the build machine, x86-64, no GPU needed), from the repository's root:
@@ -35,15 +35,15 @@
 #   cp ../shared/bench/torch_baseline.py .gpu/
 #   du -sh .gpu    # well under 64 MiB with the tree
 #
-# Then the device tool's `run`, carry [".gpu"], command `bash benches/device_python.sh` (kind
-# nvidia-h200), and for the 2-GPU part `bash benches/device_python.sh ddp` (kind nvidia-h200-x2).
+# Then the device tool's `run`, carry [".gpu"], command `bash crates/bench/scripts/device_python.sh` (kind
+# nvidia-h200), and for the 2-GPU part `bash crates/bench/scripts/device_python.sh ddp` (kind nvidia-h200-x2).
 # What comes back under $OUT (at most 8 files): run.log (this script's output), pytest.log,
 # rust_tests.log, torch_baseline.jsonl, python_loader.jsonl, train_resnet50.json; in ddp mode
 # run.log, pytest_2gpu.log, train_resnet50_1gpu.json, train_resnet50_ddp.json. The last lines
 # of run.log are a summary of every figure.
 set -u
 MODE=${1:-one}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 G=.gpu
 OUT=${OUT:-/tmp/gpufeed-out}
 DATA=/tmp/gpufeed-data
@@ -81,10 +81,10 @@ if [ "$MODE" = ddp ]; then
     -k "two_gpus or bytes" >"$OUT/pytest_2gpu.log" 2>&1 || note_fail "pytest (2 GPUs)"
   tail -3 "$OUT/pytest_2gpu.log"
   step "ResNet-50 on one GPU of this machine (the reference for per-rank images/s)"
-  timeout 240 python3 benches/train_resnet50.py --data "$DATA/jpegs" --steps 200 --workers 16 \
+  timeout 240 python3 crates/bench/scripts/train_resnet50.py --data "$DATA/jpegs" --steps 200 --workers 16 \
     --out "$OUT/train_resnet50_1gpu.json" >/dev/null || note_fail "train_resnet50.py"
   step "ResNet-50, DDP on 2 GPUs (torchrun --nproc-per-node 2)"
-  timeout 330 python3 -m torch.distributed.run --nproc-per-node 2 benches/train_resnet50_ddp.py --data "$DATA/jpegs" \
+  timeout 330 python3 -m torch.distributed.run --nproc-per-node 2 crates/bench/scripts/train_resnet50_ddp.py --data "$DATA/jpegs" \
     --steps 200 --workers 16 --out "$OUT/train_resnet50_ddp.json" >/dev/null \
     || note_fail "train_resnet50_ddp.py (exit status $?: 124 is a timeout, a hang)"
 else
@@ -93,7 +93,7 @@ else
     >"$OUT/pytest.log" 2>&1 || note_fail "pytest"
   grep -E "passed|failed|SKIPPED|Error" "$OUT/pytest.log" | tail -8
   # GPUFEED_SKIP_RUST_TESTS=1: the staged Rust tests ran already in this machine's session
-  # (benches/device_first_epoch.sh runs them all).
+  # (crates/bench/scripts/device_first_epoch.sh runs them all).
   if [ "${GPUFEED_SKIP_RUST_TESTS:-0}" != 1 ] && ls "$G"/tests/*cuda* >/dev/null 2>&1; then
     step "Rust GPU tests (staged, GPUFEED_REQUIRE_GPU=1, --test-threads=1)"
     : >"$OUT/rust_tests.log"
@@ -108,21 +108,21 @@ else
   jpegs
   common=(--gpufeed "$BENCH" --device 0 --torch --jsonl --workers 16)
   step "records of 150,528 B (16,384, batch 256): gpufeed bench, Python, PyTorch"
-  timeout 150 python3 benches/python_loader.py "${common[@]}" --npy "$DATA/records.npy" \
+  timeout 150 python3 crates/bench/scripts/python_loader.py "${common[@]}" --npy "$DATA/records.npy" \
     --records 16384 --record-bytes 150528 --batch-size 256 --epochs 10 --rounds 3 \
     >>"$OUT/python_loader.jsonl" || note_fail "python_loader.py (records)"
   rm -f "$DATA/records.npy"
   step "token rows of 4,096 B (524,288, batch 512): gpufeed bench, Python, PyTorch"
-  timeout 150 python3 benches/python_loader.py "${common[@]}" --npy "$DATA/tokens.npy" \
+  timeout 150 python3 crates/bench/scripts/python_loader.py "${common[@]}" --npy "$DATA/tokens.npy" \
     --records 524288 --record-bytes 4096 --batch-size 512 --epochs 10 --rounds 3 \
     >>"$OUT/python_loader.jsonl" || note_fail "python_loader.py (tokens)"
   rm -f "$DATA/tokens.npy"
   step "JPEGs, RandomResizedCrop(224) + flip to normalised bf16 on the GPU (batch 256)"
-  timeout 150 python3 benches/python_loader.py "${common[@]}" --images "$DATA/jpegs" \
+  timeout 150 python3 crates/bench/scripts/python_loader.py "${common[@]}" --images "$DATA/jpegs" \
     --image-dtype bf16 --batch-size 256 --epochs 6 --rounds 2 \
     >>"$OUT/python_loader.jsonl" || note_fail "python_loader.py (JPEGs)"
   step "ResNet-50, AMP bf16, channels_last, 200 steps: gpufeed, then PyTorch"
-  timeout 240 python3 benches/train_resnet50.py --data "$DATA/jpegs" --steps 200 --workers 16 \
+  timeout 240 python3 crates/bench/scripts/train_resnet50.py --data "$DATA/jpegs" --steps 200 --workers 16 \
     --out "$OUT/train_resnet50.json" >/dev/null || note_fail "train_resnet50.py"
 fi
 

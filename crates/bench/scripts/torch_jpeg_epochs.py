@@ -9,7 +9,7 @@ batch 128, shuffle, drop_last, pinned when a GPU is present), with persistent wo
 the epochs after the first run without start-up, as gpufeed's bench does. Prints one JSON line
 per worker count: {"case": "jpeg_rrc224_epochs", "workers": W, "epochs": [...], "steady": S}.
 
-  python3 benches/torch_jpeg_epochs.py --jpeg-dir /tmp/gpufeed-baseline/jpegs --workers 1,16
+  python3 crates/bench/scripts/torch_jpeg_epochs.py --jpeg-dir /tmp/gpufeed-baseline/jpegs --workers 1,16
 """
 import argparse, glob, json, os, time
 

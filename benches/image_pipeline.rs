@@ -1,9 +1,9 @@
 //! Decode + RandomResizedCrop(224) + horizontal flip per image, on one thread.
 //!
 //! Reads the first 500 JPEGs under `$GPUFEED_JPEG_DIR` (default
-//! `/tmp/gpufeed-baseline/jpegs`, as written by `benches/pil_rrc.py --make` or
+//! `/tmp/gpufeed-baseline/jpegs`, as written by `crates/bench/scripts/pil_rrc.py --make` or
 //! `../shared/bench/torch_baseline.py`) into memory, or synthesises 500x375 JPEGs if there are
-//! none; `benches/pil_rrc.py` times the same operations through Pillow on the same files.
+//! none; `crates/bench/scripts/pil_rrc.py` times the same operations through Pillow on the same files.
 //!
 //! `cargo bench --bench image_pipeline` (add `--features turbojpeg` for the scaled decode).
 

@@ -26,8 +26,8 @@ per-sample `__getitem__`; JPEGs decoded with PIL, RandomResizedCrop(224) + flip 
 the workers, then converted and normalised to `--image-dtype` on the GPU), and the ratios.
 
     cargo build --release && pip install ./python
-    python benches/python_loader.py --gpufeed target/release/gpufeed [--workers 16] [--rounds 2]
-    python benches/python_loader.py --gpufeed .gpu/bin/gpufeed --device 0 --torch --jsonl \
+    python crates/bench/scripts/python_loader.py --gpufeed target/release/gpufeed [--workers 16] [--rounds 2]
+    python crates/bench/scripts/python_loader.py --gpufeed .gpu/bin/gpufeed --device 0 --torch --jsonl \
         --workers 16 --epochs 10 --rounds 3 [--records 16384 | --record-bytes 4096 ... |
         --images DIR --image-dtype bf16]
 

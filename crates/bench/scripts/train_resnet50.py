@@ -46,7 +46,7 @@ loader's `next()`, the usual "data time" of training scripts) as a fraction of t
 time over the same steps, images per second of wall time, the whole run's rate (from the
 loader's creation), and the first and last losses (a sanity check: finite numbers).
 
-    python3 benches/train_resnet50.py --data /tmp/jpegs --steps 200 --workers 16 --out r.json
+    python3 crates/bench/scripts/train_resnet50.py --data /tmp/jpegs --steps 200 --workers 16 --out r.json
 
 `--device cpu` runs the same code on the CPU (events become host timers; gpufeed's host path
 with `.to(device)`), with small `--batch-size`, `--image-size` and `--steps`: a smoke test of the

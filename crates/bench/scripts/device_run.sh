@@ -4,14 +4,14 @@
 #   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
 #     GPU_FEATURES="cuda,turbojpeg" ../shared/tools/gpu-stage
 #   cp ../shared/bench/torch_baseline.py .gpu/
-# then call the device tool's `run` with carry [".gpu"] and `bash benches/device_run.sh`.
+# then call the device tool's `run` with carry [".gpu"] and `bash crates/bench/scripts/device_run.sh`.
 # Summaries go to stdout; logs to $OUT (at most 8 files come back).
-# `bash benches/device_run.sh gpu` runs only the GPU benches (the .npy must be made first:
-# the torch step makes it, or it is made here with numpy); `bash benches/device_run.sh images`
+# `bash crates/bench/scripts/device_run.sh gpu` runs only the GPU benches (the .npy must be made first:
+# the torch step makes it, or it is made here with numpy); `bash crates/bench/scripts/device_run.sh images`
 # runs the tests, then only the JPEG benches.
 set -u
 ONLY=${1:-all}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 G=.gpu
 OUT=${OUT:-/tmp/gpufeed-out}
 LOGS=/tmp/gpufeed-logs
@@ -58,7 +58,7 @@ jpeg_benches() {
   step "PyTorch + PIL, JPEG RandomResizedCrop(224) + flip (one epoch from the DataLoader's creation)"
   python3 "$G/torch_baseline.py" --jpeg-dir "$DATA/jpegs" --only jpeg --workers 1,16 2>&1 | tee "$OUT/torch_jpeg.log" | grep -E '^\{|^#'
   step "PyTorch + PIL, same, 3 epochs with persistent workers"
-  python3 benches/torch_jpeg_epochs.py --jpeg-dir "$DATA/jpegs" --workers 1,16 --epochs 3 2>&1 | tee -a "$OUT/torch_jpeg.log"
+  python3 crates/bench/scripts/torch_jpeg_epochs.py --jpeg-dir "$DATA/jpegs" --workers 1,16 --epochs 3 2>&1 | tee -a "$OUT/torch_jpeg.log"
   step "gpufeed, same JPEGs, same batches (128, drop_last), 3 epochs"
   for w in 1 16; do
     "$G/bin/gpufeed" bench --images "$DATA/jpegs" --workers "$w" --batch-size 128 --drop-last --epochs 3 --json | tee -a "$OUT/gpufeed.jsonl"

@@ -2,8 +2,8 @@
 """PIL side of the image bench: JPEG decode + RandomResizedCrop(224) + horizontal flip.
 
 Usage:
-  python3 benches/pil_rrc.py --make --dir /tmp/gpufeed-baseline/jpegs --count 500
-  python3 benches/pil_rrc.py --dir /tmp/gpufeed-baseline/jpegs --count 500 --rounds 3
+  python3 crates/bench/scripts/pil_rrc.py --make --dir /tmp/gpufeed-baseline/jpegs --count 500
+  python3 crates/bench/scripts/pil_rrc.py --dir /tmp/gpufeed-baseline/jpegs --count 500 --rounds 3
 
 --make writes the JPEGs exactly as ../shared/bench/torch_baseline.py's make_jpegs does (same
 photographs, same generator and seed, so the first N files are the same bytes; needs pillow,

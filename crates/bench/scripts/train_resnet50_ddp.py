@@ -3,7 +3,7 @@
 PyTorch's DataLoader in turn: every rank gets the same number of batches, ranks see disjoint
 samples, nothing hangs at an epoch's end, and images per second per rank.
 
-    torchrun --nproc-per-node 2 benches/train_resnet50_ddp.py --data /tmp/jpegs --steps 200
+    torchrun --nproc-per-node 2 crates/bench/scripts/train_resnet50_ddp.py --data /tmp/jpegs --steps 200
 
 Each rank (torchrun's RANK, WORLD_SIZE, LOCAL_RANK) trains `train_resnet50.py`'s model, step and
 measurements (see its docstring: CUDA events around each step, the GPU's wait for data), with

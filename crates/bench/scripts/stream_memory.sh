@@ -6,10 +6,10 @@
 # other than `none` it runs inside a memory cgroup (v1 or v2) of that limit, made under the
 # caller's own cgroup (so that no limit above it is escaped), and prints the cgroup's peak.
 #
-#   benches/stream_memory.sh LIMIT|none GPUFEED DATASET [bench flags...]
-#   benches/stream_memory.sh 1G target/release/gpufeed /data/shards-10g --epochs 1 \
+#   crates/bench/scripts/stream_memory.sh LIMIT|none GPUFEED DATASET [bench flags...]
+#   crates/bench/scripts/stream_memory.sh 1G target/release/gpufeed /data/shards-10g --epochs 1 \
 #       --shuffle-window 8 --shuffle-block 64 --no-baseline
-#   benches/stream_memory.sh none target/release/gpufeed s3://bench/mds-64x64 --epochs 1 \
+#   crates/bench/scripts/stream_memory.sh none target/release/gpufeed s3://bench/mds-64x64 --epochs 1 \
 #       --cache-dir /tmp/cache --cache-limit 512MiB --no-baseline
 #
 # A LIMIT needs root (it makes the cgroup); the cgroup is removed at the end.

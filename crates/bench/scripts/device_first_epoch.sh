@@ -5,11 +5,11 @@
 # Stage here first:
 #   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols GPU_FEATURES=cuda ../shared/tools/gpu-stage
 #   cp ../shared/bench/torch_baseline.py .gpu/
-# then the device tool's `run` with carry [".gpu"] and `bash benches/device_first_epoch.sh`.
-# `bash benches/device_first_epoch.sh bench` skips the tests.
+# then the device tool's `run` with carry [".gpu"] and `bash crates/bench/scripts/device_first_epoch.sh`.
+# `bash crates/bench/scripts/device_first_epoch.sh bench` skips the tests.
 set -u
 ONLY=${1:-all}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 G=.gpu
 OUT=${OUT:-/tmp/gpufeed-out}
 LOGS=/tmp/gpufeed-logs
