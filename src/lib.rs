@@ -12,6 +12,7 @@
 //! | stage | module |
 //! |---|---|
 //! | the packed record file (layout, writer, reader) | [`format`](mod@format) |
+//! | what a batch is made of: fields, their places in a buffer, element types, sample slots | [`layout`] |
 //! | where samples come from (packed files, `.npy`, shards) | [`source`] |
 //! | the order of samples: shuffle, shards, batches, resume | [`sampler`] |
 //! | per-sample work that writes into the batch (copy, decode, augment) | [`transform`] |
@@ -46,6 +47,7 @@
 pub mod cuda;
 pub mod error;
 pub mod format;
+pub mod layout;
 pub mod loader;
 pub mod memory;
 pub mod sampler;
@@ -57,7 +59,8 @@ mod readme;
 
 pub use error::{Error, ErrorKind, RemoteErrorKind, Result};
 pub use format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
+pub use layout::{BatchLayout, Element, OutputField, Slots};
 pub use loader::{Batch, BatchInfo, Loader, LoaderBuilder, LoaderState, LoaderStats, NextBatch};
 pub use memory::{HostBuffer, HostPool, PoolStats};
 pub use source::{Concat, Dataset, NpyArray, Sample};
-pub use transform::{CopyFields, FnTransform, OutputField, SampleContext, SampleTransform, Slots};
+pub use transform::{CopyFields, FnTransform, SampleContext, SampleTransform};

@@ -373,7 +373,7 @@ fn check_epochs_over_shards(
                 vec![OutputField::new("i", DType::U32, &[])],
                 |_s: gpufeed::Sample<'_>,
                  ctx: &gpufeed::SampleContext,
-                 slots: &mut gpufeed::transform::Slots<'_>| {
+                 slots: &mut gpufeed::Slots<'_>| {
                     slots
                         .field(0)?
                         .copy_from_slice(&(ctx.index as u32).to_le_bytes());

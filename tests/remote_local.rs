@@ -449,9 +449,7 @@ fn tar_shards_from_a_url_keep_no_more_shards_mapped_than_the_cache_holds() {
                 OutputField::new("label", DType::U32, &[]),
                 OutputField::new("intact", DType::U8, &[]),
             ],
-            |s: gpufeed::Sample<'_>,
-             _: &gpufeed::SampleContext,
-             slots: &mut gpufeed::transform::Slots<'_>| {
+            |s: gpufeed::Sample<'_>, _: &gpufeed::SampleContext, slots: &mut gpufeed::Slots<'_>| {
                 let label = s.field_named("label").unwrap_or_default();
                 let n = u32::from_le_bytes(label.try_into().unwrap_or([0xff; 4]));
                 let intact = s.field_named("data") == Some(&record(n)[..]);

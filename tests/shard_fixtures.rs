@@ -347,7 +347,7 @@ fn the_loader_shuffles_webdataset_shards_in_blocks() {
             vec![OutputField::new("i", DType::U8, &[])],
             move |s: gpufeed::Sample<'_>,
                   ctx: &gpufeed::SampleContext,
-                  slots: &mut gpufeed::transform::Slots<'_>| {
+                  slots: &mut gpufeed::Slots<'_>| {
                 assert_eq!(
                     s.field(cls).unwrap(),
                     (ctx.index % 3).to_string().as_bytes()

@@ -30,7 +30,8 @@ use super::device::ContextScope;
 use super::fence::EventFence;
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::loader::{BatchInfo, Element};
+use crate::layout::Element;
+use crate::loader::BatchInfo;
 use crate::memory::Fence;
 
 /// One field of a device batch: what it holds and where it lives in the device buffer.

@@ -2,7 +2,7 @@
 //!
 //! A copy thread owns the loader. For each host batch it takes a buffer from a [`DevicePool`],
 //! enqueues on the device's copy stream one `cuMemcpyHtoDAsync` of the whole batch buffer (every
-//! field lives in it, at [`BatchLayout::field_offset`](crate::loader::BatchLayout::field_offset)),
+//! field lives in it, at [`BatchLayout::field_offset`](crate::layout::BatchLayout::field_offset)),
 //! then the optional conversion kernels, and records fences: the host buffer is released behind
 //! the copy's (so that the pinned buffer returns to its pool only once the copy has read it),
 //! the device buffer behind the batch's `ready` fence (after the conversions). The device batch
@@ -34,10 +34,10 @@ use super::fence::EventFence;
 use super::{Convert, Converter, Device, DeviceBatch, DeviceBuffer, DevicePool, PinnedBacking};
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::loader::{Batch, FIELD_ALIGN, Loader, LoaderBuilder, LoaderState, LoaderStats};
+use crate::layout::{FIELD_ALIGN, OutputField};
+use crate::loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};
 use crate::memory::{HostPool, PoolStats, human_bytes};
 use crate::sampler::OrderSpec;
-use crate::transform::OutputField;
 
 /// Bytes of device batches the default depth aims to keep copied ahead.
 const DEPTH_BYTES: usize = 32 << 20;

@@ -10,152 +10,8 @@ use std::sync::Arc;
 use super::budget::BatchPermit;
 use crate::error::{Error, Result};
 use crate::format::DType;
+use crate::layout::{BatchLayout, Element, cast_slice, cast_slice_mut};
 use crate::memory::HostBuffer;
-use crate::transform::{FieldSlot, OutputField};
-
-/// Where each field of a batch lives in its buffer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BatchLayout {
-    fields: Vec<OutputField>,
-    slots: Vec<FieldSlot>,
-    batch_size: usize,
-    total_bytes: usize,
-}
-
-/// Field offsets in a batch buffer are multiples of this (what device copies and SIMD like).
-pub const FIELD_ALIGN: usize = 256;
-
-impl BatchLayout {
-    /// The layout of batches of `batch_size` samples of these fields.
-    pub fn new(fields: Vec<OutputField>, batch_size: usize) -> Result<BatchLayout> {
-        if fields.is_empty() {
-            return Err(Error::config(
-                "transform",
-                "the transform declares no output field",
-            ));
-        }
-        let mut offset = 0usize;
-        let mut slots = Vec::with_capacity(fields.len());
-        for f in &fields {
-            let sample_bytes = f.sample_bytes();
-            slots.push(FieldSlot {
-                offset,
-                sample_bytes,
-            });
-            let field_bytes = sample_bytes
-                .checked_mul(batch_size)
-                .ok_or_else(|| Error::config("batch_size", "a batch would not fit in memory"))?;
-            offset = (offset + field_bytes).next_multiple_of(FIELD_ALIGN);
-        }
-        Ok(BatchLayout {
-            fields,
-            slots,
-            batch_size,
-            total_bytes: offset.max(1),
-        })
-    }
-
-    /// The fields, in order.
-    pub fn fields(&self) -> &[OutputField] {
-        &self.fields
-    }
-
-    /// Samples in a full batch.
-    pub fn batch_size(&self) -> usize {
-        self.batch_size
-    }
-
-    /// Bytes of a full batch's buffer.
-    pub fn total_bytes(&self) -> usize {
-        self.total_bytes
-    }
-
-    /// Bytes of one sample, all fields together.
-    pub fn sample_bytes(&self) -> usize {
-        self.slots.iter().map(|s| s.sample_bytes).sum()
-    }
-
-    /// The byte offset of field `k` in a batch buffer.
-    pub fn field_offset(&self, k: usize) -> Option<usize> {
-        self.slots.get(k).map(|s| s.offset)
-    }
-
-    /// The position of the field called `name`.
-    pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.fields.iter().position(|f| f.name == name)
-    }
-
-    pub(crate) fn slots(&self) -> &[FieldSlot] {
-        &self.slots
-    }
-}
-
-/// An element type a batch field can be viewed as: the primitive numbers, and `half`'s `f16`
-/// and `bf16`.
-///
-/// Sealed: only types without padding, valid for every bit pattern and of their dtype's size
-/// implement it, so that viewing a field's bytes as `&[T]` is sound.
-pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
-    /// The dtypes this type can view.
-    fn matches(dtype: DType) -> bool;
-}
-
-mod sealed {
-    /// Implemented only below, for types with no padding that are valid for every bit pattern.
-    pub trait Sealed {}
-}
-
-macro_rules! element {
-    ($t:ty, $($d:path),+) => {
-        impl sealed::Sealed for $t {}
-        impl Element for $t {
-            fn matches(dtype: DType) -> bool {
-                matches!(dtype, $($d)|+)
-            }
-        }
-    };
-}
-
-element!(u8, DType::U8, DType::Bool);
-element!(i8, DType::I8);
-element!(u16, DType::U16, DType::F16, DType::BF16);
-element!(i16, DType::I16);
-element!(u32, DType::U32);
-element!(i32, DType::I32);
-element!(u64, DType::U64);
-element!(i64, DType::I64);
-element!(f32, DType::F32);
-element!(f64, DType::F64);
-element!(half::f16, DType::F16);
-element!(half::bf16, DType::BF16);
-
-/// Views `bytes` as a slice of `T`, checking alignment and length.
-pub(crate) fn cast_slice<T: Element>(bytes: &[u8]) -> Option<&[T]> {
-    let size = std::mem::size_of::<T>();
-    if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-        || !bytes.len().is_multiple_of(size)
-    {
-        return None;
-    }
-    // SAFETY: alignment and length are checked above; `T: Element` (sealed) is a type without
-    // padding that is valid for every bit pattern; the result borrows `bytes`, so it cannot
-    // outlive or alias a writer.
-    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
-}
-
-/// Views `bytes` as a mutable slice of `T`, checking alignment and length.
-pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
-    let size = std::mem::size_of::<T>();
-    if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-        || !bytes.len().is_multiple_of(size)
-    {
-        return None;
-    }
-    // SAFETY: as in `cast_slice`; the exclusive borrow of `bytes` moves to the result.
-    Some(unsafe {
-        std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / size)
-    })
-}
 
 /// What a batch is, wherever its memory is: the samples it holds, where it stands in the
 /// epoch, its padding and the samples skipped. [`Batch`] and `cuda::DeviceBatch` both
@@ -306,13 +162,18 @@ impl Batch {
 
     fn field_index(&self, name: &str) -> Result<usize> {
         self.layout.index_of(name).ok_or_else(|| {
-            let names: Vec<&str> = self.layout.fields.iter().map(|f| f.name.as_str()).collect();
+            let names: Vec<&str> = self
+                .layout
+                .fields()
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect();
             Error::mismatch(format!("batch has no field `{name}` (fields: {names:?})"))
         })
     }
 
     fn range(&self, k: usize) -> std::ops::Range<usize> {
-        let slot = &self.layout.slots[k];
+        let slot = &self.layout.slots()[k];
         slot.offset..slot.offset + slot.sample_bytes * self.len()
     }
 
@@ -325,7 +186,7 @@ impl Batch {
     /// Field `name` as a typed slice; `T` must match the field's dtype (`u16` views f16/bf16).
     pub fn field<T: Element>(&self, name: &str) -> Result<&[T]> {
         let k = self.field_index(name)?;
-        let dtype = self.layout.fields[k].dtype;
+        let dtype = self.layout.fields()[k].dtype;
         if !T::matches(dtype) {
             return Err(Error::mismatch(format!(
                 "field `{name}` is {dtype}, not {}",
@@ -339,7 +200,7 @@ impl Batch {
     /// Field `name` as a mutable typed slice (for per-batch transforms).
     pub fn field_mut<T: Element>(&mut self, name: &str) -> Result<&mut [T]> {
         let k = self.field_index(name)?;
-        let dtype = self.layout.fields[k].dtype;
+        let dtype = self.layout.fields()[k].dtype;
         if !T::matches(dtype) {
             return Err(Error::mismatch(format!(
                 "field `{name}` is {dtype}, not {}",
@@ -355,12 +216,12 @@ impl Batch {
     pub fn shape(&self, name: &str) -> Result<Vec<usize>> {
         let k = self.field_index(name)?;
         let mut shape = vec![self.len()];
-        shape.extend_from_slice(&self.layout.fields[k].shape);
+        shape.extend_from_slice(&self.layout.fields()[k].shape);
         Ok(shape)
     }
 
     /// The dtype of field `name`.
     pub fn dtype(&self, name: &str) -> Result<DType> {
-        Ok(self.layout.fields[self.field_index(name)?].dtype)
+        Ok(self.layout.fields()[self.field_index(name)?].dtype)
     }
 }

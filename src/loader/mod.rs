@@ -49,12 +49,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::{Deserialize, Serialize};
 
-pub use batch::{Batch, BatchInfo, BatchLayout, Element, FIELD_ALIGN};
-pub(crate) use batch::{cast_slice, cast_slice_mut};
+pub use batch::{Batch, BatchInfo};
 use stats::StageTimes;
 pub use stats::{LoaderStats, StageSnapshot, steady_rate};
 
 use crate::error::{Error, Result};
+use crate::layout::BatchLayout;
 use crate::memory::{Backing, HeapBacking, HostPool};
 use crate::sampler::{BlockShuffle, Order, OrderSpec, Remainder};
 use crate::source::Dataset;

@@ -19,14 +19,15 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::BatchHook;
-use super::batch::{Batch, BatchInfo, BatchLayout};
+use super::batch::{Batch, BatchInfo};
 use super::budget::BatchPermit;
 use super::stats::StageTimes;
 use crate::error::{Error, Result};
+use crate::layout::{BatchBytes, BatchLayout, Slots};
 use crate::memory::{DeferredFence, HostBuffer, HostPool};
 use crate::sampler::Order;
 use crate::source::Dataset;
-use crate::transform::{BatchBytes, SampleContext, SampleTransform, Slots};
+use crate::transform::{SampleContext, SampleTransform};
 
 /// What every worker shares.
 pub(crate) struct Shared {
@@ -538,11 +539,13 @@ mod tests {
         use std::sync::atomic::AtomicU64;
 
         use super::{Assembly, Shared, make_part};
+        use crate::layout::BatchLayout;
+        use crate::layout::{OutputField, Slots};
+        use crate::loader::StageTimes;
         use crate::loader::budget::BatchBudget;
-        use crate::loader::{BatchLayout, StageTimes};
         use crate::memory::HostPool;
         use crate::sampler::{OrderSpec, Remainder};
-        use crate::transform::{FnTransform, OutputField, SampleContext, Slots};
+        use crate::transform::{FnTransform, SampleContext};
 
         let data = (0..50u64).flat_map(|i| (i * 3 + 1).to_le_bytes()).collect();
         let schema = Schema::new(vec![Field::tensor("x", DType::U64, &[])])?;

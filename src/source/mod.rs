@@ -62,7 +62,7 @@ pub(crate) use file::{FileData, FileIdentity, RecordBuf, open_file};
 
 use crate::error::{Error, Result};
 use crate::format::{DType, FieldKind, ReadOptions, RecordFile, Schema};
-use crate::loader::{Element, cast_slice};
+use crate::layout::{Element, cast_slice};
 
 /// A map-style dataset: a length, a schema, and samples by index.
 ///
@@ -478,7 +478,7 @@ impl<'a> Sample<'a> {
         if let Some(what) = what {
             return Err(Error::mismatch(format!(
                 "field `{name}` is {what}, not {}",
-                crate::transform::element_name::<T>()
+                crate::layout::element_name::<T>()
             )));
         }
         let bytes = self.try_field(k)?;
@@ -489,7 +489,7 @@ impl<'a> Sample<'a> {
             return Err(Error::mismatch(format!(
                 "field `{name}` has {} bytes, not a whole number of {}",
                 bytes.len(),
-                crate::transform::element_name::<T>()
+                crate::layout::element_name::<T>()
             )));
         }
         Ok(Cow::Owned(copy_to_vec(bytes)))

@@ -46,8 +46,9 @@ pub use decode::{DecodeLimits, Decoded, ImageKind};
 
 use crate::error::{Error, Result};
 use crate::format::{DType, FieldKind, Schema};
+use crate::layout::{OutputField, Slots};
 use crate::source::Sample;
-use crate::transform::{OutputField, SampleContext, SampleTransform, Slots};
+use crate::transform::{SampleContext, SampleTransform};
 
 /// What an [`ImageTransform`] does to the geometry of an image.
 #[derive(Clone, Copy, Debug, PartialEq)]
