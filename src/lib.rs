@@ -14,6 +14,7 @@
 //! | the packed record file (layout, writer, reader) | [`format`](mod@format) |
 //! | what a batch is made of: fields, their places in a buffer, element types, sample slots | [`layout`] |
 //! | where samples come from (packed files, `.npy`, shards) | [`source`] |
+//! | encoded images: JPEG and PNG probed and decoded, within limits | [`codec`] |
 //! | the order of samples: shuffle, shards, batches, resume | [`sampler`] |
 //! | per-sample work that writes into the batch (copy, decode, augment) | [`transform`] |
 //! | batch buffers: a caching pool with a byte budget | [`memory`] |
@@ -43,9 +44,11 @@
 
 #![warn(missing_docs)]
 
+pub mod codec;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
+mod file;
 pub mod format;
 pub mod layout;
 pub mod loader;

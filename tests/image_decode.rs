@@ -4,7 +4,7 @@ use crate::image_common as common;
 
 use common::*;
 use gpufeed::Error;
-use gpufeed::transform::image::decode::{DecodeLimits, ImageKind, decode_rgb8, probe};
+use gpufeed::codec::{DecodeLimits, ImageKind, decode_rgb8, probe};
 use image::ExtendedColorType as E;
 
 fn dec(bytes: &[u8]) -> gpufeed::Result<(u32, u32, Vec<u8>)> {
@@ -317,7 +317,7 @@ fn images_above_max_pixels_are_refused_naming_the_setting() {
     }
     assert_eq!(
         DecodeLimits::default().max_pixels,
-        gpufeed::transform::image::decode::DEFAULT_MAX_PIXELS
+        gpufeed::codec::DEFAULT_MAX_PIXELS
     );
 }
 
@@ -355,8 +355,8 @@ fn probe_refuses_declared_sizes_the_data_cannot_hold() {
 #[cfg(feature = "turbojpeg")]
 mod region {
     use super::*;
+    use gpufeed::codec::decode_rgb8_region;
     use gpufeed::transform::image::Region;
-    use gpufeed::transform::image::decode::decode_rgb8_region;
 
     fn tj_jpeg(px: &[u8], w: u32, h: u32, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
         let image = turbojpeg::Image {

@@ -14,9 +14,9 @@ use std::sync::OnceLock;
 
 use common::*;
 use gpufeed::Error;
+use gpufeed::codec::{DecodeLimits, decode_rgb8, probe};
 use gpufeed::format::DType;
 use gpufeed::transform::SampleContext;
-use gpufeed::transform::image::decode::{DecodeLimits, decode_rgb8, probe};
 use gpufeed::transform::image::{ImageTransform, Normalize};
 use image::ExtendedColorType as E;
 use proptest::prelude::*;
@@ -176,7 +176,7 @@ proptest! {
         #[cfg(feature = "turbojpeg")]
         {
             use gpufeed::transform::image::Region;
-            use gpufeed::transform::image::decode::decode_rgb8_region;
+            use gpufeed::codec::decode_rgb8_region;
             let r = Region { left: 3.5, top: 2.0, width: 20.0, height: 17.25 };
             for denom in [1, 2, 8] {
                 let got = decode_rgb8_region(&bytes, name, r, denom, &DecodeLimits::default(), &mut out, &mut scratch);

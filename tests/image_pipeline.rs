@@ -286,14 +286,7 @@ fn eval_center_crop_of_a_jpeg_is_its_decoded_centre() {
     std::fs::create_dir(dir.path().join("a")).unwrap();
     std::fs::write(dir.path().join("a/x.jpg"), &bytes).unwrap();
     let (mut full, mut scratch) = (Vec::new(), Vec::new());
-    gpufeed::transform::image::decode::decode_rgb8(
-        &bytes,
-        "x",
-        &Default::default(),
-        &mut full,
-        &mut scratch,
-    )
-    .unwrap();
+    gpufeed::codec::decode_rgb8(&bytes, "x", &Default::default(), &mut full, &mut scratch).unwrap();
     let t = ImageTransform::eval(32)
         .resize(96)
         .layout(Layout::Hwc)

@@ -20,8 +20,8 @@ use memmap2::Mmap;
 use super::layout::{BLOCK, Footer, Header, VERSION_MAJOR, record_checksum, u64_at};
 use super::schema::Schema;
 use crate::error::{Error, Result};
-pub use crate::source::ReadMode;
-use crate::source::{Dataset, FileData, FileIdentity, RecordBuf, Sample, open_file};
+pub use crate::file::ReadMode;
+use crate::file::{FileData, FileIdentity, RecordBuf, open_file};
 
 /// How a [`RecordFile`] reads.
 ///
@@ -69,10 +69,10 @@ pub struct ReadOptions {
 /// replaced, truncated, extended or written since it was opened.
 #[derive(Clone)]
 pub struct RecordFile {
-    path: PathBuf,
-    data: FileData,
+    pub(crate) path: PathBuf,
+    pub(crate) data: FileData,
     identity: FileIdentity,
-    schema: Schema,
+    pub(crate) schema: Schema,
     records: u64,
     record_align: u64,
     data_offset: u64,
@@ -82,7 +82,7 @@ pub struct RecordFile {
     stride: Option<u64>,
     offsets_at: u64,
     checksums_at: u64,
-    options: ReadOptions,
+    pub(crate) options: ReadOptions,
     version: (u16, u16),
 }
 
@@ -288,7 +288,7 @@ impl RecordFile {
         self.data.u64_at(&self.path, self.checksums_at + 8 * i)
     }
 
-    fn bad_record(&self, record: u64, what: String) -> Error {
+    pub(crate) fn bad_record(&self, record: u64, what: String) -> Error {
         Error::BadRecord {
             path: self.path.clone(),
             record,
@@ -298,7 +298,7 @@ impl RecordFile {
 
     /// The byte range of record `i` in the file, checked against the data region, the record
     /// alignment and (for fixed-size schemas) the stride.
-    fn record_range(&self, i: u64) -> Result<Range<u64>> {
+    pub(crate) fn record_range(&self, i: u64) -> Result<Range<u64>> {
         if i >= self.records {
             return Err(Error::OutOfRange {
                 index: i,
@@ -376,56 +376,6 @@ impl RecordFile {
         )
     }
 
-    /// Record `i` as a [`Sample`]: a view into the mapping, or (with [`ReadMode::Pread`]) the
-    /// record's place in the file, read when its fields are copied, or the record read into a
-    /// per-thread buffer (schemas with bytes fields, or [`ReadOptions::verify_checksums`]).
-    pub fn get(&self, i: u64) -> Result<Sample<'_>> {
-        let range = self.record_range(i)?;
-        match &self.data {
-            FileData::Map(map) => {
-                let bytes = &map[range.start as usize..range.end as usize];
-                if self.options.verify_checksums {
-                    self.check_sum(i, bytes)?;
-                }
-                self.schema
-                    .record_end(bytes)
-                    .map_err(|e| self.bad_record(i, e))?;
-                Ok(Sample::new(bytes, &self.schema))
-            }
-            FileData::Pread { file, len } => {
-                let n = (range.end - range.start) as usize;
-                if self.schema.is_fixed() && !self.options.verify_checksums {
-                    // A fixed-size record fits its schema when it is long enough.
-                    let min = self.schema.min_record_bytes();
-                    if n < min {
-                        return Err(self.bad_record(
-                            i,
-                            format!("{n} bytes is shorter than the schema's {min}-byte minimum"),
-                        ));
-                    }
-                    return Ok(Sample::unread(
-                        file,
-                        &self.path,
-                        *len,
-                        range.start,
-                        n,
-                        &self.schema,
-                    ));
-                }
-                let mut buf = RecordBuf::with_len(n);
-                self.data
-                    .read_at(&self.path, range.start, buf.as_mut_slice())?;
-                if self.options.verify_checksums {
-                    self.check_sum(i, buf.as_slice())?;
-                }
-                self.schema
-                    .record_end(buf.as_slice())
-                    .map_err(|e| self.bad_record(i, e))?;
-                Ok(Sample::read(buf, &self.schema))
-            }
-        }
-    }
-
     /// Record `i` as [`Bytes`] (padding included): a slice that keeps the mapping alive, or
     /// (with [`ReadMode::Pread`]) the record read into memory of its own. Checked as
     /// [`RecordFile::get`] checks. Use [`Schema::fixed_range`] or [`RecordFile::get`] to find
@@ -456,7 +406,7 @@ impl RecordFile {
         }
     }
 
-    fn check_sum(&self, i: u64, bytes: &[u8]) -> Result<()> {
+    pub(crate) fn check_sum(&self, i: u64, bytes: &[u8]) -> Result<()> {
         let stored = self.stored_checksum(i)?;
         let computed = record_checksum(bytes);
         if stored != computed {
@@ -498,24 +448,6 @@ impl RecordFile {
     /// time; see [`Dataset::check_unchanged`].
     pub fn check_unchanged(&self) -> Result<()> {
         self.identity.check(&self.path)
-    }
-}
-
-impl Dataset for RecordFile {
-    fn len(&self) -> u64 {
-        self.records
-    }
-
-    fn schema(&self) -> &Schema {
-        &self.schema
-    }
-
-    fn get(&self, index: u64) -> Result<Sample<'_>> {
-        RecordFile::get(self, index)
-    }
-
-    fn check_unchanged(&self) -> Result<()> {
-        RecordFile::check_unchanged(self)
     }
 }
 

@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use crate::codec;
 use crate::error::{Error, Result};
 use crate::format::{Codec, DType, Field, PackSummary, RecordWriter, Schema};
 use crate::source::{Dataset, Sample};
-use crate::transform::image::decode;
 
 /// File extensions read as images (compared case-insensitively).
 pub const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
@@ -276,7 +276,7 @@ pub fn pack_image_folder(
             .map(|i| {
                 let bytes = folder.read(i)?;
                 let name = folder.path(i)?.display().to_string();
-                let (w, h) = decode::probe(&bytes, &name)?;
+                let (w, h) = codec::probe(&bytes, &name)?;
                 Ok((bytes, [h, w]))
             })
             .collect::<Result<Vec<_>>>()?;

@@ -42,9 +42,9 @@
 //! downloaded into a cache are not checked.
 
 mod concat;
-mod file;
 mod image_folder;
 mod npy;
+mod packed;
 pub mod shards;
 mod zip;
 
@@ -52,13 +52,13 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+pub use crate::file::ReadMode;
 pub use concat::Concat;
-pub use file::ReadMode;
 pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
 pub use zip::Zip;
 
-pub(crate) use file::{FileData, FileIdentity, RecordBuf, open_file};
+use crate::file::RecordBuf;
 
 use crate::error::{Error, Result};
 use crate::format::{DType, FieldKind, ReadOptions, RecordFile, Schema};
@@ -229,7 +229,7 @@ struct UnreadRecord<'a> {
 
 impl UnreadRecord<'_> {
     fn read(&self, within: std::ops::Range<usize>, dst: &mut [u8]) -> Result<()> {
-        file::pread_exact(
+        crate::file::pread_exact(
             self.file,
             self.path,
             self.at + within.start as u64,

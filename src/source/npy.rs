@@ -11,8 +11,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::file::{FileData, FileIdentity, ReadMode, open_file};
 use crate::format::{DType, Field, Schema};
-use crate::source::{Dataset, FileData, FileIdentity, ReadMode, Sample, open_file};
+use crate::source::{Dataset, Sample};
 
 pub(crate) const NPY_MAGIC: &[u8] = b"\x93NUMPY";
 

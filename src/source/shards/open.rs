@@ -77,7 +77,7 @@ pub fn open_with(spec: &str, options: &WebDatasetOptions) -> Result<Box<dyn Shar
         #[cfg(not(feature = "remote"))]
         return Err(Error::Remote {
             shard: spec.into(),
-            kind: crate::RemoteErrorKind::Config,
+            kind: crate::error::RemoteErrorKind::Config,
             what: "this build of gpufeed reads no object store: build it with `--features s3` (or gcs, azure, http)".into(),
         });
     }

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
-use crate::source::FileIdentity;
+use crate::file::FileIdentity;
 
 /// What a store knows about a shard without reading it: the keys of on-disk index caches.
 #[derive(Clone, Debug, PartialEq, Eq)]

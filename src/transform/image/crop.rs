@@ -7,6 +7,7 @@
 //! (truncation) are reproduced exactly, so the integer boxes match torchvision's for the same
 //! random draws.
 
+use crate::codec::Region;
 use crate::transform::SampleRng;
 
 /// A crop box in source pixels, as torchvision returns it: `(top, left, height, width)`.
@@ -22,19 +23,6 @@ pub struct CropBox {
     pub width: u32,
 }
 
-/// A source region in (fractional) source pixels, resized to the output.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Region {
-    /// Left edge.
-    pub left: f64,
-    /// Top edge.
-    pub top: f64,
-    /// Width.
-    pub width: f64,
-    /// Height.
-    pub height: f64,
-}
-
 impl From<CropBox> for Region {
     fn from(b: CropBox) -> Region {
         Region {
@@ -42,22 +30,6 @@ impl From<CropBox> for Region {
             top: f64::from(b.top),
             width: f64::from(b.width),
             height: f64::from(b.height),
-        }
-    }
-}
-
-impl Region {
-    /// This region in an image decoded at `1/denom` of the source's size, clamped to that
-    /// image's `width` x `height`.
-    pub fn scaled(self, denom: u32, width: u32, height: u32) -> Region {
-        let d = f64::from(denom);
-        let left = (self.left / d).min(f64::from(width));
-        let top = (self.top / d).min(f64::from(height));
-        Region {
-            left,
-            top,
-            width: (self.width / d).min(f64::from(width) - left),
-            height: (self.height / d).min(f64::from(height) - top),
         }
     }
 }

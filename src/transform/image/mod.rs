@@ -31,7 +31,6 @@
 
 mod convert;
 pub mod crop;
-pub mod decode;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,11 +38,13 @@ use std::sync::{Arc, Mutex};
 
 use fast_image_resize as fir;
 
+pub use crate::codec::Region;
+pub use crate::codec::{DecodeLimits, Decoded, ImageKind};
 use convert::PixelWriter;
 pub use convert::{Layout, Normalize};
-pub use crop::{CropBox, Region};
-pub use decode::{DecodeLimits, Decoded, ImageKind};
+pub use crop::CropBox;
 
+use crate::codec;
 use crate::error::{Error, Result};
 use crate::format::{DType, FieldKind, Schema};
 use crate::layout::{OutputField, Slots};
@@ -244,7 +245,7 @@ impl ImageTransformBuilder {
 
     /// The largest image decoded, in pixels (width x height): a larger one is a bad image
     /// ([`OnBadImage`]), refused from its header before anything is allocated for it. Default
-    /// [`decode::DEFAULT_MAX_PIXELS`] (89,478,485, PIL's `MAX_IMAGE_PIXELS`); each worker may
+    /// [`codec::DEFAULT_MAX_PIXELS`] (89,478,485, PIL's `MAX_IMAGE_PIXELS`); each worker may
     /// hold about 6 bytes per pixel of the largest image it decodes while it decodes it.
     pub fn max_pixels(mut self, pixels: u64) -> Self {
         self.limits.max_pixels = pixels;
@@ -518,16 +519,16 @@ impl ImageTransform {
             &bufs.decoded,
             fir::PixelType::U8x3,
         )
-        .map_err(|e| decode::image_error_from(name, "resize", e))?;
+        .map_err(|e| codec::image_error_from(name, "resize", e))?;
         let options = fir::ResizeOptions::new()
             .crop(region.left, region.top, region.width, region.height)
             .resize_alg(fir::ResizeAlg::Convolution(self.cfg.filter.filter_type()));
         let pixels = out_h as usize * out_w as usize;
-        let resize_err = |e: fir::ResizeError| decode::image_error_from(name, "resize", e);
+        let resize_err = |e: fir::ResizeError| codec::image_error_from(name, "resize", e);
         if self.converter.is_identity() {
             let mut dst =
                 fir::images::Image::from_slice_u8(out_w, out_h, slot, fir::PixelType::U8x3)
-                    .map_err(|e| decode::image_error_from(name, "resize", e))?;
+                    .map_err(|e| codec::image_error_from(name, "resize", e))?;
             bufs.resizer
                 .resize(&src, &mut dst, &options)
                 .map_err(resize_err)?;
@@ -542,7 +543,7 @@ impl ImageTransform {
                 &mut bufs.resized,
                 fir::PixelType::U8x3,
             )
-            .map_err(|e| decode::image_error_from(name, "resize", e))?;
+            .map_err(|e| codec::image_error_from(name, "resize", e))?;
             bufs.resizer
                 .resize(&src, &mut dst, &options)
                 .map_err(resize_err)?;
@@ -564,7 +565,7 @@ impl ImageTransform {
         rng: &mut crate::transform::SampleRng,
         geometry: impl Fn(u32, u32, &mut crate::transform::SampleRng) -> (Region, bool),
     ) -> Result<(Decoded, Region, bool)> {
-        let d = decode::decode_rgb8(
+        let d = codec::decode_rgb8(
             bytes,
             name,
             &self.cfg.limits,
@@ -587,7 +588,7 @@ impl ImageTransform {
         rng: &mut crate::transform::SampleRng,
         geometry: impl Fn(u32, u32, &mut crate::transform::SampleRng) -> (Region, bool),
     ) -> Result<(Decoded, Region, bool)> {
-        let (w, h) = decode::probe(bytes, name)?;
+        let (w, h) = codec::probe(bytes, name)?;
         let (region, flipped) = geometry(h, w, rng);
         nonempty(
             name,
@@ -598,7 +599,7 @@ impl ImageTransform {
             },
         )?;
         let (out_h, out_w) = self.cfg.size;
-        let denom = decode::scale_denominator(region.width, region.height, out_w, out_h);
+        let denom = codec::scale_denominator(region.width, region.height, out_w, out_h);
         // The resize reads source pixels up to its filter's support beyond the region's edges
         // (as PIL's does): decode that margin too, so that the output is the one a full decode
         // gives. 3 is the widest support (Lanczos3), scaled by the downscale factor; the extra
@@ -615,7 +616,7 @@ impl ImageTransform {
             width: (region.left + region.width + mx).min(f64::from(w)) - left,
             height: (region.top + region.height + my).min(f64::from(h)) - top,
         };
-        let got = decode::decode_rgb8_region(
+        let got = codec::decode_rgb8_region(
             bytes,
             name,
             wide,
@@ -705,7 +706,7 @@ fn nonempty(name: &str, region: Region, image: Decoded) -> Result<()> {
     if region.width > 0.0 && region.height > 0.0 {
         return Ok(());
     }
-    Err(decode::image_error(
+    Err(codec::image_error(
         name,
         format!(
             "empty crop: the region {}x{} at ({}, {}) of the {}x{} image has no pixels \

@@ -1,4 +1,6 @@
-//! Decoding: JPEG and PNG bytes to packed RGB8 pixels (HWC), in a buffer the caller reuses.
+//! Encoded images: JPEG and PNG bytes probed for their size and decoded to packed RGB8 pixels
+//! (HWC), in a buffer the caller reuses. Below [`source`](crate::source) (a packer probes the
+//! images it packs) and [`transform`](crate::transform) (the image pipeline decodes each sample).
 //!
 //! The format comes from the bytes' magic numbers, never from a file name or a codec tag.
 //! JPEG goes through zune-jpeg (the decoder the `image` crate uses), asked for RGB output
@@ -28,6 +30,35 @@ use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
 
 use crate::error::{Error, Result};
+
+/// A source region in (fractional) source pixels, resized to the output.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Region {
+    /// Left edge.
+    pub left: f64,
+    /// Top edge.
+    pub top: f64,
+    /// Width.
+    pub width: f64,
+    /// Height.
+    pub height: f64,
+}
+
+impl Region {
+    /// This region in an image decoded at `1/denom` of the source's size, clamped to that
+    /// image's `width` x `height`.
+    pub fn scaled(self, denom: u32, width: u32, height: u32) -> Region {
+        let d = f64::from(denom);
+        let left = (self.left / d).min(f64::from(width));
+        let top = (self.top / d).min(f64::from(height));
+        Region {
+            left,
+            top,
+            width: (self.width / d).min(f64::from(width) - left),
+            height: (self.height / d).min(f64::from(height) - top),
+        }
+    }
+}
 
 /// The default [`DecodeLimits::max_pixels`]: PIL's `Image.MAX_IMAGE_PIXELS` (a 1024 MiB image of
 /// 4 bytes a pixel, divided by 3), above which PIL warns of a decompression bomb.
@@ -489,7 +520,7 @@ pub struct DecodedRegion {
     /// The decoded block's size.
     pub decoded: Decoded,
     /// The requested region in the block's pixels.
-    pub region: crate::transform::image::Region,
+    pub region: Region,
     /// The block's scale is `1/denom` of the source's.
     pub denom: u32,
 }
@@ -576,13 +607,12 @@ impl Drop for Tj3 {
 pub fn decode_rgb8_region(
     bytes: &[u8],
     name: &str,
-    region: crate::transform::image::Region,
+    region: Region,
     denom: u32,
     limits: &DecodeLimits,
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
 ) -> Result<DecodedRegion> {
-    use crate::transform::image::Region;
     use turbojpeg::raw;
 
     let whole = |out: &mut Vec<u8>, scratch: &mut Vec<u8>| {
