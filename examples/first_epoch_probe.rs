@@ -245,16 +245,14 @@ mod probe {
             for m in &mut maps {
                 // SAFETY: the mapping is live and `b` bytes long; it is unregistered below
                 // before it is unmapped.
-                check(
-                    unsafe {
-                        sys::cuMemHostRegister_v2(
-                            m.as_mut_ptr().cast::<c_void>(),
-                            b,
-                            sys::CU_MEMHOSTREGISTER_PORTABLE,
-                        )
-                    },
-                    "cuMemHostRegister",
-                )?;
+                let registered = unsafe {
+                    sys::cuMemHostRegister_v2(
+                        m.as_mut_ptr().cast::<c_void>(),
+                        b,
+                        sys::CU_MEMHOSTREGISTER_PORTABLE,
+                    )
+                };
+                check(registered, "cuMemHostRegister")?;
             }
             let t_register = ms(t);
             let ptrs: Vec<*mut u8> = maps.iter_mut().map(|m| m.as_mut_ptr()).collect();

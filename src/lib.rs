@@ -42,8 +42,6 @@
 //! [`LoaderStats`] and [`PoolStats`] beyond their documented meaning, and the `gpufeed` command's
 //! output.
 
-#![warn(missing_docs)]
-
 pub mod codec;
 #[cfg(feature = "cuda")]
 pub mod cuda;

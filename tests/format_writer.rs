@@ -196,10 +196,8 @@ fn a_locked_temporary_is_kept_even_when_its_pid_is_gone_here() {
     ));
     let f = std::fs::File::create(&tmp).unwrap();
     // SAFETY: flock on an open descriptor.
-    assert_eq!(
-        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-        0
-    );
+    let locked = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(locked, 0);
     assert!(remove_stale_temporaries(&out).unwrap().is_empty());
     assert!(tmp.exists());
     drop(f);

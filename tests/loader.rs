@@ -672,7 +672,7 @@ proptest! {
 
 #[test]
 fn sharding_is_explicit_and_shard_from_env_reads_torchrun() {
-    // SAFETY (of set_var): std's environment functions share one lock, so the other tests of
+    // SAFETY: (of set_var) std's environment functions share one lock, so the other tests of
     // this binary that read the environment through std are not racing it; none reads RANK
     // or WORLD_SIZE, and none reads the environment through libc directly.
     unsafe {

@@ -1023,17 +1023,19 @@ impl CopyThread {
             }
             // SAFETY: both events are live, were recorded on the copy stream, and `end` has
             // completed, so the elapsed time is defined and the call does not wait.
-            if let Ok(ms) =
-                unsafe { result::event::elapsed(start.cu_event(), end.event().cu_event()) }
-            {
+            let elapsed =
+                unsafe { result::event::elapsed(start.cu_event(), end.event().cu_event()) };
+            if let Ok(ms) = elapsed {
                 // Busy time is the union of the copies' intervals: a start event can be stamped
                 // before the previous copy has ended (copies queued back to back), so the part
                 // of this interval before the previous end is not counted twice.
                 let overlap = match &self.last_end {
-                    // SAFETY: as above; the previous end event has completed too.
                     Some(prev) => {
-                        unsafe { result::event::elapsed(start.cu_event(), prev.event().cu_event()) }
-                            .map_or(0.0, |o| o.clamp(0.0, ms.max(0.0)))
+                        // SAFETY: as above; the previous end event has completed too.
+                        let gap = unsafe {
+                            result::event::elapsed(start.cu_event(), prev.event().cu_event())
+                        };
+                        gap.map_or(0.0, |o| o.clamp(0.0, ms.max(0.0)))
                     }
                     None => 0.0,
                 };
