@@ -12,7 +12,8 @@
 //!
 //! Then, in group `read_mode`, what the loader's default transform does (`get`, then
 //! `Sample::copy_field_into` of both fields into their slots) for each way of reading the file
-//! (issue 9, item 5), over the same records in the same order:
+//! (a mapping, `pread`, each with and without checksums), over the same records in the same
+//! order:
 //!
 //! - `map`: from the mapping (`ReadMode::Map`, the default): streaming-store copies;
 //! - `pread`: `ReadMode::Pread`, each field read by `pread` straight into its slot;

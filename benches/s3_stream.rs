@@ -1,5 +1,5 @@
 //! Streaming from an S3 server against a plain parallel downloader of the same objects, in
-//! one run (issue 14's targets; figures in benches/RESULTS.md, "Streaming (issue 14)").
+//! one run (figures in benches/RESULTS.md, "Streaming").
 //!
 //! ```sh
 //! AWS_ENDPOINT_URL=http://127.0.0.1:9000 AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x \

@@ -21,7 +21,7 @@
 //!
 //! Throughput is the bytes of the shard files for `read`, of the samples' fields for `get`
 //! (a few percent fewer: headers, tables). Run with `cargo bench --bench shard_read`. The
-//! target (issue 14): `get` at >= 90% of `read`.
+//! target: `get` at >= 90% of `read`.
 
 use std::hint::black_box;
 use std::io::Read;

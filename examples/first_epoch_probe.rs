@@ -1,5 +1,5 @@
 //! Where does a first epoch's time go? Measures, one by one and on the machine it runs on, the
-//! costs that a loader's first epoch pays and its later epochs do not (issue 12):
+//! costs that a loader's first epoch pays and its later epochs do not:
 //!
 //! - creating the CUDA context and a stream;
 //! - allocating pinned host memory (`cuMemHostAlloc`) against mapping anonymous memory and

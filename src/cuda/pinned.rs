@@ -6,8 +6,8 @@
 //! buffers, and write-combined memory takes CPU writes several times slower).
 //!
 //! How a block is made decides how fast a first epoch can be, since each worker's first batch
-//! waits for its buffer (`benches/RESULTS.md`, issue 12). `cuMemHostAlloc` serialises in the
-//! driver and pins 4 KiB pages one by one, at about 2.4 GB/s however many threads ask. So where
+//! waits for its buffer (`benches/RESULTS.md` has the figures). `cuMemHostAlloc` serialises in
+//! the driver and pins 4 KiB pages one by one, as slowly however many threads ask. So where
 //! the kernel gives transparent huge pages on request, a block is instead an anonymous mapping
 //! advised `MADV_HUGEPAGE`, populated by the thread that asks for it (workers populate theirs in
 //! parallel; the kernel hands out zeroed 2 MiB pages), then registered with

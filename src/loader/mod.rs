@@ -532,7 +532,7 @@ const PREFETCH_BYTES: u64 = 64 << 20;
 /// batches (up to 4 per worker, about 64 MiB), so that per-batch costs downstream (a channel, a
 /// device copy) overlap. Batches in parts: enough for twice as many parts as workers, plus two
 /// ready. Large batches get no more than they need: every buffer of the budget is pinned memory
-/// that a first epoch must allocate (`benches/RESULTS.md`, issue 12).
+/// that a first epoch must allocate.
 pub fn default_prefetch(workers: usize, batch_bytes: u64, parts: usize) -> usize {
     if parts > 1 {
         return 2 * workers.div_ceil(parts) + 2;
@@ -543,9 +543,9 @@ pub fn default_prefetch(workers: usize, batch_bytes: u64, parts: usize) -> usize
 
 /// The default number of worker threads: one per CPU (the available parallelism), at most 16;
 /// when the batches go to a GPU (`feeds_device`), two CPUs fewer (at least one), for the copy
-/// thread and the training loop. On the H200 machine (16 CPUs), 4 KiB rows reached the GPU at
-/// 37 to 39 GB/s with 16 workers and 42 to 48 GB/s with 14 (`benches/RESULTS.md`, run 19): with
-/// every CPU busy writing batches, the copy thread waited for a CPU between copies.
+/// thread and the training loop: with every CPU busy writing batches, the copy thread waits
+/// for a CPU between copies, and small rows reach the GPU measurably slower
+/// (`benches/RESULTS.md`).
 pub fn default_workers(feeds_device: bool) -> usize {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     let cpus = if feeds_device {

@@ -6,9 +6,8 @@
 //! A batch is made by one worker ([`Task::Whole`]) or, when batches are large, in parts by
 //! several at once ([`Task::Part`]): each part writes its own samples of the one buffer, and the
 //! part that finishes last hands the batch on. Parts keep the batches in flight, and so the
-//! pinned buffers a first epoch must make, few: with 16 workers and 38.5 MB batches, 6 buffers
-//! instead of 20 (`benches/RESULTS.md`, issue 12), and the first batch is made by every worker
-//! instead of one.
+//! pinned buffers a first epoch must make, few (for 16 workers, 6 buffers instead of 20), and
+//! the first batch is made by every worker instead of one.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;

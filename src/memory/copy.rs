@@ -14,10 +14,9 @@
 use std::cell::Cell;
 
 /// Samples at least this large are copied with streaming stores; smaller ones with `memcpy`.
-/// Measured on the H200 machine (run 16): streaming 4 KiB rows too made the host path slower
-/// (41 against 55 GB/s) and the device path too (32 against 38): for small copies the
-/// destination lines are still in cache, and the loads they save cost less than the stores'
-/// trip to memory.
+/// Streaming small rows too was measured slower on the host and the device paths
+/// (`benches/RESULTS.md`): for small copies the destination lines are still in cache, and the
+/// loads they save cost less than the stores' trip to memory.
 pub const STREAM_THRESHOLD: usize = 32 * 1024;
 
 thread_local! {

@@ -299,7 +299,7 @@ impl<B: Backing, F: Fence> Pool<B, F> {
         // Wake waiters when the block can be used now (cached), or when it is the first pending
         // one: a waiter that saw no pending block sleeps until woken, one that saw some polls
         // them (`POLL`). Another pending block changes nothing for either, and waking every
-        // waiter for it was most of the copy thread's time per small batch (device run 21).
+        // waiter for it was most of the copy thread's time per small batch (`benches/RESULTS.md`).
         let wake = if block.fences.is_empty() {
             cache(&mut state, block);
             true
