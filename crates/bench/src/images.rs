@@ -50,6 +50,9 @@ pub struct ImageBenchConfig {
     /// ([`ReadOptions::verify_checksums`](gpufeed::format::ReadOptions::verify_checksums)); an
     /// image folder has no checksums, and refuses it.
     pub verify_checksums: bool,
+    /// How a packed file is read: mapped (the default) or at offsets
+    /// ([`ReadMode`](gpufeed::format::ReadMode)); an image folder's files are read whole.
+    pub read_mode: gpufeed::format::ReadMode,
 }
 
 impl Default for ImageBenchConfig {
@@ -70,6 +73,7 @@ impl Default for ImageBenchConfig {
             max_batches: None,
             image_field: None,
             verify_checksums: false,
+            read_mode: gpufeed::format::ReadMode::Map,
         }
     }
 }
@@ -191,8 +195,8 @@ impl ImageBenchSetup {
             (Box::new(ImageFolder::open(path)?), "imagefolder")
         } else {
             let options = gpufeed::format::ReadOptions {
+                mode: cfg.read_mode,
                 verify_checksums: cfg.verify_checksums,
-                ..Default::default()
             };
             (source::open_with(path, options)?, "packed")
         };

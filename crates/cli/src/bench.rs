@@ -137,6 +137,9 @@ pub struct Args {
     /// whose bytes changed is an error, never data); measures what verification costs.
     #[arg(long)]
     pub verify: bool,
+    /// How DATASET (a packed file or a .npy array, and --labels) is read.
+    #[command(flatten)]
+    pub read: crate::read_mode::ReadFlags,
     /// Shards whose samples are shuffled together (a sharded data set's two-level shuffle)
     /// [default: 8].
     #[arg(long, value_name = "SHARDS")]
@@ -546,6 +549,10 @@ pub fn run(args: Args) -> Result<()> {
             "applies to a packed file or a .npy array, not to a sharded data set",
         ));
     }
+    if sharded.is_some() {
+        args.read
+            .refuse_for("a sharded data set's shards are mapped by its store")?;
+    }
     if sharded.is_some() && args.verify {
         return Err(refuse(
             "--verify",
@@ -579,7 +586,11 @@ pub fn run(args: Args) -> Result<()> {
             if let Some(labels) = &args.labels {
                 crate::pack::check_inputs(&[labels], "--labels is a .npy array")?;
             }
-            let dataset = open_dataset(path, args.labels.as_deref(), Default::default())?;
+            let options = gpufeed::format::ReadOptions {
+                mode: args.read.mode(),
+                ..Default::default()
+            };
+            let dataset = open_dataset(path, args.labels.as_deref(), options)?;
             sample_bytes(path, dataset.schema(), &copy_fields(&args))?
         }
         (None, _) => record_bytes + 4,
@@ -617,8 +628,8 @@ pub fn run(args: Args) -> Result<()> {
                 warm_page_cache(labels)?;
             }
             let options = gpufeed::format::ReadOptions {
+                mode: args.read.mode(),
                 verify_checksums: args.verify,
-                ..Default::default()
             };
             Arc::from(open_dataset(&path, args.labels.as_deref(), options)?)
         }
@@ -737,7 +748,10 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
     if size == 0 {
         return Err(refuse("--image-size", "must be at least 1"));
     }
-    if !path.is_dir() {
+    if path.is_dir() {
+        args.read
+            .refuse_for("an ImageFolder's images are read whole, never mapped")?;
+    } else {
         crate::pack::check_inputs(
             &[path],
             "--images takes an ImageFolder directory or a packed file of images",
@@ -775,6 +789,7 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         max_batches: args.max_batches,
         image_field: args.image_field.clone(),
         verify_checksums: args.verify,
+        read_mode: args.read.mode(),
     };
     #[cfg(feature = "cuda")]
     let r = match args.device {

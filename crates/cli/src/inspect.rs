@@ -9,7 +9,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use gpufeed::format::{FieldKind, RecordFile, Schema};
+use gpufeed::format::{FieldKind, ReadMode, ReadOptions, RecordFile, Schema};
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
@@ -27,6 +27,9 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// How a packed file or a .npy array is read (what --verify reads whole).
+    #[command(flatten)]
+    read: crate::read_mode::ReadFlags,
 }
 
 /// Files with up to this many records have their record sizes computed from every entry of the
@@ -48,14 +51,17 @@ struct Sizes {
 pub fn run(args: Args) -> Result<()> {
     let path = args.file.as_path();
     if crate::shards::is_input(path) {
+        args.read
+            .refuse_for("a sharded data set's shards are mapped by its store")?;
         return crate::shards::inspect(path, args.verify, args.json);
     }
     // A FIFO or a device would block or never end: only regular files are inspected.
     crate::pack::check_inputs(&[path], "inspect reads packed files and .npy arrays")?;
+    let mode = args.read.mode();
     let report = if is_npy(path)? {
-        inspect_npy(path, args.verify)?
+        inspect_npy(path, args.verify, mode)?
     } else {
-        inspect_packed(path, args.verify, !args.json)?
+        inspect_packed(path, args.verify, !args.json, mode)?
     };
     let Report {
         mut json,
@@ -143,8 +149,8 @@ pub fn fields_text(schema: &Schema) -> String {
     out
 }
 
-fn inspect_npy(path: &Path, verify: bool) -> Result<Report> {
-    let a = NpyArray::open(path)?;
+fn inspect_npy(path: &Path, verify: bool, mode: ReadMode) -> Result<Report> {
+    let a = NpyArray::open_with(path, NpyArray::FIELD, mode)?;
     let file_bytes = std::fs::metadata(path)
         .map_err(|e| io(path, "stat", e))?
         .len();
@@ -184,8 +190,17 @@ fn inspect_npy(path: &Path, verify: bool) -> Result<Report> {
     })
 }
 
-fn inspect_packed(path: &Path, verify: bool, show_progress: bool) -> Result<Report> {
-    let f = RecordFile::open(path)?;
+fn inspect_packed(
+    path: &Path,
+    verify: bool,
+    show_progress: bool,
+    mode: ReadMode,
+) -> Result<Report> {
+    let options = ReadOptions {
+        mode,
+        ..ReadOptions::default()
+    };
+    let f = RecordFile::open_with(path, options)?;
     let sizes = record_sizes(&f)?;
     let (major, minor) = f.version();
     let exact = sizes.looked_at == f.len();
@@ -274,7 +289,7 @@ fn record_sizes(f: &RecordFile) -> Result<Sizes> {
     };
     let (mut min, mut max) = (u64::MAX, 0u64);
     for k in 0..looked_at {
-        let len = f.record_bytes(k * step)?.len() as u64;
+        let len = f.record_len(k * step)?;
         min = min.min(len);
         max = max.max(len);
     }

@@ -9,6 +9,7 @@ mod images;
 mod inspect;
 mod messages;
 mod pack;
+mod read_mode;
 mod shards;
 
 use std::io::Write;

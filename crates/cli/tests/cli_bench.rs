@@ -593,3 +593,72 @@ fn labels_of_another_length_or_name_are_refused_naming_the_files() {
     let o = bench(&[s(&packed), "--labels", s(&short), "--epochs", "1"]);
     refused(&o, &["`label`", "p.gfd", "short.npy"]);
 }
+
+/// A packed file of 2,048 records of 4 KiB (8 MiB).
+fn packed_records(path: &Path) -> u64 {
+    let schema = Schema::new(vec![Field::tensor("data", DType::U8, &[4096])]).unwrap();
+    let mut w = RecordWriter::create(path, schema).unwrap();
+    for i in 0..2048u32 {
+        w.append(&[&[i as u8; 4096]]).unwrap();
+    }
+    w.finish().unwrap().file_bytes
+}
+
+#[test]
+fn a_file_truncated_under_bench_with_read_mode_pread_is_an_error_not_a_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let packed = dir.path().join("p.gfd");
+    let packed_bytes = packed_records(&packed);
+    let data: Vec<u8> = (0..2048u32 * 4096).map(|i| i as u8).collect();
+    let npy = write_npy(&dir.path().join("x.npy"), DType::U8, &[2048, 4096], &data);
+    let npy_bytes = std::fs::metadata(&npy).unwrap().len();
+    for (file, bytes, verify) in [
+        (&packed, packed_bytes, false),
+        (&packed, packed_bytes, true),
+        (&npy, npy_bytes, false),
+    ] {
+        // Far more epochs than the test waits for: the run ends only on the error.
+        let mut args = vec![
+            "bench",
+            s(file),
+            "--read-mode",
+            "pread",
+            "--epochs",
+            "1000000",
+            "--batch-size",
+            "16",
+            "--workers",
+            "2",
+            "--no-baseline",
+        ];
+        if verify {
+            args.push("--verify");
+        }
+        let mut child = cmd(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The page-cache warm-up reads the file once; past twice its size, the loader reads.
+        wait_for_reads(&mut child, 2 * bytes);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(file)
+            .unwrap()
+            .set_len(bytes / 2)
+            .unwrap();
+        let status = wait_with_limit(&mut child, Duration::from_secs(60));
+        let mut e = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut e).unwrap();
+        assert_eq!(status.signal(), None, "{file:?} (verify {verify}): {e}");
+        assert_eq!(status.code(), Some(1), "{file:?} (verify {verify}): {e}");
+        assert!(
+            e.contains("gpufeed: error:") && e.contains(s(file)) && e.contains("changed"),
+            "{file:?} (verify {verify}): {e}"
+        );
+        // Whole again for the next case.
+        if file == &packed {
+            packed_records(&packed);
+        }
+    }
+}

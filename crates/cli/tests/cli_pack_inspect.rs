@@ -353,3 +353,47 @@ fn bench_verify_reads_packed_files_and_refuses_npy() {
     let e = stderr(&o);
     assert!(e.contains("verify_checksums") && e.contains("a.npy"), "{e}");
 }
+
+#[test]
+fn inspect_reads_in_either_read_mode_and_shards_refuse_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_npy(&dir.path().join("a.npy"), DType::U8, &[64, 8], &[3; 512]);
+    let packed = dir.path().join("a.gfd");
+    let o = gpufeed(&["pack", "--from", "npy", s(&a), "-o", s(&packed)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for file in [&a, &packed] {
+        for mode in ["pread", "mmap"] {
+            let o = gpufeed(&[
+                "inspect",
+                "--verify",
+                "--json",
+                "--read-mode",
+                mode,
+                s(file),
+            ]);
+            assert!(o.status.success(), "{file:?} {mode}: {}", stderr(&o));
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!((&v["records"], &v["verified"]), (&64.into(), &true.into()));
+        }
+    }
+    let shards = dir.path().join("shards");
+    let o = gpufeed(&[
+        "pack",
+        "--from",
+        "npy",
+        s(&a),
+        "--shard-size",
+        "4KiB",
+        "-o",
+        s(&shards),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for args in [
+        vec!["inspect", "--read-mode", "pread", s(&shards)],
+        vec!["bench", "--read-mode", "pread", s(&shards)],
+    ] {
+        let o = gpufeed(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--read-mode"), "{}", stderr(&o));
+    }
+}
