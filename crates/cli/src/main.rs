@@ -33,9 +33,9 @@ enum Command {
     /// Write a packed record file from .npy arrays, raw fixed-size records or an ImageFolder
     /// directory (--from npy|raw|imagefolder).
     Pack(pack::Args),
-    /// Print the header, schema, record count and sizes of a packed file or a .npy file, or
-    /// the format, shards, samples and fields of a sharded data set (a directory, a pattern
-    /// or an s3:// URL).
+    /// Print the header, schema, record count and sizes of a packed file or a .npy file, the
+    /// format, shards, samples and fields of a sharded data set (a directory, a pattern or an
+    /// s3:// URL), or the classes and images of an ImageFolder directory.
     Inspect(inspect::Args),
     /// Measure the loader end to end (on an embedded default data set unless one is named),
     /// or the image pipeline (--images DIR|PACKED).

@@ -662,3 +662,48 @@ fn a_file_truncated_under_bench_with_read_mode_pread_is_an_error_not_a_signal() 
         }
     }
 }
+
+#[test]
+fn the_subcommands_the_docs_name_exist() {
+    let o = gpufeed(&["--help"]);
+    let help = stdout(&o);
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(commands.contains(&"bench"), "{help}");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for doc in ["README.md", "Cargo.toml"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        let mut named = Vec::new();
+        // "the `gpufeed` command (`pack`, `inspect`, ...; more words)"
+        for (at, _) in text.match_indices("`gpufeed` command (") {
+            let list = &text[at + "`gpufeed` command (".len()..];
+            let list = &list[..list.find([')', ';']).unwrap()];
+            named.extend(
+                list.split(',')
+                    .map(|n| n.trim().trim_matches('`').to_owned()),
+            );
+        }
+        // "`gpufeed pack ...`"
+        for (at, _) in text.match_indices("`gpufeed ") {
+            let word: String = text[at + "`gpufeed ".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase())
+                .collect();
+            if !word.is_empty() {
+                named.push(word);
+            }
+        }
+        assert!(!named.is_empty(), "{doc} names no subcommand");
+        for name in named {
+            assert!(
+                commands.contains(&name.as_str()),
+                "{doc} names `gpufeed {name}`, which is not among {commands:?}"
+            );
+        }
+    }
+}

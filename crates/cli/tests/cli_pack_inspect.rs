@@ -397,3 +397,47 @@ fn inspect_reads_in_either_read_mode_and_shards_refuse_it() {
         assert!(stderr(&o).contains("--read-mode"), "{}", stderr(&o));
     }
 }
+
+#[test]
+fn inspect_reads_an_image_folder_and_says_what_it_reads_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    crate::image_common::jpeg_folder(&root, 2, 3, 40, 30);
+    let o = gpufeed(&["inspect", "--json", "--verify", s(&root)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["format"], "imagefolder");
+    assert_eq!(v["records"], 6);
+    assert_eq!(v["classes"], serde_json::json!(["class_0", "class_1"]));
+    assert_eq!(v["fields"][0]["name"], "image");
+    assert_eq!(v["verified"], true);
+    let o = gpufeed(&["inspect", s(&root)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = cli_common::stdout(&o);
+    assert!(
+        text.contains("2 classes") && text.contains("6 images"),
+        "{text}"
+    );
+    // --verify reads every image's header, and names the first bad one.
+    let bad = root.join("class_1/0001.jpg");
+    std::fs::write(&bad, b"not a jpeg").unwrap();
+    let o = gpufeed(&["inspect", "--verify", s(&root)]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("0001.jpg"), "{}", stderr(&o));
+    // A directory that is none of what inspect reads: the message lists what it reads.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = gpufeed(&["inspect", s(&empty)]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    for what in [
+        "packed files",
+        ".npy",
+        "index.json",
+        "MDS",
+        "WebDataset",
+        "ImageFolder",
+    ] {
+        assert!(e.contains(what), "`{what}` missing from: {e}");
+    }
+}
