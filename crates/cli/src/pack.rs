@@ -137,12 +137,11 @@ pub fn run(args: Args) -> Result<()> {
                 return Err(config("--from imagefolder", "takes exactly one directory"));
             };
             output.check_beside_folder(dir)?;
-            let summary = crate::images::pack_imagefolder(
+            let (summary, bytes) = crate::images::pack_imagefolder(
                 dir,
                 &args.output,
                 std::io::stderr().is_terminal(),
             )?;
-            let bytes = summary.file_bytes;
             (Written { summary, shards: 1 }, bytes)
         }
     };

@@ -441,3 +441,28 @@ fn inspect_reads_an_image_folder_and_says_what_it_reads_otherwise() {
         assert!(e.contains(what), "`{what}` missing from: {e}");
     }
 }
+
+#[test]
+fn pack_reports_the_input_s_size_and_the_output_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    crate::image_common::jpeg_folder(&root, 2, 3, 40, 30);
+    let mut input = 0;
+    for class in std::fs::read_dir(&root).unwrap() {
+        for f in std::fs::read_dir(class.unwrap().path()).unwrap() {
+            input += f.unwrap().metadata().unwrap().len();
+        }
+    }
+    let out = dir.path().join("images.gfd");
+    let o = gpufeed(&["pack", "--from", "imagefolder", s(&root), "-o", s(&out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let written = std::fs::metadata(&out).unwrap().len();
+    assert_ne!(input, written);
+    let text = cli_common::stdout(&o);
+    assert!(
+        text.contains(&format!(
+            "({input} bytes of input, {written} bytes written)"
+        )),
+        "input {input}, written {written}: {text}"
+    );
+}
