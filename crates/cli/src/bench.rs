@@ -66,7 +66,7 @@ pub struct Args {
     #[arg(long)]
     pub workers: Option<usize>,
     /// Batches in flight (default: --workers + 2, more for small batches; for batches made in
-    /// parts, 2 + twice --workers / --batch-parts).
+    /// parts, 2 + twice --workers / --batch-parts; never more than an epoch's batches).
     #[arg(long)]
     pub prefetch: Option<usize>,
     /// Make each batch in N parts, written by N workers at once (default: one per worker for
@@ -282,6 +282,37 @@ fn parse_shard(v: &str) -> Result<(u64, u64)> {
         setting: "--shard",
         what: format!("{v:?} is not RANK/WORLD (like 0/2) or env"),
     })
+}
+
+/// The rank and world size of `--shard` (`env`: torchrun's or Slurm's variables); the whole
+/// data set without it.
+fn shard_of(args: &Args) -> Result<(u64, u64)> {
+    match args.shard.as_deref() {
+        None => Ok((0, 1)),
+        Some("env") => gpufeed::loader::rank_from_env(),
+        Some(v) => parse_shard(v),
+    }
+}
+
+/// The samples one batch of the run holds (`--batch-size`, or all that the rank reads in an
+/// epoch of `len` samples if that is fewer, as the loader sizes its buffers:
+/// [`OrderSpec::batch_capacity`](gpufeed::sampler::OrderSpec::batch_capacity)) and the batches
+/// of an epoch. The order's settings are checked as the loader checks them (a `--drop-last` run
+/// with a batch larger than the rank's share is refused here, before anything is written or
+/// allocated).
+fn batch_sizes(args: &Args, len: u64, rank: u64, world: u64) -> Result<(usize, u64)> {
+    let spec = gpufeed::sampler::OrderSpec {
+        len,
+        batch_size: args.batch_size as u64,
+        shuffle: None,
+        rank,
+        world,
+        remainder: gpufeed::sampler::Remainder::of(args.drop_last, args.evaluation)?,
+        blocks: None,
+    };
+    spec.validate()?;
+    let capacity = usize::try_from(spec.batch_capacity()).unwrap_or(args.batch_size);
+    Ok((capacity, spec.batches()))
 }
 
 /// Writes the default data set into `dir`: `records` records of `record_bytes` pseudo-random
@@ -571,8 +602,11 @@ pub fn run(args: Args) -> Result<()> {
         args.shuffle_block.unwrap_or(64),
     );
     // Check the sizes before writing or starting anything.
-    let sample = match (&args.dataset, &sharded) {
-        (Some(path), Some(d)) => sample_bytes(path, d.schema(), &copy_fields(&args))?,
+    let (sample, len) = match (&args.dataset, &sharded) {
+        (Some(path), Some(d)) => (
+            sample_bytes(path, d.schema(), &copy_fields(&args))?,
+            d.len(),
+        ),
         (Some(path), None) => {
             if path.is_dir() {
                 return Err(Error::user(format!(
@@ -591,12 +625,16 @@ pub fn run(args: Args) -> Result<()> {
                 ..Default::default()
             };
             let dataset = open_dataset(path, args.labels.as_deref(), options)?;
-            sample_bytes(path, dataset.schema(), &copy_fields(&args))?
+            let sample = sample_bytes(path, dataset.schema(), &copy_fields(&args))?;
+            (sample, dataset.len())
         }
-        (None, _) => record_bytes + 4,
+        (None, _) => (record_bytes + 4, records),
     };
+    let (rank, world) = shard_of(&args)?;
+    let (batch_size, batches) = batch_sizes(&args, len, rank, world)?;
     let (prefetch, parts) = LoaderSizes {
-        batch_size: args.batch_size,
+        batch_size,
+        batches,
         workers,
         prefetch: args.prefetch,
         parts: args.batch_parts,
@@ -642,14 +680,7 @@ pub fn run(args: Args) -> Result<()> {
         .batch_parts(parts)
         .drop_last(args.drop_last)
         .evaluation(args.evaluation);
-    builder = match args.shard.as_deref() {
-        None => builder,
-        Some("env") => builder.shard_from_env(),
-        Some(v) => {
-            let (rank, world) = parse_shard(v)?;
-            builder.shard(rank, world)
-        }
-    };
+    builder = builder.shard(rank, world);
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
         if sharded.is_some() {
@@ -765,8 +796,16 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         dtype
     };
     let image_bytes = 3 * u64::from(size) * u64::from(size) * host_dtype.size() as u64;
+    // Images in the data set: O(1) for a packed file, a listing for a folder (as the run's own).
+    let records = if path.is_dir() {
+        gpufeed::source::ImageFolder::open(path)?.len()
+    } else {
+        source::open(path)?.len()
+    };
+    let (batch_size, batches) = batch_sizes(args, records, 0, 1)?;
     let (prefetch, parts) = LoaderSizes {
-        batch_size: args.batch_size,
+        batch_size,
+        batches,
         workers,
         prefetch: args.prefetch,
         parts: args.batch_parts,
@@ -799,12 +838,6 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
     #[cfg(not(feature = "cuda"))]
     let r = crate::images::bench_images(path, &cfg)?;
     let sample_bytes = 3 * u64::from(size) * u64::from(size) * dtype.size() as u64;
-    // Images in the data set: O(1) for a packed file, a listing for a folder (as the run's own).
-    let records = if path.is_dir() {
-        gpufeed::source::ImageFolder::open(path)?.len()
-    } else {
-        source::open(path)?.len()
-    };
     let report = Report {
         mode: "images",
         dataset: r.source.clone(),

@@ -707,3 +707,28 @@ fn the_subcommands_the_docs_name_exist() {
         }
     }
 }
+
+#[test]
+fn a_batch_larger_than_the_data_set_takes_the_data_set_s_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut c = cmd(&["bench", "--records", "1024", "--record-bytes", "1024"]);
+        c.args(["--epochs", "2", "--workers", "2", "--json"])
+            .args(extra)
+            .env("TMPDIR", dir.path());
+        output_with_limit(c, Duration::from_secs(120))
+    };
+    let o = run(&["--batch-size", "100000"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["samples"], 2048);
+    assert_eq!(v["batch_size"], 100_000);
+    // A batch of the 1,024 samples there are (1,028 bytes each): a pool of a few MiB, not of
+    // batches of 100,000 samples (100 MB each).
+    let peak = v["pool_peak_bytes"].as_u64().unwrap();
+    assert!(peak <= 8 << 20, "{peak} bytes: {v}");
+    // With --drop-last no batch would be delivered: refused, saying so.
+    let o = run(&["--batch-size", "100000", "--drop-last"]);
+    let e = refused(&o, &["--drop-last", "1024 samples", "no batch"]);
+    assert!(!e.contains("memory"), "{e}");
+}

@@ -379,8 +379,9 @@ fn large_batches_are_made_in_parts_by_default_with_fewer_in_flight() {
     let schema = Schema::new(vec![Field::tensor("x", DType::U8, &[8192])]).unwrap();
     struct Big(Schema, Vec<u8>);
     impl Dataset for Big {
+        // More batches an epoch than the default prefetch, which an epoch bounds.
         fn len(&self) -> u64 {
-            1024
+            4096
         }
         fn schema(&self) -> &Schema {
             &self.0
