@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use crate::messages::human_bytes;
 use gpufeed::format::{DType, Field, FieldKind, RecordWriter, Schema};
+use gpufeed::memory::{human_rate, significant};
 use gpufeed::source::{self, Dataset, NpyArray, Zip};
 use gpufeed::transform::{CopyFields, SampleTransform};
 use gpufeed::{Error, Loader, LoaderStats, Result};
@@ -30,7 +31,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::checks::LoaderSizes;
-use crate::cleanup::TempDir;
+use crate::cleanup::{ReportOnInterrupt, TempDir, interrupt_flag, interrupted};
 
 /// Records of the generated default data set.
 const DEFAULT_RECORDS: u64 = 8192;
@@ -175,7 +176,7 @@ pub struct Report {
     pub prefetch: usize,
     /// Parts each batch is made in, by as many workers at once.
     pub batch_parts: usize,
-    /// Epochs run.
+    /// Epochs run (started, when the run was interrupted).
     pub epochs: u64,
     /// Shuffled or not.
     pub shuffle: bool,
@@ -240,6 +241,9 @@ pub struct Report {
     pub shuffle_blocks: Option<(u64, u64)>,
     /// What the store of a data set read from a URL fetched, retried and cached.
     pub store: Option<crate::shards::StoreReport>,
+    /// True when Ctrl-C stopped the run: the figures are those of what ran (the last epoch
+    /// counted may be cut short, `epochs` is the number started), and there is no baseline.
+    pub interrupted: bool,
 }
 
 /// One epoch of a device run, as differences of the loader's counters over the epoch.
@@ -499,6 +503,13 @@ fn workers(args: &Args) -> usize {
         .unwrap_or_else(|| gpufeed::loader::default_workers(args.device.is_some()))
 }
 
+/// The positions of `--fields` in `schema` (`None` for every field), for the baseline to copy
+/// what the loader batches. The names were checked against the schema with the transform.
+fn field_positions(args: &Args, schema: &Schema) -> Option<Vec<usize>> {
+    let names = args.fields.as_ref()?;
+    Some(names.iter().filter_map(|n| schema.index_of(n)).collect())
+}
+
 /// The transform of a records run: every field, or those of `--fields`.
 fn copy_fields(args: &Args) -> CopyFields {
     match &args.fields {
@@ -704,6 +715,8 @@ pub fn run(args: Args) -> Result<()> {
     let per_epoch = args.max_batches.map_or(loader.batches_per_epoch(), |m| {
         m.min(loader.batches_per_epoch())
     });
+    // From here on Ctrl-C stops the run at the next batch, and the report says what ran.
+    let _report_on_interrupt = ReportOnInterrupt::start();
     let bar = progress(per_epoch * args.epochs, "bench", args.json);
     let mut epoch_rates = Vec::new();
     for epoch in 0..args.epochs {
@@ -716,8 +729,14 @@ pub fn run(args: Args) -> Result<()> {
             std::hint::black_box(batch.buffer().as_slice().first());
             bytes += (batch.len() * batch.layout().sample_bytes()) as u64;
             bar.inc(1);
+            if interrupted() {
+                break;
+            }
         }
         epoch_rates.push(bytes as f64 / t0.elapsed().as_secs_f64().max(1e-9));
+        if interrupted() {
+            break;
+        }
     }
     bar.finish_and_clear();
     let stats = loader.stats();
@@ -736,6 +755,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(labels) = &args.labels {
         report.dataset = format!("{} with labels {}", path.display(), labels.display());
     }
+    report.epochs = epoch_rates.len() as u64;
     report.steady_bytes_per_sec = gpufeed::loader::steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
     if let Some(d) = &sharded {
@@ -745,19 +765,26 @@ pub fn run(args: Args) -> Result<()> {
     }
     // From a URL, the gather would read the local cache the run filled: no comparison.
     let from_url = sharded.as_ref().is_some_and(|d| d.store_stats().is_some());
-    if !args.no_baseline && !from_url {
+    // Interrupted, the gather would measure other work than the loader did: none.
+    if !args.no_baseline && !from_url && !interrupted() {
         let mut buffers = vec![Vec::new(); workers];
-        let b = gpufeed_bench::gather_baseline(
+        let fields = field_positions(&args, dataset.schema());
+        let gathered = gpufeed_bench::gather_baseline(
             dataset.as_ref(),
             &spec,
             args.epochs,
             args.max_batches,
+            fields.as_deref(),
+            interrupt_flag(),
             &mut buffers,
         )?;
-        report.baseline_bytes_per_sec = Some(b);
-        report.baseline_ratio =
-            Some(report.steady_bytes_per_sec.unwrap_or(report.bytes_per_sec) / b);
+        if let Some(b) = gathered {
+            report.baseline_bytes_per_sec = Some(b);
+            report.baseline_ratio =
+                Some(report.steady_bytes_per_sec.unwrap_or(report.bytes_per_sec) / b);
+        }
     }
+    report.interrupted = interrupted();
     // The generated data set goes before the report is printed: a reader that stops reading
     // (`| head -1`) must not leave it behind.
     drop(_generated);
@@ -829,7 +856,10 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         image_field: args.image_field.clone(),
         verify_checksums: args.verify,
         read_mode: args.read.mode(),
+        stop: Some(interrupt_flag()),
     };
+    // Ctrl-C stops the run at the next batch, and the report says what ran.
+    let _report_on_interrupt = ReportOnInterrupt::start();
     #[cfg(feature = "cuda")]
     let r = match args.device {
         Some(ordinal) => crate::bench_cuda::run_images(path, &cfg, ordinal)?,
@@ -865,6 +895,7 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
             .collect(),
         device: r.device.clone(),
         skipped: Some(r.skipped),
+        interrupted: interrupted(),
         ..Report::default()
     };
     let what = format!("{} ({}), {size}x{size} {dtype}", r.source, r.kind);
@@ -934,13 +965,25 @@ fn complete(args: &Args, report: &mut Report) {
     }
 }
 
-/// One rate in the run's one unit: GB/s for records, images/s for images.
+/// One rate in the run's one unit: bytes per second in decimal units for records (`41.2 GB/s`,
+/// `512 MB/s`), images/s for images; three significant digits.
 fn rate(report: &Report, bytes_per_sec: f64, samples_per_sec: f64) -> String {
     if report.mode == "images" {
-        format!("{samples_per_sec:.0} images/s")
+        format!("{} images/s", significant(samples_per_sec))
     } else {
-        format!("{:.2} GB/s", bytes_per_sec / 1e9)
+        human_rate(bytes_per_sec)
     }
+}
+
+/// A fraction as a percentage with three significant digits (`98.7%`, `5.12%`, `0.372%`).
+fn percent(fraction: f64) -> String {
+    format!("{}%", significant(100.0 * fraction))
+}
+
+/// `n` and the word for that many (`1 epoch`, `3 epochs`).
+fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// The stage table of a host records run: worker time per stage, all as shares of one
@@ -951,8 +994,8 @@ fn stage_table(stats: &LoaderStats) -> String {
     let busy = stats.stages.fetch + stats.stages.transform + stats.stages.collate;
     let idle = (total - busy.as_secs_f64()).max(0.0);
     let mut t = format!(
-        "worker time: {} workers x {:.3} s = {:.3} s\n",
-        stats.workers,
+        "worker time: {} x {:.3} s = {:.3} s\n",
+        count(stats.workers as u64, "worker", "workers"),
         stats.elapsed.as_secs_f64(),
         total
     );
@@ -999,22 +1042,22 @@ fn print_report_with(
         report.dataset.as_str()
     };
     let sizes = if images {
-        format!(" ({} images)", report.records)
+        format!(" ({})", count(report.records, "image", "images"))
     } else {
         format!(
-            " ({} records of {})",
-            report.records,
+            " ({} of {})",
+            count(report.records, "record", "records"),
             human_bytes(report.sample_bytes)
         )
     };
     let dataset_line = format!(
-        "gpufeed bench{}: {what}{sizes}, batch {}, {} workers, prefetch {}, {} parts, {} epochs, {}",
+        "gpufeed bench{}: {what}{sizes}, batch {}, {}, prefetch {}, {}, {}, {}",
         if images { " --images" } else { "" },
         report.batch_size,
-        report.workers,
+        count(report.workers as u64, "worker", "workers"),
         report.prefetch,
-        report.batch_parts,
-        report.epochs,
+        count(report.batch_parts as u64, "part", "parts"),
+        count(report.epochs, "epoch", "epochs"),
         if report.shuffle {
             "shuffled"
         } else {
@@ -1023,15 +1066,25 @@ fn print_report_with(
     );
     text.push_str(&dataset_line);
     text.push('\n');
+    if report.interrupted {
+        text.push_str(&format!(
+            "interrupted: Ctrl-C after {} of {} (the last cut short); the figures are of what ran\n",
+            count(report.epochs, "epoch", "epochs"),
+            args.epochs
+        ));
+    }
     if let Some(device) = &report.device {
         text.push_str(&format!("device: {device}\n"));
     }
     let mut line = format!(
-        "throughput: {} over the run ({} {} in {:.2} s)",
+        "throughput: {} over the run ({} in {} s)",
         rate(&report, report.bytes_per_sec, report.samples_per_sec),
-        report.samples,
-        if images { "images" } else { "samples" },
-        report.seconds
+        if images {
+            count(report.samples, "image", "images")
+        } else {
+            count(report.samples, "sample", "samples")
+        },
+        significant(report.seconds)
     );
     if let (Some(b), Some(s)) = (report.steady_bytes_per_sec, report.steady_samples_per_sec) {
         line.push_str(&format!(
@@ -1052,11 +1105,11 @@ fn print_report_with(
     }
     if let (Some(b), Some(r)) = (report.baseline_bytes_per_sec, report.baseline_ratio) {
         text.push_str(&format!(
-            "compared: a plain {}-thread memcpy gather of the same records{} in the same order runs at {}; \
-             gpufeed's {} is {:.0}% of it\n",
+            "compared: a plain {}-thread memcpy gather of the same {}records in the same order runs at {}; \
+             gpufeed's {} is {} of it\n",
             report.workers,
             if args.fields.is_some() {
-                " (every field)"
+                "fields of the same "
             } else {
                 ""
             },
@@ -1066,21 +1119,21 @@ fn print_report_with(
             } else {
                 "rate"
             },
-            100.0 * r
+            percent(r)
         ));
     }
     if let (Some(h), Some(c)) = (report.h2d_bytes_per_sec, report.h2d_ceiling_bytes_per_sec) {
         text.push_str(&format!(
-            "compared: host to device {:.2} GB/s; the pinned-copy ceiling in this run is {:.2} GB/s ({:.0}%)\n",
-            h / 1e9,
-            c / 1e9,
-            100.0 * h / c
+            "compared: host to device {}; the pinned-copy ceiling in this run is {} ({})\n",
+            human_rate(h),
+            human_rate(c),
+            percent(h / c)
         ));
         if let Some(steady) = report.h2d_steady_bytes_per_sec {
             text.push_str(&format!(
-                "host to device, epochs after the first: {:.2} GB/s ({:.0}% of the ceiling)\n",
-                steady / 1e9,
-                100.0 * steady / c
+                "host to device, epochs after the first: {} ({} of the ceiling)\n",
+                human_rate(steady),
+                percent(steady / c)
             ));
         }
     }
@@ -1093,7 +1146,9 @@ fn print_report_with(
             report
                 .shuffle_blocks
                 .map_or(String::new(), |(w, b)| format!(
-                    ", two-level shuffle: windows of {w} shards, blocks of {b} samples"
+                    ", two-level shuffle: windows of {}, blocks of {}",
+                    count(w, "shard", "shards"),
+                    count(b, "sample", "samples")
                 ))
         ));
     }
@@ -1101,10 +1156,11 @@ fn print_report_with(
         text.push_str(&format!("store: {}\n", store.summary));
     }
     text.push_str(&format!(
-        "consumer: waited for data {:.1}% of its time{}\n",
-        100.0 * report.wait_fraction,
+        "consumer: waited for data {} of its time{}\n",
+        percent(report.wait_fraction),
         report.first_batch_ms.map_or(String::new(), |ms| format!(
-            "; first batch {ms:.2} ms after build"
+            "; first batch {} ms after build",
+            significant(ms)
         ))
     ));
     if let Some(stats) = stats {

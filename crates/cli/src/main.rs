@@ -71,7 +71,7 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Bench(args) => bench::run(*args),
     };
-    match result {
+    let code = match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // As Unix tools do when the reader stops reading: quietly.
         Err(e) if is_closed_stdout(&e) => std::process::ExitCode::SUCCESS,
@@ -83,5 +83,10 @@ fn main() -> std::process::ExitCode {
             );
             std::process::ExitCode::FAILURE
         }
+    };
+    // A run stopped by Ctrl-C has said what it did: now the signal ends the process.
+    if cleanup::interrupted() {
+        cleanup::end_interrupted();
     }
+    code
 }
