@@ -27,6 +27,7 @@ use crate::messages::human_bytes;
 use gpufeed::format::{
     DType, Field, PackSummary, RecordSink, RecordWriter, Schema, pack_raw_records,
 };
+use gpufeed::memory::{human_rate, significant};
 use gpufeed::source::shards::packed::{ShardWriter, ShardWriterOptions, parse_byte_size};
 
 use gpufeed::{Dataset, Error, NpyArray, Result};
@@ -152,13 +153,13 @@ pub fn run(args: Args) -> Result<()> {
     };
     let summary = summary.summary;
     crate::out(format_args!(
-        "packed {} records ({} bytes of input, {} bytes written) into {} in {:.2} s: {:.0} MB/s",
+        "packed {} records ({} bytes of input, {} bytes written) into {} in {} s: {}",
         summary.records,
         data_bytes,
         summary.file_bytes,
         into,
-        secs,
-        summary.file_bytes as f64 / 1e6 / secs.max(1e-9),
+        significant(secs),
+        human_rate(summary.file_bytes as f64 / secs.max(1e-9)),
     ))
 }
 

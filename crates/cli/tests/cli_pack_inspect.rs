@@ -39,7 +39,7 @@ fn pack_npy_with_labels_then_inspect_json() {
     let summary = String::from_utf8(o.stdout).unwrap();
     assert_eq!(summary.lines().count(), 1, "{summary}");
     assert!(
-        summary.contains("5 records") && summary.contains("MB/s"),
+        summary.contains("5 records") && summary.contains("B/s") && !summary.contains(" 0 "),
         "{summary}"
     );
 
