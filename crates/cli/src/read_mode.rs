@@ -21,9 +21,8 @@ pub enum ReadModeArg {
 /// The `--read-mode` flag, shared by `bench` and `inspect`.
 #[derive(clap::Args, Debug, Clone, Copy, Default)]
 pub struct ReadFlags {
-    /// How a packed file or a .npy array is read: mmap (one shared mapping, the fastest; a
-    /// file truncated meanwhile kills the command with SIGBUS) or pread (reads at offsets; a
-    /// file truncated meanwhile is an error naming it) [default: mmap].
+    /// How a packed file or a .npy array is read: mmap or pread; pread for files that may be
+    /// truncated or rewritten while they are read (or live on NFS) [default: mmap].
     #[arg(long, value_enum, value_name = "MODE")]
     pub read_mode: Option<ReadModeArg>,
 }
