@@ -125,7 +125,12 @@ proptest! {
         prop_assume!(whole.is_ok() || split.is_ok());
         let (mut whole, mut split) = (whole.unwrap(), split.unwrap());
         prop_assert_eq!(whole.batch_parts(), 1);
-        prop_assert_eq!(split.batch_parts(), parts.min(batch));
+        // At most one part a sample: a batch holds no more than the rank's share.
+        prop_assert_eq!(split.batch_parts(), parts.min(split.layout().batch_size()));
+        prop_assert_eq!(
+            split.layout().batch_size() as u64,
+            (batch as u64).min(split.order_spec().samples_per_rank())
+        );
         let (a, b) = (two_epochs(&mut whole), two_epochs(&mut split));
         prop_assert_eq!(a.len() as u64, 2 * whole.batches_per_epoch());
         prop_assert_eq!(a, b);
@@ -379,8 +384,9 @@ fn large_batches_are_made_in_parts_by_default_with_fewer_in_flight() {
     let schema = Schema::new(vec![Field::tensor("x", DType::U8, &[8192])]).unwrap();
     struct Big(Schema, Vec<u8>);
     impl Dataset for Big {
+        // More batches an epoch than the default prefetch, which an epoch bounds.
         fn len(&self) -> u64 {
-            1024
+            4096
         }
         fn schema(&self) -> &Schema {
             &self.0

@@ -772,8 +772,93 @@ fn sizes_beyond_the_machine_are_refused_at_build_naming_the_setting() {
     assert_eq!(setting(b().workers(10_000).build()), "workers");
     assert_eq!(setting(b().prefetch(1usize << 50).build()), "prefetch");
     assert_eq!(setting(b().pool_budget(u64::MAX).build()), "pool_budget");
-    // A batch larger than the machine (sample bytes times a huge batch size).
-    assert_eq!(setting(b().batch_size(1usize << 60).build()), "batch_size");
+    // A batch larger than the machine (sample bytes times a huge batch size, over a data set
+    // that has the samples: a batch never holds more than the data set).
+    let huge = || Loader::builder(Lengthy(1 << 61));
+    assert_eq!(
+        setting(huge().batch_size(1usize << 60).build()),
+        "batch_size"
+    );
+}
+
+/// A data set of `.0` samples of 8 bytes that it never has to produce: for settings refused
+/// at build.
+struct Lengthy(u64);
+
+impl Dataset for Lengthy {
+    fn len(&self) -> u64 {
+        self.0
+    }
+    fn schema(&self) -> &Schema {
+        static SCHEMA: std::sync::OnceLock<Schema> = std::sync::OnceLock::new();
+        SCHEMA.get_or_init(|| Schema::new(vec![Field::tensor("x", DType::U64, &[])]).unwrap())
+    }
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        Err(Error::OutOfRange { index, len: self.0 })
+    }
+}
+
+#[test]
+fn a_batch_larger_than_the_data_set_is_sized_for_the_samples_there_are() {
+    // 1,024 samples, batches of 100,000: one batch of 1,024 an epoch, in buffers of 1,024.
+    let mut l = Loader::builder(Numbers::new(1024))
+        .batch_size(100_000)
+        .workers(2)
+        .build()
+        .unwrap();
+    assert_eq!(l.layout().batch_size(), 1024);
+    assert_eq!(l.batches_per_epoch(), 1);
+    let epoch = epoch_of(&mut l);
+    assert_eq!(epoch.len(), 1);
+    assert_eq!(epoch[0], (0..1024).map(|i| i * 3 + 1).collect::<Vec<_>>());
+    let stats = l.stats();
+    let buffer = l.layout().total_bytes() as u64;
+    assert!(buffer < 2 * 1024 * 8 + 4096, "{buffer} bytes a buffer");
+    assert!(
+        stats.pool.peak_reserved_bytes <= (l.prefetch() as u64 + 2) * buffer.next_power_of_two(),
+        "{}",
+        stats.pool
+    );
+    // What one rank delivers: 1,024 over 3 ranks is 342 slots each (padded).
+    let l = Loader::builder(Numbers::new(1024))
+        .batch_size(100_000)
+        .shard(2, 3)
+        .build()
+        .unwrap();
+    assert_eq!(l.layout().batch_size(), 342);
+    // Evaluation pads with masked slots: 342 again, the last one of rank 2's masked.
+    let mut l = Loader::builder(Numbers::new(1024))
+        .batch_size(100_000)
+        .shard(2, 3)
+        .evaluation(true)
+        .build()
+        .unwrap();
+    assert_eq!(l.layout().batch_size(), 342);
+    let batch = l.next().unwrap().unwrap();
+    assert_eq!((batch.len(), batch.padding()), (342, 1));
+    // Batches of the data set's size or less are as asked.
+    let l = Loader::builder(Numbers::new(1024))
+        .batch_size(1000)
+        .build()
+        .unwrap();
+    assert_eq!(l.layout().batch_size(), 1000);
+    // With drop_last, a batch larger than a rank's share leaves nothing to deliver: refused,
+    // saying so, before any buffer is made.
+    let e = Loader::builder(Numbers::new(1024))
+        .batch_size(100_000)
+        .drop_last(true)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::InvalidConfig {
+                setting: "drop_last",
+                what,
+            } if what.contains("1024 samples") && what.contains("no batch")
+        ),
+        "{e}"
+    );
 }
 
 #[test]

@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::format::DType;
 use crate::layout::{FIELD_ALIGN, OutputField};
 use crate::loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};
-use crate::memory::{HostPool, PoolStats, human_bytes};
+use crate::memory::{HostPool, PoolStats, human_bytes, human_rate};
 use crate::sampler::OrderSpec;
 
 /// Bytes of device batches the default depth aims to keep copied ahead.
@@ -314,21 +314,21 @@ impl std::fmt::Display for DeviceStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{:<22} {} batches, {} in {:.3}s: {}/s end to end",
+            "{:<22} {} batches, {} in {:.3}s: {} end to end",
             "delivered to device",
             self.batches,
             human_bytes(self.bytes),
             self.elapsed.as_secs_f64(),
-            human_bytes(self.bytes_per_sec() as u64)
+            human_rate(self.bytes_per_sec())
         )?;
         writeln!(
             f,
-            "{:<22} {} copies, {}; copy engine busy {:.3}s: {}/s",
+            "{:<22} {} copies, {}; copy engine busy {:.3}s: {}",
             "H2D",
             self.h2d_copies,
             human_bytes(self.h2d_bytes),
             self.h2d_busy.as_secs_f64(),
-            human_bytes(self.h2d_bytes_per_sec() as u64)
+            human_rate(self.h2d_bytes_per_sec())
         )?;
         writeln!(
             f,

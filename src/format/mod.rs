@@ -32,3 +32,4 @@ pub use writer::{
     PackSummary, RecordSink, RecordWriter, TEMPORARY_MARKER, default_record_align,
     remove_stale_temporaries, remove_unfinished_temporaries,
 };
+pub(crate) use writer::{discard, forget_unfinished, register_unfinished};

@@ -355,6 +355,14 @@ impl RecordFile {
         }
     }
 
+    /// The size of record `i` in bytes (padding included), from the offset table, checked as
+    /// [`RecordFile::record_bytes`] checks it; in either [`ReadMode`], without reading the
+    /// record.
+    pub fn record_len(&self, i: u64) -> Result<u64> {
+        let range = self.record_range(i)?;
+        Ok(range.end - range.start)
+    }
+
     /// The raw bytes of record `i` (padding included), bounds-checked, not schema-checked,
     /// borrowed from the mapping. A file opened with [`ReadMode::Pread`] has no mapping to
     /// borrow from: [`Error::InvalidConfig`]; use [`RecordFile::get_bytes`].

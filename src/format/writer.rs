@@ -503,9 +503,23 @@ impl Drop for Temporary {
 }
 
 /// Removes a temporary file and forgets it.
-fn discard(tmp: &Path) {
+pub(crate) fn discard(tmp: &Path) {
     let _ = std::fs::remove_file(tmp);
-    live().retain(|p| p != tmp);
+    forget_unfinished(tmp);
+}
+
+/// Records `path`, a file about to be placed that is not complete without files placed after
+/// it (a shard before its index: `ShardWriter`), so that [`remove_unfinished_temporaries`]
+/// removes it with the temporaries until [`forget_unfinished`] (or [`discard`]) is called.
+/// Recorded before it is placed and after its temporary, it is removed in the same pass as
+/// that temporary: whichever of the two exists then goes.
+pub(crate) fn register_unfinished(path: &Path) {
+    live().push(path.to_path_buf());
+}
+
+/// Forgets a file recorded for [`remove_unfinished_temporaries`], leaving it in place.
+pub(crate) fn forget_unfinished(path: &Path) {
+    live().retain(|p| p != path);
 }
 
 /// Creates a new temporary file beside `path`, exclusively, under a name no other writer (in
@@ -680,8 +694,10 @@ pub fn remove_stale_temporaries(path: &Path) -> Result<Vec<(PathBuf, u64)>> {
     Ok(removed)
 }
 
-/// Removes the temporary file of every unfinished [`RecordWriter`] of this process, so that a
-/// process about to die of a signal leaves none behind; returns how many it removed. For a
+/// Removes the temporary file of every unfinished [`RecordWriter`] of this process, and the
+/// shards an unfinished [`ShardWriter`](crate::source::shards::packed::ShardWriter) has placed
+/// (a shard directory is complete only with its index), so that a process about to die of a
+/// signal leaves none behind; returns how many files it removed or found gone. For a
 /// signal-handling thread (such as `signal-hook`'s iterator), not for a signal handler itself
 /// (it takes a lock and allocates). Those writers then fail at [`RecordWriter::finish`].
 pub fn remove_unfinished_temporaries() -> usize {

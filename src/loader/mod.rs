@@ -176,7 +176,7 @@ impl LoaderBuilder {
     /// Batches in flight, all workers together (default: one per worker plus two, more for
     /// small batches: about 64 MiB, at most four per worker; for batches made in parts (see
     /// [`batch_parts`](Self::batch_parts)), enough parts to keep every worker busy twice over,
-    /// plus two batches).
+    /// plus two batches; never more than an epoch has: [`default_prefetch`]).
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);
         self
@@ -325,19 +325,7 @@ impl LoaderBuilder {
                 "at least one batch must be in flight",
             ));
         }
-        if self.evaluation && self.drop_last {
-            return Err(Error::config(
-                "evaluation",
-                "evaluation reads every sample once and cannot drop any: turn drop_last off",
-            ));
-        }
-        let remainder = if self.evaluation {
-            Remainder::Mask
-        } else if self.drop_last {
-            Remainder::Drop
-        } else {
-            Remainder::Wrap
-        };
+        let remainder = Remainder::of(self.drop_last, self.evaluation)?;
         let blocks = match self.blocks {
             None => None,
             Some(_) if self.shuffle.is_none() => {
@@ -366,16 +354,19 @@ impl LoaderBuilder {
             blocks,
         };
         spec.validate()?;
+        // A batch holds no more than this rank gets in an epoch: buffers (and the pool) are
+        // sized for the samples there are, not for a batch size beyond the data set.
+        let capacity = usize::try_from(spec.batch_capacity()).unwrap_or(self.batch_size);
         let outputs = self.transform.output(self.dataset.schema())?;
-        let layout = Arc::new(BatchLayout::new(outputs, self.batch_size)?);
+        let layout = Arc::new(BatchLayout::new(outputs, capacity)?);
         let batch_bytes = HostPool::block_size(layout.total_bytes()) as u64;
         let parts = self
             .parts
             .unwrap_or_else(|| default_parts(workers, batch_bytes))
-            .clamp(1, self.batch_size.max(1));
+            .clamp(1, capacity.max(1));
         let prefetch = self
             .prefetch
-            .unwrap_or_else(|| default_prefetch(workers, batch_bytes, parts));
+            .unwrap_or_else(|| default_prefetch(workers, batch_bytes, parts, spec.batches()));
         let memory = physical_memory();
         if let Some(memory) = memory
             && batch_bytes > memory / 2
@@ -383,8 +374,7 @@ impl LoaderBuilder {
             return Err(Error::config(
                 "batch_size",
                 format!(
-                    "one batch of {} samples takes {}, more than half this machine's memory ({})",
-                    self.batch_size,
+                    "one batch of {capacity} samples takes {}, more than half this machine's memory ({})",
                     crate::memory::human_bytes(batch_bytes),
                     crate::memory::human_bytes(memory)
                 ),
@@ -510,9 +500,12 @@ impl LoaderBuilder {
         // batches in the first ones.
         if parts > 1 {
             let generation = loader.shared.generation.load(Ordering::Acquire);
+            // No more than an epoch has batches (a data set of one batch needs one buffer
+            // ahead); the rest of the budget is made when it is used.
+            let per_epoch = usize::try_from(loader.spec.batches()).unwrap_or(usize::MAX);
             loader.send(Task::Warm {
                 generation,
-                buffers: budget_batches,
+                buffers: budget_batches.min(per_epoch.max(1)),
             })?;
         }
         // The workers start on the first batches now, while the caller sets up the rest of
@@ -526,19 +519,21 @@ impl LoaderBuilder {
 const PREFETCH_BYTES: u64 = 64 << 20;
 
 /// The default number of batches in flight for batches of `batch_bytes` made in `parts` parts
-/// (see [`default_parts`]).
+/// (see [`default_parts`]), when an epoch has `batches` batches (for this rank).
 ///
 /// Whole batches: one per worker plus two ready, so that every worker is busy; more for small
 /// batches (up to 4 per worker, about 64 MiB), so that per-batch costs downstream (a channel, a
 /// device copy) overlap. Batches in parts: enough for twice as many parts as workers, plus two
 /// ready. Large batches get no more than they need: every buffer of the budget is pinned memory
-/// that a first epoch must allocate.
-pub fn default_prefetch(workers: usize, batch_bytes: u64, parts: usize) -> usize {
+/// that a first epoch must allocate. Never more than the
+/// epoch's `batches` (at least one): a small data set has no more to make ahead.
+pub fn default_prefetch(workers: usize, batch_bytes: u64, parts: usize, batches: u64) -> usize {
+    let per_epoch = usize::try_from(batches).unwrap_or(usize::MAX).max(1);
     if parts > 1 {
-        return 2 * workers.div_ceil(parts) + 2;
+        return (2 * workers.div_ceil(parts) + 2).min(per_epoch);
     }
     let by_bytes = usize::try_from(PREFETCH_BYTES.div_ceil(batch_bytes.max(1))).unwrap_or(1);
-    by_bytes.min(4 * workers).max(workers + 2)
+    by_bytes.min(4 * workers).max(workers + 2).min(per_epoch)
 }
 
 /// The default number of worker threads: one per CPU (the available parallelism), at most 16;

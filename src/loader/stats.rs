@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::memory::{PoolStats, human_bytes};
+use crate::memory::{PoolStats, human_bytes, human_rate};
 
 /// Time spent in each stage, summed over all workers.
 #[derive(Debug, Default)]
@@ -144,14 +144,14 @@ impl fmt::Display for LoaderStats {
         )?;
         writeln!(
             f,
-            "{:<22} {} batches, {} samples, {} in {:.3}s: {:.0} samples/s, {}/s",
+            "{:<22} {} batches, {} samples, {} in {:.3}s: {:.0} samples/s, {}",
             "delivered",
             self.batches,
             self.samples,
             human_bytes(self.bytes),
             self.elapsed.as_secs_f64(),
             self.samples_per_sec(),
-            human_bytes(self.bytes_per_sec() as u64)
+            human_rate(self.bytes_per_sec())
         )?;
         if let Some(fb) = self.first_batch {
             writeln!(

@@ -214,6 +214,34 @@ impl fmt::Display for PoolStats {
     }
 }
 
+/// `v` with three significant digits (`41.2`, `3.07`, `0.0123`; from 100 on, whole: `512`,
+/// `1500`), as gpufeed's reports print figures whose size varies by orders of magnitude.
+pub fn significant(v: f64) -> String {
+    let a = v.abs();
+    if !v.is_finite() || a >= 100.0 {
+        return format!("{v:.0}");
+    }
+    if a == 0.0 {
+        return "0".to_owned();
+    }
+    let decimals = (2 - a.log10().floor() as i64).clamp(0, 17) as usize;
+    format!("{v:.decimals$}")
+}
+
+/// Formats a rate in bytes per second with a decimal unit and three significant digits
+/// (`41.2 GB/s`, `512 MB/s`, `3.07 kB/s`): how every report of gpufeed's gives rates (sizes
+/// are binary: `1.5 MiB`).
+pub fn human_rate(bytes_per_sec: f64) -> String {
+    const UNITS: [&str; 5] = ["B/s", "kB/s", "MB/s", "GB/s", "TB/s"];
+    let mut v = bytes_per_sec;
+    let mut u = 0;
+    while v.abs() >= 1000.0 && u + 1 < UNITS.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    format!("{} {}", significant(v), UNITS[u])
+}
+
 /// Formats a byte count with a binary unit (`1.5 MiB`).
 pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -227,5 +255,23 @@ pub(crate) fn human_bytes(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{human_rate, significant};
+
+    #[test]
+    fn rates_have_three_significant_digits_in_decimal_units() {
+        assert_eq!(human_rate(41.23e9), "41.2 GB/s");
+        assert_eq!(human_rate(5.12e8), "512 MB/s");
+        assert_eq!(human_rate(9.99e6), "9.99 MB/s");
+        assert_eq!(human_rate(3070.0), "3.07 kB/s");
+        assert_eq!(human_rate(12.0), "12.0 B/s");
+        assert_eq!(human_rate(0.0), "0 B/s");
+        assert_eq!(human_rate(2.5e15), "2500 TB/s");
+        assert_eq!(significant(0.01234), "0.0123");
+        assert_eq!(significant(-1.5), "-1.50");
     }
 }

@@ -68,6 +68,23 @@ pub enum Remainder {
     Mask,
 }
 
+impl Remainder {
+    /// The policy of a loader's `drop_last` and `evaluation` settings: [`Remainder::Mask`]
+    /// for evaluation, [`Remainder::Drop`] for `drop_last`, else [`Remainder::Wrap`]. Both
+    /// at once is an error naming `evaluation`.
+    pub fn of(drop_last: bool, evaluation: bool) -> Result<Remainder> {
+        match (evaluation, drop_last) {
+            (true, true) => Err(Error::config(
+                "evaluation",
+                "evaluation reads every sample once and cannot drop any: turn drop_last off",
+            )),
+            (true, false) => Ok(Remainder::Mask),
+            (false, true) => Ok(Remainder::Drop),
+            (false, false) => Ok(Remainder::Wrap),
+        }
+    }
+}
+
 impl OrderSpec {
     /// Checks the settings; every fault is a typed error naming the setting.
     pub fn validate(&self) -> Result<()> {
@@ -127,6 +144,13 @@ impl OrderSpec {
     /// Samples each rank gets per epoch.
     pub fn samples_per_rank(&self) -> u64 {
         self.samples_per_rank_from(0)
+    }
+
+    /// The most samples a batch holds: the batch size, or all this rank gets in an epoch if
+    /// that is fewer (padding slots included). What a batch buffer must hold; a resumed order
+    /// ([`OrderSpec::epoch_from`]) has no more.
+    pub fn batch_capacity(&self) -> u64 {
+        self.batch_size.min(self.samples_per_rank())
     }
 
     /// Samples each rank gets of the epoch's positions from `start` on.

@@ -74,8 +74,16 @@ fn bench(c: &mut Criterion) {
     let mut buffers = vec![Vec::new(); 2];
     g.bench_function("memcpy_gather_2_threads", |b| {
         b.iter(|| {
-            gpufeed_bench::gather_baseline(data.as_ref(), &spec, 1, None, &mut buffers)
-                .expect("gather")
+            gpufeed_bench::gather_baseline(
+                data.as_ref(),
+                &spec,
+                1,
+                None,
+                None,
+                &std::sync::atomic::AtomicBool::new(false),
+                &mut buffers,
+            )
+            .expect("gather")
         })
     });
     g.finish();

@@ -3,6 +3,7 @@
 //! `cuda::bench_images_device`).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -50,6 +51,12 @@ pub struct ImageBenchConfig {
     /// ([`ReadOptions::verify_checksums`](gpufeed::format::ReadOptions::verify_checksums)); an
     /// image folder has no checksums, and refuses it.
     pub verify_checksums: bool,
+    /// How a packed file is read: mapped (the default) or at offsets
+    /// ([`ReadMode`](gpufeed::format::ReadMode)); an image folder's files are read whole.
+    pub read_mode: gpufeed::format::ReadMode,
+    /// Once set (by a signal's handler, say), the run stops after the batch it is on and
+    /// reports what ran; `None`: every epoch to its end.
+    pub stop: Option<&'static AtomicBool>,
 }
 
 impl Default for ImageBenchConfig {
@@ -70,6 +77,8 @@ impl Default for ImageBenchConfig {
             max_batches: None,
             image_field: None,
             verify_checksums: false,
+            read_mode: gpufeed::format::ReadMode::Map,
+            stop: None,
         }
     }
 }
@@ -191,8 +200,8 @@ impl ImageBenchSetup {
             (Box::new(ImageFolder::open(path)?), "imagefolder")
         } else {
             let options = gpufeed::format::ReadOptions {
+                mode: cfg.read_mode,
                 verify_checksums: cfg.verify_checksums,
-                ..Default::default()
             };
             (source::open_with(path, options)?, "packed")
         };
@@ -268,8 +277,8 @@ pub(crate) struct EpochTimes {
 
 impl EpochTimes {
     /// Runs up to `cfg.epochs` epochs of `source` (each cut after `cfg.max_batches` batches),
-    /// until `cfg.limit` images; times each epoch and the whole, the first epoch and the whole
-    /// from `started` (when the source was made).
+    /// until `cfg.limit` images or `cfg.stop`; times each epoch and the whole, the first epoch
+    /// and the whole from `started` (when the source was made).
     pub fn measure(
         cfg: &ImageBenchConfig,
         started: Instant,
@@ -292,7 +301,8 @@ impl EpochTimes {
                 n += len;
                 skipped += bad;
                 batches += 1;
-                if cfg.limit.is_some_and(|l| images + n >= l) {
+                let stopped = cfg.stop.is_some_and(|s| s.load(Ordering::Relaxed));
+                if stopped || cfg.limit.is_some_and(|l| images + n >= l) {
                     source.end_epoch()?;
                     images += n;
                     break 'run;

@@ -3,4 +3,5 @@
 #[path = "../../../tests/image_common/mod.rs"]
 mod image_common;
 
+mod baseline;
 mod images;

@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use crate::messages::human_bytes;
 use gpufeed::format::{DType, Field, FieldKind, RecordWriter, Schema};
+use gpufeed::memory::{human_rate, significant};
 use gpufeed::source::{self, Dataset, NpyArray, Zip};
 use gpufeed::transform::{CopyFields, SampleTransform};
 use gpufeed::{Error, Loader, LoaderStats, Result};
@@ -30,7 +31,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::checks::LoaderSizes;
-use crate::cleanup::TempDir;
+use crate::cleanup::{ReportOnInterrupt, TempDir, interrupt_flag, interrupted};
 
 /// Records of the generated default data set.
 const DEFAULT_RECORDS: u64 = 8192;
@@ -66,7 +67,7 @@ pub struct Args {
     #[arg(long)]
     pub workers: Option<usize>,
     /// Batches in flight (default: --workers + 2, more for small batches; for batches made in
-    /// parts, 2 + twice --workers / --batch-parts).
+    /// parts, 2 + twice --workers / --batch-parts; never more than an epoch's batches).
     #[arg(long)]
     pub prefetch: Option<usize>,
     /// Make each batch in N parts, written by N workers at once (default: one per worker for
@@ -137,6 +138,9 @@ pub struct Args {
     /// whose bytes changed is an error, never data); measures what verification costs.
     #[arg(long)]
     pub verify: bool,
+    /// How DATASET (a packed file or a .npy array, and --labels) is read.
+    #[command(flatten)]
+    pub read: crate::read_mode::ReadFlags,
     /// Shards whose samples are shuffled together (a sharded data set's two-level shuffle)
     /// [default: 8].
     #[arg(long, value_name = "SHARDS")]
@@ -172,7 +176,7 @@ pub struct Report {
     pub prefetch: usize,
     /// Parts each batch is made in, by as many workers at once.
     pub batch_parts: usize,
-    /// Epochs run.
+    /// Epochs run (started, when the run was interrupted).
     pub epochs: u64,
     /// Shuffled or not.
     pub shuffle: bool,
@@ -237,6 +241,9 @@ pub struct Report {
     pub shuffle_blocks: Option<(u64, u64)>,
     /// What the store of a data set read from a URL fetched, retried and cached.
     pub store: Option<crate::shards::StoreReport>,
+    /// True when Ctrl-C stopped the run: the figures are those of what ran (the last epoch
+    /// counted may be cut short, `epochs` is the number started), and there is no baseline.
+    pub interrupted: bool,
 }
 
 /// One epoch of a device run, as differences of the loader's counters over the epoch.
@@ -279,6 +286,37 @@ fn parse_shard(v: &str) -> Result<(u64, u64)> {
         setting: "--shard",
         what: format!("{v:?} is not RANK/WORLD (like 0/2) or env"),
     })
+}
+
+/// The rank and world size of `--shard` (`env`: torchrun's or Slurm's variables); the whole
+/// data set without it.
+fn shard_of(args: &Args) -> Result<(u64, u64)> {
+    match args.shard.as_deref() {
+        None => Ok((0, 1)),
+        Some("env") => gpufeed::loader::rank_from_env(),
+        Some(v) => parse_shard(v),
+    }
+}
+
+/// The samples one batch of the run holds (`--batch-size`, or all that the rank reads in an
+/// epoch of `len` samples if that is fewer, as the loader sizes its buffers:
+/// [`OrderSpec::batch_capacity`](gpufeed::sampler::OrderSpec::batch_capacity)) and the batches
+/// of an epoch. The order's settings are checked as the loader checks them (a `--drop-last` run
+/// with a batch larger than the rank's share is refused here, before anything is written or
+/// allocated).
+fn batch_sizes(args: &Args, len: u64, rank: u64, world: u64) -> Result<(usize, u64)> {
+    let spec = gpufeed::sampler::OrderSpec {
+        len,
+        batch_size: args.batch_size as u64,
+        shuffle: None,
+        rank,
+        world,
+        remainder: gpufeed::sampler::Remainder::of(args.drop_last, args.evaluation)?,
+        blocks: None,
+    };
+    spec.validate()?;
+    let capacity = usize::try_from(spec.batch_capacity()).unwrap_or(args.batch_size);
+    Ok((capacity, spec.batches()))
 }
 
 /// Writes the default data set into `dir`: `records` records of `record_bytes` pseudo-random
@@ -465,6 +503,13 @@ fn workers(args: &Args) -> usize {
         .unwrap_or_else(|| gpufeed::loader::default_workers(args.device.is_some()))
 }
 
+/// The positions of `--fields` in `schema` (`None` for every field), for the baseline to copy
+/// what the loader batches. The names were checked against the schema with the transform.
+fn field_positions(args: &Args, schema: &Schema) -> Option<Vec<usize>> {
+    let names = args.fields.as_ref()?;
+    Some(names.iter().filter_map(|n| schema.index_of(n)).collect())
+}
+
 /// The transform of a records run: every field, or those of `--fields`.
 fn copy_fields(args: &Args) -> CopyFields {
     match &args.fields {
@@ -546,6 +591,10 @@ pub fn run(args: Args) -> Result<()> {
             "applies to a packed file or a .npy array, not to a sharded data set",
         ));
     }
+    if sharded.is_some() {
+        args.read
+            .refuse_for("a sharded data set's shards are mapped by its store")?;
+    }
     if sharded.is_some() && args.verify {
         return Err(refuse(
             "--verify",
@@ -564,8 +613,11 @@ pub fn run(args: Args) -> Result<()> {
         args.shuffle_block.unwrap_or(64),
     );
     // Check the sizes before writing or starting anything.
-    let sample = match (&args.dataset, &sharded) {
-        (Some(path), Some(d)) => sample_bytes(path, d.schema(), &copy_fields(&args))?,
+    let (sample, len) = match (&args.dataset, &sharded) {
+        (Some(path), Some(d)) => (
+            sample_bytes(path, d.schema(), &copy_fields(&args))?,
+            d.len(),
+        ),
         (Some(path), None) => {
             if path.is_dir() {
                 return Err(Error::user(format!(
@@ -579,13 +631,21 @@ pub fn run(args: Args) -> Result<()> {
             if let Some(labels) = &args.labels {
                 crate::pack::check_inputs(&[labels], "--labels is a .npy array")?;
             }
-            let dataset = open_dataset(path, args.labels.as_deref(), Default::default())?;
-            sample_bytes(path, dataset.schema(), &copy_fields(&args))?
+            let options = gpufeed::format::ReadOptions {
+                mode: args.read.mode(),
+                ..Default::default()
+            };
+            let dataset = open_dataset(path, args.labels.as_deref(), options)?;
+            let sample = sample_bytes(path, dataset.schema(), &copy_fields(&args))?;
+            (sample, dataset.len())
         }
-        (None, _) => record_bytes + 4,
+        (None, _) => (record_bytes + 4, records),
     };
+    let (rank, world) = shard_of(&args)?;
+    let (batch_size, batches) = batch_sizes(&args, len, rank, world)?;
     let (prefetch, parts) = LoaderSizes {
-        batch_size: args.batch_size,
+        batch_size,
+        batches,
         workers,
         prefetch: args.prefetch,
         parts: args.batch_parts,
@@ -617,8 +677,8 @@ pub fn run(args: Args) -> Result<()> {
                 warm_page_cache(labels)?;
             }
             let options = gpufeed::format::ReadOptions {
+                mode: args.read.mode(),
                 verify_checksums: args.verify,
-                ..Default::default()
             };
             Arc::from(open_dataset(&path, args.labels.as_deref(), options)?)
         }
@@ -631,14 +691,7 @@ pub fn run(args: Args) -> Result<()> {
         .batch_parts(parts)
         .drop_last(args.drop_last)
         .evaluation(args.evaluation);
-    builder = match args.shard.as_deref() {
-        None => builder,
-        Some("env") => builder.shard_from_env(),
-        Some(v) => {
-            let (rank, world) = parse_shard(v)?;
-            builder.shard(rank, world)
-        }
-    };
+    builder = builder.shard(rank, world);
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
         if sharded.is_some() {
@@ -662,6 +715,8 @@ pub fn run(args: Args) -> Result<()> {
     let per_epoch = args.max_batches.map_or(loader.batches_per_epoch(), |m| {
         m.min(loader.batches_per_epoch())
     });
+    // From here on Ctrl-C stops the run at the next batch, and the report says what ran.
+    let _report_on_interrupt = ReportOnInterrupt::start();
     let bar = progress(per_epoch * args.epochs, "bench", args.json);
     let mut epoch_rates = Vec::new();
     for epoch in 0..args.epochs {
@@ -674,8 +729,14 @@ pub fn run(args: Args) -> Result<()> {
             std::hint::black_box(batch.buffer().as_slice().first());
             bytes += (batch.len() * batch.layout().sample_bytes()) as u64;
             bar.inc(1);
+            if interrupted() {
+                break;
+            }
         }
         epoch_rates.push(bytes as f64 / t0.elapsed().as_secs_f64().max(1e-9));
+        if interrupted() {
+            break;
+        }
     }
     bar.finish_and_clear();
     let stats = loader.stats();
@@ -694,6 +755,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(labels) = &args.labels {
         report.dataset = format!("{} with labels {}", path.display(), labels.display());
     }
+    report.epochs = epoch_rates.len() as u64;
     report.steady_bytes_per_sec = gpufeed::loader::steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
     if let Some(d) = &sharded {
@@ -703,19 +765,26 @@ pub fn run(args: Args) -> Result<()> {
     }
     // From a URL, the gather would read the local cache the run filled: no comparison.
     let from_url = sharded.as_ref().is_some_and(|d| d.store_stats().is_some());
-    if !args.no_baseline && !from_url {
+    // Interrupted, the gather would measure other work than the loader did: none.
+    if !args.no_baseline && !from_url && !interrupted() {
         let mut buffers = vec![Vec::new(); workers];
-        let b = gpufeed_bench::gather_baseline(
+        let fields = field_positions(&args, dataset.schema());
+        let gathered = gpufeed_bench::gather_baseline(
             dataset.as_ref(),
             &spec,
             args.epochs,
             args.max_batches,
+            fields.as_deref(),
+            interrupt_flag(),
             &mut buffers,
         )?;
-        report.baseline_bytes_per_sec = Some(b);
-        report.baseline_ratio =
-            Some(report.steady_bytes_per_sec.unwrap_or(report.bytes_per_sec) / b);
+        if let Some(b) = gathered {
+            report.baseline_bytes_per_sec = Some(b);
+            report.baseline_ratio =
+                Some(report.steady_bytes_per_sec.unwrap_or(report.bytes_per_sec) / b);
+        }
     }
+    report.interrupted = interrupted();
     // The generated data set goes before the report is printed: a reader that stops reading
     // (`| head -1`) must not leave it behind.
     drop(_generated);
@@ -737,7 +806,10 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
     if size == 0 {
         return Err(refuse("--image-size", "must be at least 1"));
     }
-    if !path.is_dir() {
+    if path.is_dir() {
+        args.read
+            .refuse_for("an ImageFolder's images are read whole, never mapped")?;
+    } else {
         crate::pack::check_inputs(
             &[path],
             "--images takes an ImageFolder directory or a packed file of images",
@@ -751,8 +823,16 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         dtype
     };
     let image_bytes = 3 * u64::from(size) * u64::from(size) * host_dtype.size() as u64;
+    // Images in the data set: O(1) for a packed file, a listing for a folder (as the run's own).
+    let records = if path.is_dir() {
+        gpufeed::source::ImageFolder::open(path)?.len()
+    } else {
+        source::open(path)?.len()
+    };
+    let (batch_size, batches) = batch_sizes(args, records, 0, 1)?;
     let (prefetch, parts) = LoaderSizes {
-        batch_size: args.batch_size,
+        batch_size,
+        batches,
         workers,
         prefetch: args.prefetch,
         parts: args.batch_parts,
@@ -775,7 +855,11 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         max_batches: args.max_batches,
         image_field: args.image_field.clone(),
         verify_checksums: args.verify,
+        read_mode: args.read.mode(),
+        stop: Some(interrupt_flag()),
     };
+    // Ctrl-C stops the run at the next batch, and the report says what ran.
+    let _report_on_interrupt = ReportOnInterrupt::start();
     #[cfg(feature = "cuda")]
     let r = match args.device {
         Some(ordinal) => crate::bench_cuda::run_images(path, &cfg, ordinal)?,
@@ -784,12 +868,6 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
     #[cfg(not(feature = "cuda"))]
     let r = crate::images::bench_images(path, &cfg)?;
     let sample_bytes = 3 * u64::from(size) * u64::from(size) * dtype.size() as u64;
-    // Images in the data set: O(1) for a packed file, a listing for a folder (as the run's own).
-    let records = if path.is_dir() {
-        gpufeed::source::ImageFolder::open(path)?.len()
-    } else {
-        source::open(path)?.len()
-    };
     let report = Report {
         mode: "images",
         dataset: r.source.clone(),
@@ -817,6 +895,7 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
             .collect(),
         device: r.device.clone(),
         skipped: Some(r.skipped),
+        interrupted: interrupted(),
         ..Report::default()
     };
     let what = format!("{} ({}), {size}x{size} {dtype}", r.source, r.kind);
@@ -886,13 +965,25 @@ fn complete(args: &Args, report: &mut Report) {
     }
 }
 
-/// One rate in the run's one unit: GB/s for records, images/s for images.
+/// One rate in the run's one unit: bytes per second in decimal units for records (`41.2 GB/s`,
+/// `512 MB/s`), images/s for images; three significant digits.
 fn rate(report: &Report, bytes_per_sec: f64, samples_per_sec: f64) -> String {
     if report.mode == "images" {
-        format!("{samples_per_sec:.0} images/s")
+        format!("{} images/s", significant(samples_per_sec))
     } else {
-        format!("{:.2} GB/s", bytes_per_sec / 1e9)
+        human_rate(bytes_per_sec)
     }
+}
+
+/// A fraction as a percentage with three significant digits (`98.7%`, `5.12%`, `0.372%`).
+fn percent(fraction: f64) -> String {
+    format!("{}%", significant(100.0 * fraction))
+}
+
+/// `n` and the word for that many (`1 epoch`, `3 epochs`).
+fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// The stage table of a host records run: worker time per stage, all as shares of one
@@ -903,8 +994,8 @@ fn stage_table(stats: &LoaderStats) -> String {
     let busy = stats.stages.fetch + stats.stages.transform + stats.stages.collate;
     let idle = (total - busy.as_secs_f64()).max(0.0);
     let mut t = format!(
-        "worker time: {} workers x {:.3} s = {:.3} s\n",
-        stats.workers,
+        "worker time: {} x {:.3} s = {:.3} s\n",
+        count(stats.workers as u64, "worker", "workers"),
         stats.elapsed.as_secs_f64(),
         total
     );
@@ -951,22 +1042,22 @@ fn print_report_with(
         report.dataset.as_str()
     };
     let sizes = if images {
-        format!(" ({} images)", report.records)
+        format!(" ({})", count(report.records, "image", "images"))
     } else {
         format!(
-            " ({} records of {})",
-            report.records,
+            " ({} of {})",
+            count(report.records, "record", "records"),
             human_bytes(report.sample_bytes)
         )
     };
     let dataset_line = format!(
-        "gpufeed bench{}: {what}{sizes}, batch {}, {} workers, prefetch {}, {} parts, {} epochs, {}",
+        "gpufeed bench{}: {what}{sizes}, batch {}, {}, prefetch {}, {}, {}, {}",
         if images { " --images" } else { "" },
         report.batch_size,
-        report.workers,
+        count(report.workers as u64, "worker", "workers"),
         report.prefetch,
-        report.batch_parts,
-        report.epochs,
+        count(report.batch_parts as u64, "part", "parts"),
+        count(report.epochs, "epoch", "epochs"),
         if report.shuffle {
             "shuffled"
         } else {
@@ -975,15 +1066,25 @@ fn print_report_with(
     );
     text.push_str(&dataset_line);
     text.push('\n');
+    if report.interrupted {
+        text.push_str(&format!(
+            "interrupted: Ctrl-C after {} of {} (the last cut short); the figures are of what ran\n",
+            count(report.epochs, "epoch", "epochs"),
+            args.epochs
+        ));
+    }
     if let Some(device) = &report.device {
         text.push_str(&format!("device: {device}\n"));
     }
     let mut line = format!(
-        "throughput: {} over the run ({} {} in {:.2} s)",
+        "throughput: {} over the run ({} in {} s)",
         rate(&report, report.bytes_per_sec, report.samples_per_sec),
-        report.samples,
-        if images { "images" } else { "samples" },
-        report.seconds
+        if images {
+            count(report.samples, "image", "images")
+        } else {
+            count(report.samples, "sample", "samples")
+        },
+        significant(report.seconds)
     );
     if let (Some(b), Some(s)) = (report.steady_bytes_per_sec, report.steady_samples_per_sec) {
         line.push_str(&format!(
@@ -1004,11 +1105,11 @@ fn print_report_with(
     }
     if let (Some(b), Some(r)) = (report.baseline_bytes_per_sec, report.baseline_ratio) {
         text.push_str(&format!(
-            "compared: a plain {}-thread memcpy gather of the same records{} in the same order runs at {}; \
-             gpufeed's {} is {:.0}% of it\n",
+            "compared: a plain {}-thread memcpy gather of the same {}records in the same order runs at {}; \
+             gpufeed's {} is {} of it\n",
             report.workers,
             if args.fields.is_some() {
-                " (every field)"
+                "fields of the same "
             } else {
                 ""
             },
@@ -1018,21 +1119,21 @@ fn print_report_with(
             } else {
                 "rate"
             },
-            100.0 * r
+            percent(r)
         ));
     }
     if let (Some(h), Some(c)) = (report.h2d_bytes_per_sec, report.h2d_ceiling_bytes_per_sec) {
         text.push_str(&format!(
-            "compared: host to device {:.2} GB/s; the pinned-copy ceiling in this run is {:.2} GB/s ({:.0}%)\n",
-            h / 1e9,
-            c / 1e9,
-            100.0 * h / c
+            "compared: host to device {}; the pinned-copy ceiling in this run is {} ({})\n",
+            human_rate(h),
+            human_rate(c),
+            percent(h / c)
         ));
         if let Some(steady) = report.h2d_steady_bytes_per_sec {
             text.push_str(&format!(
-                "host to device, epochs after the first: {:.2} GB/s ({:.0}% of the ceiling)\n",
-                steady / 1e9,
-                100.0 * steady / c
+                "host to device, epochs after the first: {} ({} of the ceiling)\n",
+                human_rate(steady),
+                percent(steady / c)
             ));
         }
     }
@@ -1045,7 +1146,9 @@ fn print_report_with(
             report
                 .shuffle_blocks
                 .map_or(String::new(), |(w, b)| format!(
-                    ", two-level shuffle: windows of {w} shards, blocks of {b} samples"
+                    ", two-level shuffle: windows of {}, blocks of {}",
+                    count(w, "shard", "shards"),
+                    count(b, "sample", "samples")
                 ))
         ));
     }
@@ -1053,10 +1156,11 @@ fn print_report_with(
         text.push_str(&format!("store: {}\n", store.summary));
     }
     text.push_str(&format!(
-        "consumer: waited for data {:.1}% of its time{}\n",
-        100.0 * report.wait_fraction,
+        "consumer: waited for data {} of its time{}\n",
+        percent(report.wait_fraction),
         report.first_batch_ms.map_or(String::new(), |ms| format!(
-            "; first batch {ms:.2} ms after build"
+            "; first batch {} ms after build",
+            significant(ms)
         ))
     ));
     if let Some(stats) = stats {

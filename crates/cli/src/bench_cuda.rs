@@ -10,6 +10,7 @@ use gpufeed::cuda::{
 use gpufeed::{Error, LoaderBuilder, Result};
 
 use crate::bench::{Args, EpochDetail, Report, print_device_report, progress};
+use crate::cleanup::{ReportOnInterrupt, interrupted};
 
 /// Opens GPU `ordinal`, with a hint in the error when there is none.
 fn open_device(ordinal: usize) -> Result<Device> {
@@ -60,6 +61,8 @@ pub fn run(
             source,
         })
     };
+    // From here on Ctrl-C stops the run at the next batch, and the report says what ran.
+    let _report_on_interrupt = ReportOnInterrupt::start();
     let bar = progress(per_epoch * args.epochs, "bench (device)", args.json);
     let mut epoch_rates = Vec::new();
     let mut details = Vec::new();
@@ -85,6 +88,9 @@ pub fn run(
             }
             bytes += batch.fields().map(|f| f.bytes() as u64).sum::<u64>();
             bar.inc(1);
+            if interrupted() {
+                break;
+            }
         }
         sync(&consumer)?;
         let seconds = t0.elapsed().as_secs_f64().max(1e-9);
@@ -95,6 +101,9 @@ pub fn run(
         if epoch == 0 {
             let s = feed.stats();
             after_first = Some((s.h2d_timed_bytes, s.h2d_busy));
+        }
+        if interrupted() {
+            break;
         }
     }
     bar.finish_and_clear();
@@ -114,7 +123,7 @@ pub fn run(
         workers,
         prefetch,
         batch_parts,
-        epochs: args.epochs,
+        epochs: epoch_rates.len() as u64,
         shuffle: !args.no_shuffle,
         samples: stats.samples,
         seconds: stats.elapsed.as_secs_f64(),
@@ -140,6 +149,7 @@ pub fn run(
         device_open_ms: Some(device_open_ms),
         first_device_batch_ms,
         epoch_details: details,
+        interrupted: interrupted(),
         ..Report::default()
     };
     print_device_report(args, &report, &stats.to_string())

@@ -44,8 +44,11 @@ pub fn available_memory() -> Option<u64> {
 
 /// The loader settings of a bench, before defaults.
 pub struct LoaderSizes {
-    /// `--batch-size`.
+    /// Samples in one batch: `--batch-size`, or fewer when the data set has fewer (what the
+    /// loader sizes its buffers for).
     pub batch_size: usize,
+    /// Batches in an epoch (for this rank): the default prefetch is no more.
+    pub batches: u64,
     /// `--workers`, or its default.
     pub workers: usize,
     /// `--prefetch` as given.
@@ -104,9 +107,10 @@ impl LoaderSizes {
                     self.workers,
                     self.sample_bytes.saturating_mul(self.batch_size as u64),
                     parts,
+                    self.batches,
                 ),
                 "--prefetch (by default about 64 MiB of batches, --workers + 2 at least; \
-                 for batches in parts, 2 + twice --workers / --batch-parts)",
+                 for batches in parts, 2 + twice --workers / --batch-parts; at most an epoch's batches)",
             ),
         };
         if prefetch == 0 {

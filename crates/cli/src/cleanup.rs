@@ -4,17 +4,29 @@
 //! SIGINT, SIGTERM and SIGHUP are caught by a thread that removes everything, then lets the
 //! signal end the process as it would have (exit status 128 + signal for the shell).
 //!
+//! While a run holds a [`ReportOnInterrupt`] (`bench`, once it measures), the first SIGINT
+//! (Ctrl-C) does not end the process: it sets the flag [`interrupted`] reads, the run stops at
+//! its next batch and prints what it measured, and `main` then removes everything and ends the
+//! process of the signal ([`end_interrupted`]). A second Ctrl-C, or SIGTERM or SIGHUP, ends it
+//! at once, as above.
+//!
 //! SIGXFSZ (a write past the file-size limit, `ulimit -f`) is caught too, so that the write
 //! fails with "File too large" instead of killing the process: the writer's error path then
 //! removes its temporary and the command says which file it could not write. SIGKILL cannot be
 //! caught: what it leaves, `gpufeed pack` removes before it next writes to the same output.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use gpufeed::{Error, Result};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGXFSZ};
+
+/// Set by a SIGINT that came while a run reports on one ([`ReportOnInterrupt`]).
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// True while a [`ReportOnInterrupt`] lives.
+static REPORTING: AtomicBool = AtomicBool::new(false);
 
 /// The command's temporary directories that exist now.
 static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -47,15 +59,64 @@ pub fn install() -> Result<()> {
     std::thread::Builder::new()
         .name("gpufeed-signals".into())
         .spawn(move || {
-            if let Some(signal) = signals.forever().next() {
-                remove_everything();
-                // Die of the signal, as without a handler, so that the caller sees it.
-                let _ = signal_hook::low_level::emulate_default_handler(signal);
-                std::process::exit(128 + signal);
+            for signal in signals.forever() {
+                if signal == SIGINT
+                    && REPORTING.load(Ordering::SeqCst)
+                    && !INTERRUPTED.swap(true, Ordering::SeqCst)
+                {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "gpufeed: interrupted: reporting what ran (Ctrl-C again to stop at once)"
+                    );
+                    continue;
+                }
+                die_of(signal);
             }
         })
         .map_err(fail)?;
     Ok(())
+}
+
+/// Removes everything, then ends the process of `signal`, as without a handler, so that the
+/// caller sees it (or with exit status 128 + `signal` where that fails).
+fn die_of(signal: i32) -> ! {
+    remove_everything();
+    let _ = signal_hook::low_level::emulate_default_handler(signal);
+    std::process::exit(128 + signal);
+}
+
+/// While it lives, the first Ctrl-C asks the run to stop and report instead of ending the
+/// process (see the module docs): the run checks [`interrupted`] between batches.
+pub struct ReportOnInterrupt(());
+
+impl ReportOnInterrupt {
+    /// Starts reporting on Ctrl-C.
+    pub fn start() -> ReportOnInterrupt {
+        REPORTING.store(true, Ordering::SeqCst);
+        ReportOnInterrupt(())
+    }
+}
+
+impl Drop for ReportOnInterrupt {
+    fn drop(&mut self) {
+        REPORTING.store(false, Ordering::SeqCst);
+    }
+}
+
+/// True once a Ctrl-C has asked the run to stop and report.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// The flag behind [`interrupted`], for harnesses that stop on it.
+pub fn interrupt_flag() -> &'static AtomicBool {
+    &INTERRUPTED
+}
+
+/// For `main`, once a run stopped by Ctrl-C has reported: removes everything and ends the
+/// process of SIGINT (exit status 130 in the shell).
+pub fn end_interrupted() -> ! {
+    die_of(SIGINT)
 }
 
 /// True if `signal`'s disposition is "ignore" (inherited from the parent).

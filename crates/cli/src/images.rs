@@ -9,7 +9,12 @@ use gpufeed_bench::{ImageBenchConfig, ImageBenchReport, bench_images as run};
 
 /// Packs the ImageFolder at `dir` into the packed record file `out` (fields `image`, `label`,
 /// `size` = `[height, width]`, `path`), with a progress bar on stderr when `progress` is set.
-pub fn pack_imagefolder(dir: &Path, out: &Path, progress: bool) -> gpufeed::Result<PackSummary> {
+/// Returns what was written and the bytes of the image files read.
+pub fn pack_imagefolder(
+    dir: &Path,
+    out: &Path,
+    progress: bool,
+) -> gpufeed::Result<(PackSummary, u64)> {
     let folder = ImageFolder::open(dir)?;
     let bar = if progress {
         indicatif::ProgressBar::new(folder.len())
@@ -25,7 +30,14 @@ pub fn pack_imagefolder(dir: &Path, out: &Path, progress: bool) -> gpufeed::Resu
     bar.set_message(format!("packing {} classes", folder.classes().len()));
     let summary = pack_image_folder(&folder, out, |n| bar.set_position(n))?;
     bar.finish_and_clear();
-    Ok(summary)
+    // The packed file holds each image's bytes whole: their sum is what was read.
+    let packed = gpufeed::RecordFile::open(&summary.path)?;
+    let image = packed.schema().index_of("image").unwrap_or(0);
+    let mut input = 0u64;
+    for i in 0..packed.len() {
+        input += packed.get(i)?.try_field(image)?.len() as u64;
+    }
+    Ok((summary, input))
 }
 
 /// Runs decode + RandomResizedCrop + flip through the loader over `path` (an ImageFolder

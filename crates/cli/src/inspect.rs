@@ -1,15 +1,20 @@
-//! `gpufeed inspect`: prints what a packed record file or a `.npy` array holds.
+//! `gpufeed inspect`: prints what a packed record file, a `.npy` array, a sharded data set
+//! (`shards.rs`) or an ImageFolder directory holds.
 //!
 //! The kind of file is told by its magic bytes, as [`gpufeed::source::open`] does. Without
 //! `--verify` this costs O(1) in the size of the data, plus a look at the offset table: every
 //! entry for files of up to [`EXACT_LIMIT`] records, an evenly spaced sample beyond that (and the
 //! output says so). `--verify` checks every record's offsets, schema and checksum and fails on
-//! the first fault. `--json` prints exactly one JSON object on stdout, for machines.
+//! the first fault. An ImageFolder is listed (classes, images per class); `--verify` reads
+//! every image and checks its header, as `pack --from imagefolder` does. `--json` prints
+//! exactly one JSON object on stdout, for machines.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use gpufeed::format::{FieldKind, RecordFile, Schema};
+use gpufeed::codec::probe;
+use gpufeed::format::{FieldKind, ReadMode, ReadOptions, RecordFile, Schema};
+use gpufeed::source::ImageFolder;
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
@@ -17,17 +22,27 @@ use serde_json::{Value, json};
 /// Arguments of `gpufeed inspect`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A packed record file, a `.npy` array, or a sharded data set: a directory of shards
-    /// (packed or MDS, with their `index.json`, or `.tar` files), a `.tar` file or a brace
-    /// pattern of them, or a URL of one (`s3://bucket/prefix`).
+    /// A packed record file, a `.npy` array, a sharded data set (a directory of shards:
+    /// packed or MDS, with their `index.json`, or `.tar` files; a `.tar` file or a brace
+    /// pattern of them; a URL of one, `s3://bucket/prefix`), or an ImageFolder directory.
     file: PathBuf,
-    /// Check every record (offsets, schema, checksum); fail on the first fault.
+    /// Check every record (offsets, schema, checksum; an ImageFolder's image headers); fail on
+    /// the first fault.
     #[arg(long)]
     verify: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// How a packed file or a .npy array is read (what --verify reads whole).
+    #[command(flatten)]
+    read: crate::read_mode::ReadFlags,
 }
+
+/// What inspect reads, for a path that is none of it.
+const READS: &str = "inspect reads packed files, .npy arrays, shard directories (packed or MDS \
+     shards with their index.json, WebDataset .tar shards), a .tar file or a brace pattern of \
+     them, URLs of those (s3://...), and ImageFolder directories (class subdirectories of \
+     JPEG/PNG files)";
 
 /// Files with up to this many records have their record sizes computed from every entry of the
 /// offset table; larger ones from [`SAMPLE`] evenly spaced records.
@@ -48,21 +63,34 @@ struct Sizes {
 pub fn run(args: Args) -> Result<()> {
     let path = args.file.as_path();
     if crate::shards::is_input(path) {
+        args.read
+            .refuse_for("a sharded data set's shards are mapped by its store")?;
         return crate::shards::inspect(path, args.verify, args.json);
     }
+    if path.is_dir() {
+        args.read
+            .refuse_for("an ImageFolder's images are read whole, never mapped")?;
+        return inspect_image_folder(path, args.verify, args.json);
+    }
     // A FIFO or a device would block or never end: only regular files are inspected.
-    crate::pack::check_inputs(&[path], "inspect reads packed files and .npy arrays")?;
+    crate::pack::check_inputs(&[path], READS)?;
+    let mode = args.read.mode();
     let report = if is_npy(path)? {
-        inspect_npy(path, args.verify)?
+        inspect_npy(path, args.verify, mode)?
     } else {
-        inspect_packed(path, args.verify, !args.json)?
+        inspect_packed(path, args.verify, !args.json, mode)?
     };
+    print(report, args.json)
+}
+
+/// Prints a report as JSON or text; the fault `--verify` found is the command's error.
+fn print(report: Report, as_json: bool) -> Result<()> {
     let Report {
         mut json,
         text,
         fault,
     } = report;
-    if args.json {
+    if as_json {
         if let Some(e) = &fault {
             json["error"] = Value::String(e.to_string());
         }
@@ -81,6 +109,91 @@ struct Report {
     json: Value,
     text: String,
     fault: Option<Error>,
+}
+
+/// `gpufeed inspect DIR` of an ImageFolder: its classes and images; with `verify`, every
+/// image read and its header checked (the first bad one is the fault).
+fn inspect_image_folder(path: &Path, verify: bool, as_json: bool) -> Result<()> {
+    let has_classes = std::fs::read_dir(path)
+        .map_err(|e| io(path, "read directory", e))?
+        .flatten()
+        .any(|e| e.path().is_dir());
+    if !has_classes {
+        return Err(Error::user(format!(
+            "{}: a directory with no index.json, no .tar files and no class directories: {READS}",
+            path.display()
+        )));
+    }
+    let folder = ImageFolder::open(path)?;
+    let classes = folder.classes();
+    let mut per_class = vec![0u64; classes.len()];
+    for i in 0..folder.len() {
+        per_class[folder.label(i)? as usize] += 1;
+    }
+    let (min, max) = (
+        per_class.iter().copied().min().unwrap_or(0),
+        per_class.iter().copied().max().unwrap_or(0),
+    );
+    let mean = folder.len() as f64 / classes.len().max(1) as f64;
+    let codec = match &folder.schema().fields()[0].kind {
+        FieldKind::Bytes { codec } => codec.name(),
+        FieldKind::Tensor { .. } => "raw".into(),
+    };
+    let mut json = json!({
+        "path": path.display().to_string(),
+        "format": "imagefolder",
+        "records": folder.len(),
+        "classes": classes,
+        "images_per_class": {"min": min, "mean": mean, "max": max},
+        "codec": codec,
+        "fields": fields_json(folder.schema()),
+        "file_bytes": Value::Null,
+    });
+    /// Classes named in the text report; the rest are counted.
+    const SHOWN: usize = 8;
+    let mut shown: Vec<String> = classes
+        .iter()
+        .zip(&per_class)
+        .take(SHOWN)
+        .map(|(c, n)| format!("{c} ({n})"))
+        .collect();
+    if classes.len() > SHOWN {
+        shown.push(format!("and {} more", classes.len() - SHOWN));
+    }
+    let mut text = format!(
+        "directory:     {}\nformat:        ImageFolder: {} classes, {} images (codec {codec})\n\
+         classes:       {}\nimages:        {min} to {max} per class, mean {mean:.1}\nfields:\n{}",
+        path.display(),
+        classes.len(),
+        folder.len(),
+        shown.join(", "),
+        fields_text(folder.schema()),
+    );
+    let mut fault = None;
+    if verify {
+        let bar = crate::bench::progress(folder.len(), "verify", as_json);
+        let mut bytes = 0u64;
+        let result = (0..folder.len()).try_for_each(|i| {
+            let image = folder.read(i)?;
+            probe(&image, &folder.path(i)?.display().to_string())?;
+            bytes += image.len() as u64;
+            bar.inc(1);
+            Ok::<(), Error>(())
+        });
+        bar.finish_and_clear();
+        json["verified"] = Value::Bool(result.is_ok());
+        match result {
+            Ok(()) => {
+                json["file_bytes"] = bytes.into();
+                text.push_str(&format!(
+                    "file bytes:    {bytes}\nverified:      all {} images read, their headers checked\n",
+                    folder.len()
+                ));
+            }
+            Err(e) => fault = Some(e),
+        }
+    }
+    print(Report { json, text, fault }, as_json)
 }
 
 fn is_npy(path: &Path) -> Result<bool> {
@@ -143,8 +256,8 @@ pub fn fields_text(schema: &Schema) -> String {
     out
 }
 
-fn inspect_npy(path: &Path, verify: bool) -> Result<Report> {
-    let a = NpyArray::open(path)?;
+fn inspect_npy(path: &Path, verify: bool, mode: ReadMode) -> Result<Report> {
+    let a = NpyArray::open_with(path, NpyArray::FIELD, mode)?;
     let file_bytes = std::fs::metadata(path)
         .map_err(|e| io(path, "stat", e))?
         .len();
@@ -184,8 +297,17 @@ fn inspect_npy(path: &Path, verify: bool) -> Result<Report> {
     })
 }
 
-fn inspect_packed(path: &Path, verify: bool, show_progress: bool) -> Result<Report> {
-    let f = RecordFile::open(path)?;
+fn inspect_packed(
+    path: &Path,
+    verify: bool,
+    show_progress: bool,
+    mode: ReadMode,
+) -> Result<Report> {
+    let options = ReadOptions {
+        mode,
+        ..ReadOptions::default()
+    };
+    let f = RecordFile::open_with(path, options)?;
     let sizes = record_sizes(&f)?;
     let (major, minor) = f.version();
     let exact = sizes.looked_at == f.len();
@@ -274,7 +396,7 @@ fn record_sizes(f: &RecordFile) -> Result<Sizes> {
     };
     let (mut min, mut max) = (u64::MAX, 0u64);
     for k in 0..looked_at {
-        let len = f.record_bytes(k * step)?.len() as u64;
+        let len = f.record_len(k * step)?;
         min = min.min(len);
         max = max.max(len);
     }

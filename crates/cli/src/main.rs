@@ -9,6 +9,7 @@ mod images;
 mod inspect;
 mod messages;
 mod pack;
+mod read_mode;
 mod shards;
 
 use std::io::Write;
@@ -32,9 +33,9 @@ enum Command {
     /// Write a packed record file from .npy arrays, raw fixed-size records or an ImageFolder
     /// directory (--from npy|raw|imagefolder).
     Pack(pack::Args),
-    /// Print the header, schema, record count and sizes of a packed file or a .npy file, or
-    /// the format, shards, samples and fields of a sharded data set (a directory, a pattern
-    /// or an s3:// URL).
+    /// Print the header, schema, record count and sizes of a packed file or a .npy file, the
+    /// format, shards, samples and fields of a sharded data set (a directory, a pattern or an
+    /// s3:// URL), or the classes and images of an ImageFolder directory.
     Inspect(inspect::Args),
     /// Measure the loader end to end (on an embedded default data set unless one is named),
     /// or the image pipeline (--images DIR|PACKED).
@@ -70,7 +71,7 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Bench(args) => bench::run(*args),
     };
-    match result {
+    let code = match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // As Unix tools do when the reader stops reading: quietly.
         Err(e) if is_closed_stdout(&e) => std::process::ExitCode::SUCCESS,
@@ -82,5 +83,10 @@ fn main() -> std::process::ExitCode {
             );
             std::process::ExitCode::FAILURE
         }
+    };
+    // A run stopped by Ctrl-C has said what it did: now the signal ends the process.
+    if cleanup::interrupted() {
+        cleanup::end_interrupted();
     }
+    code
 }

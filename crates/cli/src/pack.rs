@@ -15,7 +15,9 @@
 //! With `--shard-size 256MiB -o DIR/` it writes packed shards instead (`ShardWriter`): files
 //! of at most that size and an `index.json` of their names, counts, sizes and checksums,
 //! written last, so that a directory with an index is complete (`docs/FORMAT.md`, "Shard
-//! directories").
+//! directories"). Without `--force`, DIR must hold neither an index nor any file under a
+//! shard's name (`shard-000000.gfd`, ...). An error or a signal before the index is written
+//! removes the shards already finished, as it removes temporaries.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -25,7 +27,8 @@ use crate::messages::human_bytes;
 use gpufeed::format::{
     DType, Field, PackSummary, RecordSink, RecordWriter, Schema, pack_raw_records,
 };
-use gpufeed::source::shards::packed::{ShardWriter, parse_byte_size};
+use gpufeed::memory::{human_rate, significant};
+use gpufeed::source::shards::packed::{ShardWriter, ShardWriterOptions, parse_byte_size};
 
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -135,12 +138,11 @@ pub fn run(args: Args) -> Result<()> {
                 return Err(config("--from imagefolder", "takes exactly one directory"));
             };
             output.check_beside_folder(dir)?;
-            let summary = crate::images::pack_imagefolder(
+            let (summary, bytes) = crate::images::pack_imagefolder(
                 dir,
                 &args.output,
                 std::io::stderr().is_terminal(),
             )?;
-            let bytes = summary.file_bytes;
             (Written { summary, shards: 1 }, bytes)
         }
     };
@@ -151,13 +153,13 @@ pub fn run(args: Args) -> Result<()> {
     };
     let summary = summary.summary;
     crate::out(format_args!(
-        "packed {} records ({} bytes of input, {} bytes written) into {} in {:.2} s: {:.0} MB/s",
+        "packed {} records ({} bytes of input, {} bytes written) into {} in {} s: {}",
         summary.records,
         data_bytes,
         summary.file_bytes,
         into,
-        secs,
-        summary.file_bytes as f64 / 1e6 / secs.max(1e-9),
+        significant(secs),
+        human_rate(summary.file_bytes as f64 / secs.max(1e-9)),
     ))
 }
 
@@ -410,6 +412,9 @@ impl Output<'_> {
                         "holds a shard index already; pass --force to replace its shards, or choose another -o",
                     ));
                 }
+                if !self.replace {
+                    self.refuse_shard_files()?;
+                }
                 if let Ok(dir) = std::fs::canonicalize(self.path) {
                     for input in inputs {
                         if std::fs::canonicalize(input).is_ok_and(|i| i.starts_with(&dir)) {
@@ -440,6 +445,36 @@ impl Output<'_> {
                 source: e,
             }),
         }
+    }
+
+    /// Refuses a shard directory that holds files under the names its shards get (any of
+    /// them: how many shards there will be is known only once they are written), naming the
+    /// first.
+    fn refuse_shard_files(&self) -> Result<()> {
+        let options = ShardWriterOptions::new(self.shard_bytes.unwrap_or(1));
+        let entries = std::fs::read_dir(self.path).map_err(|e| Error::Io {
+            path: self.path.to_path_buf(),
+            op: "list",
+            source: e,
+        })?;
+        let mut taken: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| options.is_shard_name(name))
+            .collect();
+        taken.sort();
+        let Some(first) = taken.first() else {
+            return Ok(());
+        };
+        let more = match taken.len() {
+            1 => String::new(),
+            2 => " (and 1 more shard file)".to_owned(),
+            n => format!(" (and {} more shard files)", n - 1),
+        };
+        Err(self.refuse(format_args!(
+            "holds {first}{more}, under the names pack gives its shards; pass --force to replace them, \
+             or choose another -o"
+        )))
     }
 
     /// The writer: one that replaces nothing unless `--force` was given.

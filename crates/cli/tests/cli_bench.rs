@@ -87,14 +87,22 @@ fn impossible_sizes_fail_fast_naming_the_flag() {
         (vec!["--prefetch", "1000000000"], "--prefetch"),
         (vec!["--prefetch", "10000000"], "--prefetch"),
         (vec!["--workers", "10000"], "--workers"),
-        (vec!["--batch-size", "1000000000"], "--batch-size"),
+        // A batch holds no more than the data set: a huge one over a huge data set (checked
+        // before the data set is written).
+        (
+            vec!["--records", "1000000000", "--batch-size", "1000000000"],
+            "--batch-size",
+        ),
         (vec!["--batch-size", "0"], "--batch-size"),
         (vec!["--workers", "0"], "--workers"),
         (vec!["--prefetch", "0"], "--prefetch"),
         (vec!["--batch-parts", "0"], "--batch-parts"),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let mut c = cmd(&["bench", "--records", "256", "--record-bytes", "150528"]);
+        let mut c = cmd(&["bench", "--record-bytes", "150528"]);
+        if !args.contains(&"--records") {
+            c.args(["--records", "256"]);
+        }
         c.args(&args).env("TMPDIR", dir.path());
         let o = output_with_limit(c, Duration::from_secs(60));
         let e = refused(&o, &[flag]);
@@ -377,8 +385,9 @@ fn the_report_has_one_unit_a_comparison_and_internals_only_when_asked() {
         text.contains("compared:") && text.contains("memcpy gather"),
         "{text}"
     );
-    assert!(text.contains("GB/s"), "{text}");
-    for other_unit in ["samples/s", "MiB/s", "GiB/s", "images/s"] {
+    // Decimal bytes per second (MB/s for these small runs), nothing else.
+    assert!(text.contains("B/s"), "{text}");
+    for other_unit in ["samples/s", "KiB/s", "MiB/s", "GiB/s", "images/s"] {
         assert!(!text.contains(other_unit), "{other_unit} in:\n{text}");
     }
     for internal in ["reuses", "ready out of order"] {
@@ -592,4 +601,267 @@ fn labels_of_another_length_or_name_are_refused_naming_the_files() {
     w.finish().unwrap();
     let o = bench(&[s(&packed), "--labels", s(&short), "--epochs", "1"]);
     refused(&o, &["`label`", "p.gfd", "short.npy"]);
+}
+
+/// A packed file of 2,048 records of 4 KiB (8 MiB).
+fn packed_records(path: &Path) -> u64 {
+    let schema = Schema::new(vec![Field::tensor("data", DType::U8, &[4096])]).unwrap();
+    let mut w = RecordWriter::create(path, schema).unwrap();
+    for i in 0..2048u32 {
+        w.append(&[&[i as u8; 4096]]).unwrap();
+    }
+    w.finish().unwrap().file_bytes
+}
+
+#[test]
+fn a_file_truncated_under_bench_with_read_mode_pread_is_an_error_not_a_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let packed = dir.path().join("p.gfd");
+    let packed_bytes = packed_records(&packed);
+    let data: Vec<u8> = (0..2048u32 * 4096).map(|i| i as u8).collect();
+    let npy = write_npy(&dir.path().join("x.npy"), DType::U8, &[2048, 4096], &data);
+    let npy_bytes = std::fs::metadata(&npy).unwrap().len();
+    for (file, bytes, verify) in [
+        (&packed, packed_bytes, false),
+        (&packed, packed_bytes, true),
+        (&npy, npy_bytes, false),
+    ] {
+        // Far more epochs than the test waits for: the run ends only on the error.
+        let mut args = vec![
+            "bench",
+            s(file),
+            "--read-mode",
+            "pread",
+            "--epochs",
+            "1000000",
+            "--batch-size",
+            "16",
+            "--workers",
+            "2",
+            "--no-baseline",
+        ];
+        if verify {
+            args.push("--verify");
+        }
+        let mut child = cmd(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The page-cache warm-up reads the file once; past twice its size, the loader reads.
+        wait_for_reads(&mut child, 2 * bytes);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(file)
+            .unwrap()
+            .set_len(bytes / 2)
+            .unwrap();
+        let status = wait_with_limit(&mut child, Duration::from_secs(60));
+        let mut e = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut e).unwrap();
+        assert_eq!(status.signal(), None, "{file:?} (verify {verify}): {e}");
+        assert_eq!(status.code(), Some(1), "{file:?} (verify {verify}): {e}");
+        assert!(
+            e.contains("gpufeed: error:") && e.contains(s(file)) && e.contains("changed"),
+            "{file:?} (verify {verify}): {e}"
+        );
+        // Whole again for the next case.
+        if file == &packed {
+            packed_records(&packed);
+        }
+    }
+}
+
+#[test]
+fn the_subcommands_the_docs_name_exist() {
+    let o = gpufeed(&["--help"]);
+    let help = stdout(&o);
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(commands.contains(&"bench"), "{help}");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for doc in ["README.md", "Cargo.toml"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        let mut named = Vec::new();
+        // "the `gpufeed` command (`pack`, `inspect`, ...; more words)"
+        for (at, _) in text.match_indices("`gpufeed` command (") {
+            let list = &text[at + "`gpufeed` command (".len()..];
+            let list = &list[..list.find([')', ';']).unwrap()];
+            named.extend(
+                list.split(',')
+                    .map(|n| n.trim().trim_matches('`').to_owned()),
+            );
+        }
+        // "`gpufeed pack ...`"
+        for (at, _) in text.match_indices("`gpufeed ") {
+            let word: String = text[at + "`gpufeed ".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase())
+                .collect();
+            if !word.is_empty() {
+                named.push(word);
+            }
+        }
+        assert!(!named.is_empty(), "{doc} names no subcommand");
+        for name in named {
+            assert!(
+                commands.contains(&name.as_str()),
+                "{doc} names `gpufeed {name}`, which is not among {commands:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_batch_larger_than_the_data_set_takes_the_data_set_s_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut c = cmd(&["bench", "--records", "1024", "--record-bytes", "1024"]);
+        c.args(["--epochs", "2", "--workers", "2", "--json"])
+            .args(extra)
+            .env("TMPDIR", dir.path());
+        output_with_limit(c, Duration::from_secs(120))
+    };
+    let o = run(&["--batch-size", "100000"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["samples"], 2048);
+    assert_eq!(v["batch_size"], 100_000);
+    // A batch of the 1,024 samples there are (1,028 bytes each): a pool of a few MiB, not of
+    // batches of 100,000 samples (100 MB each).
+    let peak = v["pool_peak_bytes"].as_u64().unwrap();
+    assert!(peak <= 8 << 20, "{peak} bytes: {v}");
+    // With --drop-last no batch would be delivered: refused, saying so.
+    let o = run(&["--batch-size", "100000", "--drop-last"]);
+    let e = refused(&o, &["--drop-last", "1024 samples", "no batch"]);
+    assert!(!e.contains("memory"), "{e}");
+}
+
+#[test]
+fn small_runs_report_figures_that_say_something_in_one_unit_and_plain_words() {
+    let dir = tempfile::tempdir().unwrap();
+    // 300 records of 1 KiB, one epoch, one part: rates far below 1 GB/s.
+    let mut c = cmd(&[
+        "bench",
+        "--epochs",
+        "1",
+        "--batch-parts",
+        "1",
+        "--workers",
+        "1",
+    ]);
+    c.args(SMALL).env("TMPDIR", dir.path());
+    let o = output_with_limit(c, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for wrong in ["0.00 GB/s", " 0% of it", "1 parts", "1 epochs", "1 workers"] {
+        assert!(!text.contains(wrong), "`{wrong}` in:\n{text}");
+    }
+    for right in ["1 part,", "1 epoch,", "1 worker,"] {
+        assert!(text.contains(right), "`{right}` missing from:\n{text}");
+    }
+    // Every rate in decimal units, with three significant digits.
+    let rates: Vec<&str> = text
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[1].trim_end_matches([',', ';', ')']).ends_with("B/s"))
+        .map(|w| w[0])
+        .collect();
+    assert!(rates.len() >= 2, "{text}");
+    for r in rates {
+        let digits = r.trim_start_matches(['0', '.']).replace('.', "");
+        assert!(digits.len() >= 3 || !r.contains('.'), "`{r}` in:\n{text}");
+        assert!(r.parse::<f64>().is_ok_and(|v| v > 0.0), "`{r}` in:\n{text}");
+    }
+    for binary in ["KiB/s", "MiB/s", "GiB/s"] {
+        assert!(!text.contains(binary), "{binary} in:\n{text}");
+    }
+    // The loader's own figures (--verbose) speak of rates in the same units.
+    let mut c = cmd(&["bench", "--epochs", "1", "--verbose"]);
+    c.args(SMALL).env("TMPDIR", dir.path());
+    let o = output_with_limit(c, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", stderr(&o));
+    for binary in ["KiB/s", "MiB/s", "GiB/s"] {
+        assert!(!stdout(&o).contains(binary), "{binary} in:\n{}", stdout(&o));
+    }
+}
+
+#[test]
+fn the_baseline_gathers_the_fields_the_loader_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cmd(&["bench", "--epochs", "1", "--fields", "label"]);
+    c.args(SMALL).env("TMPDIR", dir.path());
+    let o = output_with_limit(c, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("memcpy gather"), "{text}");
+    assert!(!text.contains("every field"), "{text}");
+    assert!(text.contains("of the same fields"), "{text}");
+}
+
+#[test]
+fn ctrl_c_during_bench_prints_what_ran_marked_interrupted_then_exits_130() {
+    for json in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        // Far more epochs than the test waits for; pread, so that the loader's reads show.
+        let mut c = cmd(&[
+            "bench",
+            "--records",
+            "2000",
+            "--record-bytes",
+            "4096",
+            "--epochs",
+            "1000000",
+            "--read-mode",
+            "pread",
+        ]);
+        if json {
+            c.arg("--json");
+        }
+        let mut child = default_signals(&mut c)
+            .env("TMPDIR", dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Written, read once to warm the page cache, then read by the loader.
+        wait_for_reads(&mut child, 3 * 2000 * 4100);
+        signal(&child, libc::SIGINT);
+        let status = wait_with_limit(&mut child, Duration::from_secs(60));
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(
+            status.signal() == Some(libc::SIGINT) || status.code() == Some(130),
+            "{status}: {err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "the data set was left behind"
+        );
+        if json {
+            let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+            assert_eq!(v["interrupted"], true, "{v}");
+            assert!(v["samples"].as_u64().unwrap() > 0, "{v}");
+            let epochs = v["epochs"].as_u64().unwrap();
+            assert!((1..1_000_000).contains(&epochs), "{v}");
+            assert_eq!(
+                v["epoch_bytes_per_sec"].as_array().unwrap().len() as u64,
+                epochs
+            );
+            assert!(v["baseline_bytes_per_sec"].is_null(), "{v}");
+        } else {
+            assert!(out.contains("interrupted"), "{out}");
+            assert!(out.contains("throughput:"), "{out}");
+            assert!(!out.contains("compared:"), "{out}");
+        }
+    }
 }

@@ -39,7 +39,7 @@ fn pack_npy_with_labels_then_inspect_json() {
     let summary = String::from_utf8(o.stdout).unwrap();
     assert_eq!(summary.lines().count(), 1, "{summary}");
     assert!(
-        summary.contains("5 records") && summary.contains("MB/s"),
+        summary.contains("5 records") && summary.contains("B/s") && !summary.contains(" 0 "),
         "{summary}"
     );
 
@@ -352,4 +352,117 @@ fn bench_verify_reads_packed_files_and_refuses_npy() {
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("verify_checksums") && e.contains("a.npy"), "{e}");
+}
+
+#[test]
+fn inspect_reads_in_either_read_mode_and_shards_refuse_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_npy(&dir.path().join("a.npy"), DType::U8, &[64, 8], &[3; 512]);
+    let packed = dir.path().join("a.gfd");
+    let o = gpufeed(&["pack", "--from", "npy", s(&a), "-o", s(&packed)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for file in [&a, &packed] {
+        for mode in ["pread", "mmap"] {
+            let o = gpufeed(&[
+                "inspect",
+                "--verify",
+                "--json",
+                "--read-mode",
+                mode,
+                s(file),
+            ]);
+            assert!(o.status.success(), "{file:?} {mode}: {}", stderr(&o));
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!((&v["records"], &v["verified"]), (&64.into(), &true.into()));
+        }
+    }
+    let shards = dir.path().join("shards");
+    let o = gpufeed(&[
+        "pack",
+        "--from",
+        "npy",
+        s(&a),
+        "--shard-size",
+        "4KiB",
+        "-o",
+        s(&shards),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for args in [
+        vec!["inspect", "--read-mode", "pread", s(&shards)],
+        vec!["bench", "--read-mode", "pread", s(&shards)],
+    ] {
+        let o = gpufeed(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--read-mode"), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn inspect_reads_an_image_folder_and_says_what_it_reads_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    crate::image_common::jpeg_folder(&root, 2, 3, 40, 30);
+    let o = gpufeed(&["inspect", "--json", "--verify", s(&root)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["format"], "imagefolder");
+    assert_eq!(v["records"], 6);
+    assert_eq!(v["classes"], serde_json::json!(["class_0", "class_1"]));
+    assert_eq!(v["fields"][0]["name"], "image");
+    assert_eq!(v["verified"], true);
+    let o = gpufeed(&["inspect", s(&root)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = cli_common::stdout(&o);
+    assert!(
+        text.contains("2 classes") && text.contains("6 images"),
+        "{text}"
+    );
+    // --verify reads every image's header, and names the first bad one.
+    let bad = root.join("class_1/0001.jpg");
+    std::fs::write(&bad, b"not a jpeg").unwrap();
+    let o = gpufeed(&["inspect", "--verify", s(&root)]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("0001.jpg"), "{}", stderr(&o));
+    // A directory that is none of what inspect reads: the message lists what it reads.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = gpufeed(&["inspect", s(&empty)]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    for what in [
+        "packed files",
+        ".npy",
+        "index.json",
+        "MDS",
+        "WebDataset",
+        "ImageFolder",
+    ] {
+        assert!(e.contains(what), "`{what}` missing from: {e}");
+    }
+}
+
+#[test]
+fn pack_reports_the_input_s_size_and_the_output_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    crate::image_common::jpeg_folder(&root, 2, 3, 40, 30);
+    let mut input = 0;
+    for class in std::fs::read_dir(&root).unwrap() {
+        for f in std::fs::read_dir(class.unwrap().path()).unwrap() {
+            input += f.unwrap().metadata().unwrap().len();
+        }
+    }
+    let out = dir.path().join("images.gfd");
+    let o = gpufeed(&["pack", "--from", "imagefolder", s(&root), "-o", s(&out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let written = std::fs::metadata(&out).unwrap().len();
+    assert_ne!(input, written);
+    let text = cli_common::stdout(&o);
+    assert!(
+        text.contains(&format!(
+            "({input} bytes of input, {written} bytes written)"
+        )),
+        "input {input}, written {written}: {text}"
+    );
 }

@@ -135,3 +135,88 @@ fn bad_shard_sizes_and_flags_are_refused() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("sharded"), "{}", stderr(&o));
 }
+
+#[test]
+fn pack_refuses_existing_shard_files_without_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, _) = inputs(dir.path());
+    let out = dir.path().join("d");
+    std::fs::create_dir(&out).unwrap();
+    let precious = out.join("shard-000000.gfd");
+    std::fs::write(&precious, "precious\n").unwrap();
+    // Files of other names are the directory's own business.
+    std::fs::write(out.join("README"), "notes\n").unwrap();
+    let pack = |extra: &[&str]| {
+        let mut args = vec!["pack", "--from", "npy", s(&x), "--shard-size", "4KiB"];
+        args.extend_from_slice(&["-o", s(&out)]);
+        args.extend_from_slice(extra);
+        gpufeed(&args)
+    };
+    let o = pack(&[]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("shard-000000.gfd") && e.contains("--force"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&precious).unwrap(), b"precious\n");
+    assert!(!out.join("index.json").exists());
+    // A shard further on that this pack would not reach is refused as well: its names are the
+    // writer's.
+    std::fs::remove_file(&precious).unwrap();
+    std::fs::write(out.join("shard-004711.gfd"), "precious\n").unwrap();
+    let o = pack(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("shard-004711.gfd"), "{}", stderr(&o));
+    let o = pack(&["--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(PackedShards::open(&out).unwrap().len(), 1000);
+    assert_eq!(std::fs::read(out.join("README")).unwrap(), b"notes\n");
+}
+
+#[test]
+fn a_signalled_sharded_pack_leaves_no_shards_without_an_index() {
+    use cli_common::{cmd, default_signals, signal, wait_for_file, wait_with_limit};
+    use std::os::unix::process::ExitStatusExt;
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let dir = tempfile::tempdir().unwrap();
+        // 16 GiB that take no disk space: seconds of packing, shards of 8 records each.
+        let input = dir.path().join("sparse.bin");
+        std::fs::File::create(&input)
+            .unwrap()
+            .set_len(16 << 30)
+            .unwrap();
+        let out = dir.path().join("shards");
+        let mut c = cmd(&[
+            "pack",
+            "--from",
+            "raw",
+            s(&input),
+            "--record-bytes",
+            "1048576",
+            "--shard-size",
+            "9MiB",
+            "-o",
+            s(&out),
+        ]);
+        let mut child = default_signals(&mut c)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Shard 2 under way: shards 0 and 1 are finished, under their own names.
+        wait_for_file(dir.path(), "shards", &mut child);
+        wait_for_file(&out, "shard-000002.gfd.gpufeed-tmp-", &mut child);
+        assert!(out.join("shard-000001.gfd").exists());
+        signal(&child, sig);
+        let status = wait_with_limit(&mut child, std::time::Duration::from_secs(60));
+        assert!(
+            status.signal() == Some(sig) || status.code() == Some(128 + sig),
+            "signal {sig}: {status}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "signal {sig} left {left:?}");
+    }
+}

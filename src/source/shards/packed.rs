@@ -354,6 +354,21 @@ impl ShardWriterOptions {
             record_align: None,
         }
     }
+
+    /// The file name of shard `k`: `{prefix}-{k:06}.gfd`.
+    pub fn shard_name(&self, k: usize) -> String {
+        format!("{}-{k:06}.gfd", self.prefix)
+    }
+
+    /// True if `name` is the name of one of the shards a writer with these options writes
+    /// (what a writer into the same directory would replace).
+    pub fn is_shard_name(&self, name: &str) -> bool {
+        name.strip_prefix(self.prefix.as_str())
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|rest| rest.strip_suffix(".gfd"))
+            .and_then(|k| k.parse::<usize>().ok())
+            .is_some_and(|k| self.shard_name(k) == name)
+    }
 }
 
 /// What [`ShardWriter::finish`] wrote.
@@ -384,6 +399,12 @@ struct OpenWriter {
 /// starting a new shard before one would pass a byte size (see the [module](self)
 /// documentation).
 ///
+/// The shards it has placed are complete only with the index [`ShardWriter::finish`] writes
+/// last: a writer dropped before that (an error, a panic) removes them, and so does
+/// [`remove_unfinished_temporaries`](crate::format::remove_unfinished_temporaries), called on a
+/// signal, so that an interrupted run leaves no shards without an index. (A process killed
+/// outright leaves the shards it finished.)
+///
 /// ```
 /// use gpufeed::format::{DType, Field, Schema};
 /// use gpufeed::source::shards::packed::{PackedShards, ShardWriter};
@@ -411,6 +432,9 @@ pub struct ShardWriter {
     empty_bytes: u64,
     current: Option<OpenWriter>,
     done: Vec<PackedShardEntry>,
+    /// The shard files placed (or being placed) before the index: removed unless the index is
+    /// written.
+    placed: Vec<PathBuf>,
 }
 
 impl ShardWriter {
@@ -461,6 +485,7 @@ impl ShardWriter {
             empty_bytes,
             current: None,
             done: Vec::new(),
+            placed: Vec::new(),
         })
     }
 
@@ -512,7 +537,7 @@ impl ShardWriter {
             self.close_shard()?;
         }
         if self.current.is_none() {
-            let name = format!("{}-{:06}.gfd", self.options.prefix, self.done.len());
+            let name = self.options.shard_name(self.done.len());
             let writer = RecordWriter::with_record_align(
                 self.dir.join(&name),
                 self.schema.clone(),
@@ -535,6 +560,11 @@ impl ShardWriter {
         let Some(c) = self.current.take() else {
             return Ok(());
         };
+        // Recorded before it is placed (after its temporary, which the writer recorded when it
+        // started): from here on a signal's cleanup or `drop` removes whichever exists.
+        let path = self.dir.join(&c.name);
+        crate::format::register_unfinished(&path);
+        self.placed.push(path);
         let summary = c.writer.finish()?;
         let xxh3_64 = hash_file(&summary.path)?;
         self.done.push(PackedShardEntry {
@@ -560,11 +590,24 @@ impl ShardWriter {
         let path = self.dir.join(INDEX_FILE);
         let text = serde_json::to_vec_pretty(&index).map_err(Error::user)?;
         write_atomically(&path, &text)?;
+        // Complete: the shards stay.
+        for shard in self.placed.drain(..) {
+            crate::format::forget_unfinished(&shard);
+        }
         Ok(ShardSummary {
             index: path,
             shards: index.shards,
             samples,
         })
+    }
+}
+
+impl Drop for ShardWriter {
+    fn drop(&mut self) {
+        // Not finished: shards without an index are not a data set.
+        for shard in self.placed.drain(..) {
+            crate::format::discard(&shard);
+        }
     }
 }
 
@@ -644,6 +687,54 @@ mod tests {
             Field::bytes("text", Codec::Utf8),
         ])
         .unwrap()
+    }
+
+    #[test]
+    fn a_writer_dropped_before_finish_removes_the_shards_it_placed() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = dir.path().join("notes.txt");
+        std::fs::write(&other, "kept").unwrap();
+        let mut w = ShardWriter::create(dir.path(), schema(), 512).unwrap();
+        for i in 0..100u32 {
+            w.append(&[&i.to_le_bytes(), b"some text"]).unwrap();
+        }
+        assert!(dir.path().join("shard-000001.gfd").exists());
+        drop(w);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(left, [other]);
+        // Finished, the shards stay.
+        let mut w = ShardWriter::create(dir.path(), schema(), 512).unwrap();
+        for i in 0..100u32 {
+            w.append(&[&i.to_le_bytes(), b"some text"]).unwrap();
+        }
+        let summary = w.finish().unwrap();
+        assert!(summary.shards.len() > 1);
+        for s in &summary.shards {
+            assert!(dir.path().join(&s.name).exists(), "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn shard_names_are_told_from_other_names() {
+        let o = ShardWriterOptions::new(1);
+        assert_eq!(o.shard_name(7), "shard-000007.gfd");
+        assert_eq!(o.shard_name(1_234_567), "shard-1234567.gfd");
+        for name in ["shard-000000.gfd", "shard-004711.gfd", "shard-1234567.gfd"] {
+            assert!(o.is_shard_name(name), "{name}");
+        }
+        for name in [
+            "shard-0.gfd",
+            "shard-000000.gfd.gpufeed-tmp-1-0",
+            "shard-00000x.gfd",
+            "shards-000000.gfd",
+            "shard-+00000.gfd",
+            "index.json",
+        ] {
+            assert!(!o.is_shard_name(name), "{name}");
+        }
     }
 
     #[test]

@@ -141,3 +141,30 @@ pub fn default_signals(c: &mut Command) -> &mut Command {
         })
     }
 }
+
+/// Bytes the child has read through system calls so far (`rchar` of `/proc/PID/io`), or
+/// `None` once it is gone.
+pub fn bytes_read(child: &std::process::Child) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{}/io", child.id())).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits (up to 60 s) until the child has read `bytes` bytes through system calls.
+pub fn wait_for_reads(child: &mut std::process::Child, bytes: u64) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the command ended ({status}) before it read {bytes} bytes");
+        }
+        if bytes_read(child).is_some_and(|n| n >= bytes) {
+            return;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the command read less than {bytes} bytes in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
