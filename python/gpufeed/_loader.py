@@ -570,7 +570,12 @@ class Loader:
         return {name: (dtype, tuple(shape)) for name, dtype, shape in self._core.fields}
 
     def close(self) -> None:
-        """Stops the worker threads now. Batches you hold stay valid; later calls raise."""
+        """Stops the worker threads now. Batches you hold stay valid; later calls raise.
+
+        Closing (or dropping the last reference) waits, with the GIL released, for each worker
+        to stop; one stuck in a read that does not return (a named pipe, a hung network file
+        system) is left running after 2 seconds, with a RuntimeWarning, and ends when its read
+        returns."""
         self._core.close()
 
     def __enter__(self) -> "Loader":

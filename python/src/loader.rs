@@ -845,8 +845,10 @@ impl LoaderCore {
     /// valid. Later calls raise.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.check_process()?;
-        let caught = py.detach(|| catch(|| drop(lock(&self.core).loader.take())));
-        caught.map_err(|payload| errors::panicked(py, payload.as_ref()))
+        // Taken under the lock, dropped after it: other threads find the loader closed at
+        // once instead of waiting for its workers to stop.
+        let loader = py.detach(|| lock(&self.core).loader.take());
+        stop(py, loader)
     }
 }
 
@@ -944,14 +946,52 @@ impl LoaderCore {
     }
 }
 
+/// Drops `loader` with the GIL released, since its workers may take a while to stop (up to
+/// [`gpufeed::loader::SHUTDOWN_WAIT`] for one stuck in a read that does not return), and warns
+/// (`RuntimeWarning`) if it left any running.
+fn stop(py: Python<'_>, loader: Option<Inner>) -> PyResult<()> {
+    if loader.is_none() {
+        return Ok(());
+    }
+    let before = gpufeed::loader::detached_workers();
+    let caught = py.detach(|| catch(|| drop(loader)));
+    caught.map_err(|payload| errors::panicked(py, payload.as_ref()))?;
+    let detached = gpufeed::loader::detached_workers().saturating_sub(before);
+    if detached == 0 {
+        return Ok(());
+    }
+    let message = format!(
+        "gpufeed: {detached} worker thread(s) of the loader did not stop within {} s (stuck in a read that does not return: a named pipe, a hung network file system?); they are left running and end when their read returns",
+        gpufeed::loader::SHUTDOWN_WAIT.as_secs_f64()
+    );
+    let message = std::ffi::CString::new(message).unwrap_or_default();
+    PyErr::warn(
+        py,
+        &py.get_type::<pyo3::exceptions::PyRuntimeWarning>(),
+        &message,
+        1,
+    )
+}
+
 impl Drop for LoaderCore {
     fn drop(&mut self) {
+        let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
         if std::process::id() != self.pid {
             // A forked child: the worker threads are not in this process, so joining them
             // would wait forever. The parent's loader is untouched; leak the copy.
-            let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
             std::mem::forget(core.loader.take());
+            return;
         }
+        let loader = core.loader.take();
+        // `del loader` (the last reference) runs this with the GIL held: `stop` releases it
+        // while the workers stop. An error (a warning that `-W error` makes one) cannot be
+        // raised from a deallocation: it is reported as unraisable. Were this thread not
+        // attached to Python, the closure, and the loader in it, would just be dropped.
+        Python::try_attach(|py| {
+            if let Err(e) = stop(py, loader) {
+                e.write_unraisable(py, None);
+            }
+        });
     }
 }
 
