@@ -366,7 +366,9 @@ class Loader:
     Errors are :class:`gpufeed.Error` subclasses with gpufeed's message. A batch with a bad
     sample raises when its turn comes, and the next iteration yields the next batch. Ctrl-C
     while waiting for a batch raises KeyboardInterrupt within a few tens of milliseconds; the
-    loader can still be used.
+    loader can still be used. A batch counts as delivered (``position``, ``state_dict``) once
+    the iteration has returned it: an interrupt (or any exception) while it is converted
+    (``torch.from_dlpack``) leaves it to the next iteration.
 
     Threads: the loader may be used from several Python threads (the GIL is released while it
     waits), but it cannot cross a ``fork``: make it in the process that iterates it.

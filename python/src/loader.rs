@@ -19,6 +19,13 @@
 //! on where the loader stands, and once an epoch has been delivered to its end, a new iteration
 //! that no `set_epoch` or `load_state_dict` preceded starts the next epoch.
 //!
+//! Hand-over: a batch is delivered when `__next__` returns it. Converting it runs Python code
+//! (`torch.from_dlpack`), where a signal handler may raise (Ctrl-C); a batch whose hand-over
+//! fails so is kept ([`Place::pending`]) and handed over by the next `__next__`, and until
+//! then neither `state_dict` nor `position` counts it. It is kept as it was taken, shared:
+//! views made by the failed attempt (in the exception's traceback) keep its buffer, so it
+//! cannot go back to the library's loader, and later views share it.
+//!
 //! Device loaders (`device=N`, feature `cuda`): the same loader in pinned buffers behind a
 //! [`DeviceLoader`], whose device batches become CUDA arrays (`dlpack.rs`); with the image
 //! pipeline to a float dtype, the workers stop at u8 CHW and the GPU converts
@@ -37,7 +44,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 #[cfg(feature = "cuda")]
-use gpufeed::cuda::{Convert, DeviceBatch, DeviceLoader, DeviceLoaderOptions, NextDeviceBatch};
+use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions, NextDeviceBatch};
 use gpufeed::sampler::OrderSpec;
 
 use crate::dlpack::{Array, HeldBatch, dtype_name};
@@ -61,26 +68,34 @@ enum Inner {
 
 /// What [`Inner::next_timeout`] found.
 enum Next {
-    Host(gpufeed::Batch),
-    #[cfg(feature = "cuda")]
-    Device(DeviceBatch),
+    /// The next batch, taken from the loader (or kept from a failed hand-over).
+    Batch(Taken),
     Failed(Error),
     Pending,
     End,
+}
+
+/// A batch taken from the loader, held for the arrays of its hand-over to Python.
+enum Taken {
+    Host(Arc<HeldBatch>),
+    #[cfg(feature = "cuda")]
+    Device(Arc<crate::dlpack::HeldDeviceBatch>),
 }
 
 impl Inner {
     fn next_timeout(&mut self, timeout: Duration) -> Next {
         match self {
             Inner::Host(l) => match l.next_timeout(timeout) {
-                NextBatch::Ready(Ok(b)) => Next::Host(b),
+                NextBatch::Ready(Ok(b)) => Next::Batch(Taken::Host(HeldBatch::new(b))),
                 NextBatch::Ready(Err(e)) => Next::Failed(e),
                 NextBatch::Pending => Next::Pending,
                 NextBatch::EndOfEpoch => Next::End,
             },
             #[cfg(feature = "cuda")]
             Inner::Device(l) => match l.next_timeout(timeout) {
-                NextDeviceBatch::Ready(Ok(b)) => Next::Device(b),
+                NextDeviceBatch::Ready(Ok(b)) => {
+                    Next::Batch(Taken::Device(crate::dlpack::HeldDeviceBatch::new(b)))
+                }
                 NextDeviceBatch::Ready(Err(e)) => Next::Failed(e),
                 NextDeviceBatch::Pending => Next::Pending,
                 NextDeviceBatch::EndOfEpoch => Next::End,
@@ -148,8 +163,55 @@ impl Inner {
 struct Core {
     /// None once closed.
     loader: Option<Inner>,
+    place: Place,
+}
+
+/// Where the Python iterator stands, beyond the loader's position.
+#[derive(Default)]
+struct Place {
     /// Set by construction, `set_epoch` and `load_state_dict`; cleared by iterating.
     fresh: bool,
+    /// A batch taken from the loader whose hand-over failed (see the module docs): the next
+    /// `__next__` hands it over. The loader counts it as delivered; [`Place::state`] does not.
+    pending: Option<Taken>,
+    /// A batch was handed over since the position was last set (construction, `set_epoch`,
+    /// `load_state_dict`, the next epoch of `iter_epoch`).
+    handed: bool,
+    /// Counts the times the position was set: a batch whose hand-over fails is kept only if
+    /// the position was not set in the meantime (by another thread).
+    positioned: u64,
+}
+
+/// What a hand-over changes in a [`Place`], to undo if it fails.
+#[derive(Clone, Copy)]
+struct Prior {
+    handed: bool,
+    positioned: u64,
+}
+
+impl Place {
+    /// The loader's state, less the batch kept for the next call.
+    fn state(&self, loader: &Inner) -> LoaderState {
+        let mut state = loader.state();
+        if self.pending.is_some() {
+            state.next_batch -= 1;
+        }
+        state
+    }
+
+    fn prior(&self) -> Prior {
+        Prior {
+            handed: self.handed,
+            positioned: self.positioned,
+        }
+    }
+
+    /// The position is set anew: what was kept is dropped.
+    fn reposition(&mut self) {
+        self.pending = None;
+        self.handed = false;
+        self.positioned += 1;
+    }
 }
 
 /// The Rust half of `gpufeed.Loader`; not for direct use.
@@ -504,18 +566,19 @@ impl LoaderCore {
         Ok(())
     }
 
-    /// Runs `f` on the loader (and the `fresh` flag) with the GIL released, catching panics.
+    /// Runs `f` on the loader (and the iterator's place) with the GIL released, catching
+    /// panics.
     fn with_loader<T: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut bool, &mut Inner) -> gpufeed::Result<T> + Send,
+        f: impl FnOnce(&mut Place, &mut Inner) -> gpufeed::Result<T> + Send,
     ) -> PyResult<T> {
         self.check_process()?;
         let caught: Caught<Option<gpufeed::Result<T>>> = py.detach(|| {
             catch(|| {
                 let mut guard = lock(&self.core);
-                let Core { loader, fresh } = &mut *guard;
-                Some(f(fresh, loader.as_mut()?))
+                let Core { loader, place } = &mut *guard;
+                Some(f(place, loader.as_mut()?))
             })
         });
         match caught {
@@ -525,22 +588,46 @@ impl LoaderCore {
         }
     }
 
+    /// Hands `taken` over: its dict, or, if that fails (a signal handler raised in the
+    /// conversion), the error, with the batch kept for the next call (see the module docs).
+    fn hand_over<'py>(
+        &self,
+        py: Python<'py>,
+        taken: Taken,
+        prior: Prior,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let made = match &taken {
+            Taken::Host(held) => self.batch_dict(py, held),
+            #[cfg(feature = "cuda")]
+            Taken::Device(held) => self.device_batch_dict(py, held),
+        };
+        if made.is_err() {
+            // The loader closed meanwhile: nothing to keep it for.
+            let _ = self.with_loader(py, move |place, _| {
+                if place.positioned == prior.positioned {
+                    place.pending = Some(taken);
+                    place.handed = prior.handed;
+                }
+                Ok(())
+            });
+        }
+        made
+    }
+
     fn batch_dict<'py>(
         &self,
         py: Python<'py>,
-        batch: gpufeed::Batch,
+        held: &Arc<HeldBatch>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let batch = held.batch();
         let mask = self.evaluation.then(|| batch.mask());
-        let indices = self.indices.then(|| batch.indices().to_vec());
+        let indices = self.indices.then(|| batch.indices());
         let len = batch.len() as i64;
-        let held = HeldBatch::new(batch);
         let dict = PyDict::new(py);
         for (k, name) in self.names.iter().enumerate() {
-            let array = Bound::new(py, Array::batch_field(&held, k)?)?;
+            let array = Bound::new(py, Array::batch_field(held, k)?)?;
             dict.set_item(name.bind(py), self.converted(py, array)?)?;
         }
-        // The batch is only in the arrays from here on.
-        drop(held);
         if let Some(mask) = mask {
             let bytes: Vec<u8> = mask.iter().map(|&m| u8::from(m)).collect();
             let array = Bound::new(py, Array::owned(&bytes, DType::Bool, vec![len])?)?;
@@ -562,12 +649,11 @@ impl LoaderCore {
     fn device_batch_dict<'py>(
         &self,
         py: Python<'py>,
-        batch: DeviceBatch,
+        held: &Arc<crate::dlpack::HeldDeviceBatch>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let held = crate::dlpack::HeldDeviceBatch::new(batch);
         let dict = PyDict::new(py);
         for (k, name) in self.names.iter().enumerate() {
-            let array = Bound::new(py, Array::device_field(&held, k)?)?;
+            let array = Bound::new(py, Array::device_field(held, k)?)?;
             dict.set_item(name.bind(py), self.converted(py, array)?)?;
         }
         Ok(dict)
@@ -665,7 +751,10 @@ impl LoaderCore {
         Ok(LoaderCore {
             core: Mutex::new(Core {
                 loader: Some(loader),
-                fresh: true,
+                place: Place {
+                    fresh: true,
+                    ..Place::default()
+                },
             }),
             names,
             fields,
@@ -681,11 +770,12 @@ impl LoaderCore {
     /// Applies the epoch rule of `for` loops and returns the iterator (this object).
     fn iter_epoch(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         let py = slf.py();
-        slf.get().with_loader(py, |fresh, loader| {
-            if !*fresh && loader.state().next_batch >= loader.batches_per_epoch() {
+        slf.get().with_loader(py, |place, loader| {
+            if !place.fresh && place.state(loader).next_batch >= loader.batches_per_epoch() {
+                place.reposition();
                 loader.next_epoch();
             }
-            *fresh = false;
+            place.fresh = false;
             Ok(())
         })?;
         Ok(slf)
@@ -697,14 +787,19 @@ impl LoaderCore {
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         loop {
-            let next = self.with_loader(py, |fresh, loader| {
-                *fresh = false;
-                Ok(loader.next_timeout(POLL))
+            let (next, prior) = self.with_loader(py, |place, loader| {
+                place.fresh = false;
+                let prior = place.prior();
+                let next = match place.pending.take() {
+                    Some(kept) => Next::Batch(kept),
+                    None => loader.next_timeout(POLL),
+                };
+                // Handed over, unless `hand_over` fails and puts `prior` back.
+                place.handed |= matches!(next, Next::Batch(_));
+                Ok((next, prior))
             })?;
-            match next {
-                Next::Host(batch) => return self.batch_dict(py, batch).map(Some),
-                #[cfg(feature = "cuda")]
-                Next::Device(batch) => return self.device_batch_dict(py, batch).map(Some),
+            let taken = match next {
+                Next::Batch(taken) => taken,
                 Next::Failed(e) => {
                     let err = errors::to_py(py, &e);
                     if let Error::InvalidConfig {
@@ -719,8 +814,12 @@ impl LoaderCore {
                     return Err(err);
                 }
                 Next::End => return Ok(None),
-                Next::Pending => py.check_signals()?,
-            }
+                Next::Pending => {
+                    py.check_signals()?;
+                    continue;
+                }
+            };
+            return self.hand_over(py, taken, prior).map(Some);
         }
     }
 
@@ -729,15 +828,21 @@ impl LoaderCore {
     }
 
     fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
-        self.with_loader(py, |fresh, l| {
+        self.with_loader(py, |place, l| {
+            place.fresh = true;
+            // A batch kept before any was handed over since the position was set: the loader
+            // keeps its position for a `set_epoch` of its epoch then, so keep the batch too.
+            if place.pending.is_some() && !place.handed && epoch == l.epoch() {
+                return Ok(());
+            }
+            place.reposition();
             l.set_epoch(epoch);
-            *fresh = true;
             Ok(())
         })
     }
 
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let state = self.with_loader(py, |_, l| Ok(l.state()))?;
+        let state = self.with_loader(py, |place, l| Ok(place.state(l)))?;
         let json = serde_json::to_value(&state).map_err(|e| {
             PyRuntimeError::new_err(format!("cannot encode the loader's state: {e}"))
         })?;
@@ -749,9 +854,10 @@ impl LoaderCore {
         let state: LoaderState = serde_json::from_value(json).map_err(|e| {
             errors::config(py, "state_dict", format!("not a gpufeed loader state: {e}"))
         })?;
-        let result = self.with_loader(py, |fresh, l| {
+        let result = self.with_loader(py, |place, l| {
             l.load_state(state)?;
-            *fresh = true;
+            place.reposition();
+            place.fresh = true;
             Ok(())
         });
         // A state of other order settings is a bad argument, named as such.
@@ -812,7 +918,7 @@ impl LoaderCore {
     /// Batches delivered in this epoch.
     #[getter]
     fn position(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with_loader(py, |_, l| Ok(l.state().next_batch))
+        self.with_loader(py, |place, l| Ok(place.state(l).next_batch))
     }
 
     /// (rank, world size, samples in the data set, batch size).
@@ -847,7 +953,11 @@ impl LoaderCore {
         self.check_process()?;
         // Taken under the lock, dropped after it: other threads find the loader closed at
         // once instead of waiting for its workers to stop.
-        let loader = py.detach(|| lock(&self.core).loader.take());
+        let loader = py.detach(|| {
+            let mut core = lock(&self.core);
+            core.place.reposition();
+            core.loader.take()
+        });
         stop(py, loader)
     }
 }

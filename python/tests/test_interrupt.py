@@ -171,3 +171,161 @@ def test_dropping_a_loader_whose_worker_is_stuck_returns_with_the_gil_released(p
     [warning] = report["warnings"]
     assert warning.startswith("RuntimeWarning: gpufeed: 1 worker thread(s)"), warning
     assert "did not stop within 2 s" in warning and "named pipe" in warning, warning
+
+
+def interrupting_conversion(plan):
+    """Replaces numpy.from_dlpack (which gpufeed calls to convert each array of a batch) by
+    Python code, as torch.from_dlpack is, that raises SIGINT at its calls `plan(k)` says (k
+    counts from 1): `"before"` the view is made, `"after"` (the view is then in its frame, so
+    in the KeyboardInterrupt's traceback), or None. Returns the list of calls interrupted."""
+    import numpy
+
+    real = numpy.from_dlpack
+    calls, interrupted = [0], []
+
+    def from_dlpack(x):
+        calls[0] += 1
+        where = plan(calls[0])
+        if where == "before":
+            interrupted.append(calls[0])
+            signal.raise_signal(signal.SIGINT)
+        view = real(x)
+        if where == "after":
+            interrupted.append(calls[0])
+            signal.raise_signal(signal.SIGINT)
+        return view
+
+    numpy.from_dlpack = from_dlpack
+    return interrupted
+
+
+def indices_through(loader, handed: list, interrupts: list, stop_after=None) -> None:
+    """Iterates `loader` to its epoch's end, as a job restarted after each Ctrl-C goes on (a
+    new `for` loop), appending each batch's indices to `handed` as soon as it is handed over,
+    and counting the KeyboardInterrupts in `interrupts`; stops at the `stop_after`-th."""
+    while stop_after is None or len(interrupts) < stop_after:
+        try:
+            for batch in loader:
+                handed.append(batch["__index__"])
+            return
+        except KeyboardInterrupt:
+            interrupts.append(len(handed))
+
+
+def interrupted_conversions_lose_nothing(path: str) -> None:
+    # Every 5th conversion interrupted before the view is made, every 7th after.
+    interrupted = interrupting_conversion(
+        lambda k: "before" if k % 5 == 0 else "after" if k % 7 == 3 else None
+    )
+    settings = dict(batch_size=64, shuffle=3, workers=2, indices=True, output="numpy")
+    loader = gpufeed.Loader(path, **settings)
+    handed, interrupts = [], []
+    # A job that ends at its 6th Ctrl-C, writing a checkpoint.
+    indices_through(loader, handed, interrupts, stop_after=6)
+    state = loader.state_dict()
+    assert state["next_batch"] == len(handed), (state, len(handed), interrupts)
+    assert loader.position == len(handed)
+    del loader
+    # It restarts from the checkpoint, is interrupted again, and goes on each time.
+    resumed = gpufeed.Loader(path, **settings)
+    resumed.load_state_dict(state)
+    indices_through(resumed, handed, interrupts)
+    assert resumed.state_dict()["next_batch"] == len(resumed) == len(handed)
+    samples = sorted(i for batch in handed for i in batch.tolist())
+    assert samples == list(range(1000)), f"lost or repeated: {len(samples)} samples"
+    assert len(interrupts) > 10 and len(interrupted) == len(interrupts), (interrupts, interrupted)
+
+
+def test_an_interrupt_while_a_batch_is_converted_leaves_it_to_the_next_call(packed):
+    # Before the fix, each interrupted conversion lost its batch: position and state_dict
+    # counted it as delivered.
+    run_isolated(interrupted_conversions_lose_nothing, str(packed))
+
+
+def set_epoch_after_an_interrupted_first_batch_keeps_the_position(path: str) -> None:
+    settings = dict(batch_size=64, shuffle=3, workers=2, indices=True, output="numpy")
+    expected = [b["__index__"].tolist() for b in gpufeed.Loader(path, **settings)]
+    calls = interrupting_conversion(lambda k: "after" if k == 1 else None)
+    loader = gpufeed.Loader(path, **settings)
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(loader))
+    assert calls == [1] and loader.position == 0
+    # The loop's restart: `set_epoch` of the epoch where nothing was delivered yet keeps it.
+    loader.set_epoch(0)
+    assert [b["__index__"].tolist() for b in loader] == expected
+    # The same right after a resume.
+    state = loader.state_dict()
+    state["next_batch"] = 5
+    calls = interrupting_conversion(lambda k: "before" if k == 1 else None)
+    resumed = gpufeed.Loader(path, **settings)
+    resumed.load_state_dict(state)
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(resumed))
+    assert calls == [1] and resumed.position == 5 and resumed.state_dict()["next_batch"] == 5
+    resumed.set_epoch(0)
+    assert [b["__index__"].tolist() for b in resumed] == expected[5:]
+
+
+def test_set_epoch_after_an_interrupted_first_batch_keeps_the_position(packed):
+    run_isolated(set_epoch_after_an_interrupted_first_batch_keeps_the_position, str(packed))
+
+
+def randomly_interrupted_epochs_lose_nothing(path: str) -> None:
+    import _thread
+    import random
+
+    import numpy
+
+    # Converted by Python code, as with torch.
+    real = numpy.from_dlpack
+
+    def from_dlpack(x):
+        return real(x)
+
+    numpy.from_dlpack = from_dlpack
+    # One interrupt at a time: the handler disarms itself, the loop re-arms it (so that none
+    # lands in the test's own bookkeeping). It counts those that land in a conversion.
+    armed, landed = [False], [0]
+
+    def handler(signum, frame):
+        if armed[0]:
+            armed[0] = False
+            landed[0] += frame is not None and frame.f_code is from_dlpack.__code__
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    done = threading.Event()
+    rng = random.Random(18)
+
+    def interrupter():
+        while not done.wait(rng.uniform(0, 0.003)):
+            _thread.interrupt_main()
+
+    thread = threading.Thread(target=interrupter, daemon=True)
+    thread.start()
+    loader = gpufeed.Loader(path, batch_size=16, shuffle=5, workers=2, indices=True, output="numpy")
+    interrupts, epochs = 0, 0
+    try:
+        while landed[0] < 5 and epochs < 200:
+            handed = []
+            while True:
+                try:
+                    armed[0] = True
+                    for batch in loader:
+                        handed.append(batch["__index__"])
+                    armed[0] = False
+                    break
+                except KeyboardInterrupt:
+                    interrupts += 1
+            samples = sorted(i for b in handed for i in b.tolist())
+            assert samples == list(range(1000)), f"epoch {epochs}: {len(samples)} samples"
+            assert loader.state_dict()["next_batch"] == len(handed) == len(loader)
+            epochs += 1
+    finally:
+        done.set()
+        thread.join()
+    assert landed[0] >= 5, f"{interrupts} interrupts in {epochs} epochs, {landed[0]} in a conversion"
+
+
+def test_random_interrupts_lose_nothing(packed):
+    run_isolated(randomly_interrupted_epochs_lose_nothing, str(packed))
