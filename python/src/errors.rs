@@ -245,6 +245,25 @@ pub fn config(py: Python<'_>, argument: &str, what: impl std::fmt::Display) -> P
     )
 }
 
+/// A `FileExists` (a `FileExistsError`) for the file `path` that the argument `argument` names
+/// and that a call would replace: `force=True` replaces it.
+pub fn file_exists(py: Python<'_>, argument: &str, path: &std::path::Path) -> PyErr {
+    make(
+        py,
+        "io",
+        format!(
+            "{argument} {} exists: pass force=True to replace it, or choose another {argument}",
+            path.display()
+        ),
+        |attrs| {
+            attrs.set_item("path", path.display().to_string())?;
+            attrs.set_item("argument", argument)?;
+            attrs.set_item("errno", py.import("errno")?.getattr("EEXIST")?)?;
+            attrs.set_item("op", "create")
+        },
+    )
+}
+
 /// The exception for a panic caught in gpufeed: a bug, reported as such, never a crash.
 pub fn panicked(py: Python<'_>, payload: &(dyn Any + Send)) -> PyErr {
     let what = payload

@@ -184,6 +184,56 @@ def test_bad_npy_and_pack_arguments(tmp_path):
     assert not (tmp_path / "o.gfd").exists()
 
 
+@pytest.mark.parametrize("kind", ["npy", "raw", "imagefolder"])
+def test_pack_replaces_an_existing_file_only_when_forced(tmp_path, arrays, folder, kind):
+    raw = tmp_path / "records.bin"
+    raw.write_bytes(bytes(range(64)) * 10)
+    inputs, kwargs = {
+        "npy": (arrays[0], dict(labels=arrays[1])),
+        "raw": (raw, dict(record_bytes=64)),
+        "imagefolder": (folder, {}),
+    }[kind]
+    out = tmp_path / "out.gfd"
+    out.write_text("precious")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(gpufeed.FileExists) as e:
+        gpufeed.pack(inputs, out, **kwargs)
+    err = e.value
+    assert isinstance(err, FileExistsError) and isinstance(err, gpufeed.FileError)
+    assert err.errno == errno.EEXIST and err.filename == str(out) and err.argument == "output"
+    assert f"output {out} exists" in str(err) and "force=True" in str(err), str(err)
+    assert out.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "a temporary file was left"
+    summary = gpufeed.pack(inputs, out, force=True, **kwargs)
+    assert gpufeed.inspect(out)["records"] == summary["records"] == {"npy": N, "raw": 10}.get(
+        kind, 12
+    )
+
+
+def test_pack_never_writes_over_its_input(tmp_path, arrays):
+    data, labels = arrays
+    before = data.read_bytes()
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.pack(data, data, force=True)
+    assert e.value.argument == "output" and "would destroy it" in str(e.value), str(e.value)
+    link = tmp_path / "labels-link.gfd"
+    link.symlink_to(labels)
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.pack(data, link, labels=labels, force=True)
+    assert f"the input {labels}" in str(e.value), str(e.value)
+    assert data.read_bytes() == before and np.load(labels).tolist() == list(range(N))
+    # Nor over anything but a regular file, forced or not.
+    other = tmp_path / "other.gfd"
+    other.write_text("precious")
+    link.unlink()
+    link.symlink_to(other)
+    for out, words in ((tmp_path, "is a directory"), (link, "not a regular file")):
+        with pytest.raises(gpufeed.ConfigError) as e:
+            gpufeed.pack(data, out, force=True)
+        assert e.value.argument == "output" and words in str(e.value), str(e.value)
+    assert other.read_text() == "precious" and link.is_symlink()
+
+
 def test_holding_every_batch_is_an_error_naming_the_budget_and_loses_nothing(packed):
     loader = gpufeed.Loader(packed, batch_size=10, workers=1, prefetch=2, output="numpy")
     held = []
