@@ -376,7 +376,12 @@ fn holding_more_batches_than_the_budget_is_an_error_not_a_hang() {
         ),
         "{error:?}"
     );
+    // What the error is about, as figures: every batch of the budget is in the caller's hands.
+    assert_eq!((l.held_batches(), l.budget_batches()), (3, 3));
+    held.pop();
+    assert_eq!(l.held_batches(), 2);
     drop(held);
+    assert_eq!(l.held_batches(), 0);
 }
 
 #[test]

@@ -858,6 +858,18 @@ impl Loader {
         self.parts
     }
 
+    /// Batches the pool's budget holds: at most this many are in flight and in the caller's
+    /// hands together (see [`LoaderBuilder::pool_budget`]).
+    pub fn budget_batches(&self) -> usize {
+        self.budget.total()
+    }
+
+    /// Batches delivered that the caller still holds. When it holds all
+    /// [`budget_batches`](Self::budget_batches), the next batch is the `pool_budget` error.
+    pub fn held_batches(&self) -> usize {
+        self.budget.held()
+    }
+
     /// The settings that decide the order.
     pub fn order_spec(&self) -> &OrderSpec {
         &self.spec
