@@ -160,4 +160,10 @@ def _from_rust(kind: str, message: str, details: dict) -> Error:
 
 def config_error(argument: str, what: str) -> ConfigError:
     """A ConfigError naming ``argument``, worded as the extension module words them."""
-    return ConfigError(f"invalid argument {argument}: {what}", "invalid_config", argument=argument)
+    return config_said(argument, f"invalid argument {argument}: {what}")
+
+
+def config_said(argument: str, message: str) -> ConfigError:
+    """A ConfigError about ``argument`` (the one that changes it) whose message says what the
+    call did or lacks: for a call that is missing an argument, not giving a bad one."""
+    return ConfigError(message, "invalid_config", argument=argument)

@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _gpufeed
-from ._errors import config_error
+from ._errors import config_error, config_said
 
 __all__ = ["Loader", "ImageOptions", "MASK_KEY", "INDEX_KEY"]
 
@@ -251,10 +251,11 @@ def _converter(
         elif importlib.util.find_spec("numpy") is not None:
             output = "numpy"
         else:
-            raise config_error(
+            raise config_said(
                 "output",
-                "neither torch nor numpy is installed: install one, or pass output='dlpack' "
-                "for gpufeed.Array objects (any DLPack consumer takes them)",
+                "output= was not given, and neither torch nor numpy is installed to give the "
+                "batches as their arrays: install one, or pass output='dlpack' for "
+                "gpufeed.Array objects (any DLPack consumer takes them)",
             )
     if on_device and output == "numpy":
         raise config_error(
@@ -416,6 +417,7 @@ class Loader:
         pool_budget: Optional[int] = None,
     ) -> None:
         paths = _paths(path_or_paths)
+        output_given = output is not None
         batch_size = _int("batch_size", batch_size, 1)
         if shuffle is None or shuffle is False:
             seed = None
@@ -484,10 +486,17 @@ class Loader:
             bf16 = [name for name, dtype, _ in self._core.fields if dtype == "bfloat16"]
             if bf16:
                 self._core.close()
-                raise config_error(
+                if output_given:
+                    raise config_error(
+                        "output",
+                        f"numpy has no bfloat16 (field {bf16[0]!r}): use output='torch', or a "
+                        "float16/float32 image dtype",
+                    )
+                raise config_said(
                     "output",
-                    f"numpy has no bfloat16 (field {bf16[0]!r}): use output='torch', or a "
-                    "float16/float32 image dtype",
+                    f"the batches would be numpy arrays (output= was not given, and torch is "
+                    f"not installed), and numpy has no bfloat16 (field {bf16[0]!r}): install "
+                    "torch, pass output='dlpack', or choose a float16/float32 image dtype",
                 )
         self.batch_size = batch_size
         self.evaluation = bool(evaluation)

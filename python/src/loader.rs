@@ -48,7 +48,7 @@ use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions, NextDeviceBatch}
 use gpufeed::sampler::OrderSpec;
 
 use crate::dlpack::{Array, HeldBatch, dtype_name};
-use crate::errors::{self, Caught, catch, lift};
+use crate::errors::{self, Caught, Defaults, catch, lift_with};
 use crate::value;
 
 /// How long `__next__` waits for a batch before it looks for signals.
@@ -70,6 +70,11 @@ enum Inner {
 enum Next {
     /// The next batch, taken from the loader (or kept from a failed hand-over).
     Batch(Taken),
+    /// The caller holds every batch the pool's budget allows: `batches` of `batch_bytes`.
+    Budget {
+        batches: usize,
+        batch_bytes: usize,
+    },
     Failed(Error),
     Pending,
     End,
@@ -87,6 +92,15 @@ impl Inner {
         match self {
             Inner::Host(l) => match l.next_timeout(timeout) {
                 NextBatch::Ready(Ok(b)) => Next::Batch(Taken::Host(HeldBatch::new(b))),
+                // The budget's error (another `pool_budget` error, a failed allocation, is a
+                // batch's, while the caller holds fewer).
+                NextBatch::Ready(Err(Error::InvalidConfig {
+                    setting: "pool_budget",
+                    ..
+                })) if l.held_batches() >= l.budget_batches() => Next::Budget {
+                    batches: l.budget_batches(),
+                    batch_bytes: gpufeed::HostPool::block_size(l.layout().total_bytes()),
+                },
                 NextBatch::Ready(Err(e)) => Next::Failed(e),
                 NextBatch::Pending => Next::Pending,
                 NextBatch::EndOfEpoch => Next::End,
@@ -232,6 +246,8 @@ pub struct LoaderCore {
     device: Option<usize>,
     /// The process that built the loader: a forked child has none of its threads.
     pid: u32,
+    /// The arguments left to gpufeed's defaults (see `errors::Defaults`).
+    defaults: Vec<&'static str>,
 }
 
 /// The image pipeline's options, as `gpufeed.ImageOptions` spells them out.
@@ -354,11 +370,39 @@ struct Settings {
     device: Option<usize>,
 }
 
+impl Settings {
+    /// The optional arguments not given: gpufeed chooses them.
+    fn defaults(&self) -> Vec<&'static str> {
+        let shard = self.shard.is_none() && !self.shard_env;
+        [
+            ("workers", self.workers.is_none()),
+            ("prefetch", self.prefetch.is_none()),
+            ("batch_parts", self.batch_parts.is_none()),
+            ("pool_budget", self.pool_budget.is_none()),
+            ("shard", shard),
+            ("images", self.images.is_none()),
+            ("fields", self.fields.is_none()),
+            ("device", self.device.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(argument, default)| default.then_some(argument))
+        .collect()
+    }
+}
+
 /// A failure of `build` that is the Python user's argument, named as typed.
 enum BuildError {
     Library(Error),
+    /// An invalid argument, and what is wrong with it.
     Argument(&'static str, String),
+    /// What the call lacks, said plainly (`errors::config_said`), and the argument that
+    /// gives it.
+    Lacks(&'static str, String),
 }
+
+/// `ImageOptions`' defaults of the fields the image pipeline reads (`gpufeed/_loader.py`).
+const DEFAULT_IMAGE_FIELD: &str = "image";
+const DEFAULT_LABEL_FIELD: &str = "label";
 
 impl From<Error> for BuildError {
     fn from(e: Error) -> Self {
@@ -376,10 +420,10 @@ fn open_dataset(s: &Settings) -> Result<Arc<dyn Dataset>, BuildError> {
         // the library's open, as files do; other directories are image folders.
         [dir] if dir.is_dir() && !source::shards::is_shard_dir(dir) => {
             if s.images.is_none() {
-                return Err(BuildError::Argument(
+                return Err(BuildError::Lacks(
                     "images",
                     format!(
-                        "{} is a directory (an ImageFolder): pass images={{...}} to decode its images, e.g. images={{'size': 224}}",
+                        "{} is a directory of images (an ImageFolder), and images= was not given: pass images={{...}} to decode them, e.g. images={{'size': 224}}",
                         dir.display()
                     ),
                 ));
@@ -408,13 +452,32 @@ fn check_names(s: &Settings, schema: &gpufeed::Schema) -> Result<(), BuildError>
         ));
     }
     if let Some(images) = &s.images {
-        if missing(&images.image_field) {
+        let image = images.image_field.as_str();
+        if missing(image) && image == DEFAULT_IMAGE_FIELD {
+            return Err(BuildError::Lacks(
+                "images",
+                format!(
+                    "images= decodes the field `{image}` (image_field's default), which the data set does not have: {}; name the field of encoded images with images={{..., 'image_field': NAME}}",
+                    fields()
+                ),
+            ));
+        }
+        if missing(image) {
             return Err(BuildError::Argument(
                 "images['image_field']",
-                format!("no field `{}`: {}", images.image_field, fields()),
+                format!("no field `{image}`: {}", fields()),
             ));
         }
         if let Some(label) = images.label_field.as_deref().filter(|l| missing(l)) {
+            if label == DEFAULT_LABEL_FIELD {
+                return Err(BuildError::Lacks(
+                    "images",
+                    format!(
+                        "images= reads labels from the field `{label}` (label_field's default), which the data set does not have: {}; name it with images={{..., 'label_field': NAME}}, or 'label_field': None for unlabelled data",
+                        fields()
+                    ),
+                ));
+            }
             return Err(BuildError::Argument(
                 "images['label_field']",
                 format!(
@@ -427,10 +490,14 @@ fn check_names(s: &Settings, schema: &gpufeed::Schema) -> Result<(), BuildError>
     Ok(())
 }
 
-/// Field names gpufeed keeps for its own arrays cannot be the data's.
-fn check_reserved(loader: &Loader) -> Result<(), BuildError> {
+/// Field names gpufeed keeps for its own arrays cannot be the data's: the fields picked
+/// (`fields=`), or, without it, the data set's.
+fn check_reserved(s: &Settings, loader: &Loader) -> Result<(), BuildError> {
     for f in loader.layout().fields() {
-        if f.name == MASK_KEY || f.name == INDEX_KEY {
+        if f.name != MASK_KEY && f.name != INDEX_KEY {
+            continue;
+        }
+        if s.fields.is_some() {
             return Err(BuildError::Argument(
                 "fields",
                 format!(
@@ -439,6 +506,13 @@ fn check_reserved(loader: &Loader) -> Result<(), BuildError> {
                 ),
             ));
         }
+        return Err(BuildError::Lacks(
+            "fields",
+            format!(
+                "the data set has a field `{}`, a key gpufeed reserves for its own arrays: rename the field, or leave it out with fields=[...]",
+                f.name
+            ),
+        ));
     }
     Ok(())
 }
@@ -474,10 +548,19 @@ fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
                 .filter(|f| matches!(f.kind, FieldKind::Tensor { .. }))
                 .map(|f| f.name.as_str())
                 .collect();
-            return Err(BuildError::Argument(
+            if s.fields.is_some() {
+                return Err(BuildError::Argument(
+                    "fields",
+                    format!(
+                        "field `{}` holds variable-size bytes (encoded images?): pick tensor fields only ({tensors:?}), or drop fields= and pass images={{...}} to decode them",
+                        f.name
+                    ),
+                ));
+            }
+            return Err(BuildError::Lacks(
                 "images",
                 format!(
-                    "field `{}` holds variable-size bytes (encoded images?): pass images={{...}} to decode them, or fields=[...] to pick tensor fields only ({tensors:?})",
+                    "the data set's field `{}` holds variable-size bytes (encoded images?), and images= was not given: pass images={{...}} to decode them, or fields=[...] to pick tensor fields only ({tensors:?})",
                     f.name
                 ),
             ));
@@ -518,7 +601,7 @@ fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
     match s.device {
         None => {
             let loader = builder.build()?;
-            check_reserved(&loader)?;
+            check_reserved(&s, &loader)?;
             Ok((Inner::Host(Box::new(loader)), stats))
         }
         #[cfg(feature = "cuda")]
@@ -527,7 +610,7 @@ fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
             let loader = builder
                 .backing(gpufeed::cuda::PinnedBacking::new(&device))
                 .build()?;
-            check_reserved(&loader)?;
+            check_reserved(&s, &loader)?;
             let mut opts = DeviceLoaderOptions::default();
             if let Some(c) = s.images.as_ref().map(ImageArgs::device_convert).transpose()? {
                 opts.convert.extend(c);
@@ -555,6 +638,27 @@ fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
 }
 
 impl LoaderCore {
+    /// The error of a caller that holds every batch the budget allows, said as what it did
+    /// (it passed no `pool_budget=`, maybe).
+    fn budget_error(&self, py: Python<'_>, batches: usize, batch_bytes: usize) -> PyErr {
+        let budget = if self.defaults.contains(&"pool_budget") {
+            "gpufeed's default budget, prefetch + 2 batches: pool_budget= was not given"
+        } else {
+            "pool_budget="
+        };
+        let err = errors::config_said(
+            py,
+            "pool_budget",
+            format!(
+                "you hold {batches} batches, all that the pool's budget allows ({budget}; batches of {batch_bytes} bytes): drop one and iterate again, or raise pool_budget= (bytes)"
+            ),
+        );
+        let note = "gpufeed: each tensor of a batch keeps the whole batch buffer; keep copies (tensor.clone(), numpy.array(a)) of what you keep across steps";
+        // Python < 3.11 has no notes; the message says enough without one.
+        let _ = err.value(py).call_method1("add_note", (note,));
+        err
+    }
+
     fn check_process(&self) -> PyResult<()> {
         if std::process::id() != self.pid {
             return Err(PyRuntimeError::new_err(format!(
@@ -581,10 +685,11 @@ impl LoaderCore {
                 Some(f(place, loader.as_mut()?))
             })
         });
+        let defaults = Defaults(&self.defaults);
         match caught {
             Ok(None) => Err(PyRuntimeError::new_err("this gpufeed.Loader is closed")),
-            Ok(Some(result)) => lift(py, Ok(result)),
-            Err(payload) => lift(py, Err(payload)),
+            Ok(Some(result)) => lift_with(py, Ok(result), defaults),
+            Err(payload) => lift_with(py, Err(payload), defaults),
         }
     }
 
@@ -718,11 +823,17 @@ impl LoaderCore {
             indices,
             device,
         };
+        let defaults = settings.defaults();
         let caught = py.detach(|| catch(|| build(settings)));
         let (loader, image_stats) = match caught {
             Ok(Ok(built)) => built,
-            Ok(Err(BuildError::Library(e))) => return Err(errors::to_py(py, &e)),
+            Ok(Err(BuildError::Library(e))) => {
+                return Err(errors::to_py_with(py, &e, Defaults(&defaults)));
+            }
             Ok(Err(BuildError::Argument(arg, what))) => return Err(errors::config(py, arg, what)),
+            Ok(Err(BuildError::Lacks(arg, message))) => {
+                return Err(errors::config_said(py, arg, message));
+            }
             Err(payload) => return Err(errors::panicked(py, payload.as_ref())),
         };
         // Every field of the batches, in order (device batches: the mask and indices last).
@@ -764,6 +875,7 @@ impl LoaderCore {
             images: image_stats,
             device,
             pid: std::process::id(),
+            defaults,
         })
     }
 
@@ -800,18 +912,12 @@ impl LoaderCore {
             })?;
             let taken = match next {
                 Next::Batch(taken) => taken,
+                Next::Budget {
+                    batches,
+                    batch_bytes,
+                } => return Err(self.budget_error(py, batches, batch_bytes)),
                 Next::Failed(e) => {
-                    let err = errors::to_py(py, &e);
-                    if let Error::InvalidConfig {
-                        setting: "pool_budget",
-                        ..
-                    } = e
-                    {
-                        let note = "gpufeed: each tensor of a batch keeps the whole batch buffer; keep copies (tensor.clone(), numpy.array(a)) of what you keep across steps";
-                        // Python < 3.11 has no notes; the message says enough without one.
-                        let _ = err.value(py).call_method1("add_note", (note,));
-                    }
-                    return Err(err);
+                    return Err(errors::to_py_with(py, &e, Defaults(&self.defaults)));
                 }
                 Next::End => return Ok(None),
                 Next::Pending => {

@@ -324,7 +324,7 @@ def randomly_interrupted_epochs_lose_nothing(path: str) -> None:
     finally:
         done.set()
         thread.join()
-    assert landed[0] >= 5, f"{interrupts} interrupts in {epochs} epochs, {landed[0]} in a conversion"
+    assert landed[0] >= 5, f"{interrupts} interrupts, {epochs} epochs, {landed[0]} in a conversion"
 
 
 def test_random_interrupts_lose_nothing(packed):
