@@ -1316,7 +1316,15 @@ impl Drop for Loader {
         // Every worker holds a sender of the result channel: it disconnects once the last
         // worker has returned. Results that come meanwhile are dropped (their permits and
         // buffers go back).
-        let deadline = Instant::now() + SHUTDOWN_WAIT;
+        // Miri runs every thread on one host thread, some hundred times slower: a worker
+        // that is merely busy could take longer than SHUTDOWN_WAIT to see the stop, and a
+        // thread left running fails its leak check. There, wait for every one.
+        let wait = if cfg!(miri) {
+            Duration::from_secs(3600)
+        } else {
+            SHUTDOWN_WAIT
+        };
+        let deadline = Instant::now() + wait;
         let all_stopped = loop {
             match self.done.recv_deadline(deadline) {
                 Ok(_) => {}
