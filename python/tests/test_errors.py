@@ -331,11 +331,12 @@ def lacking(tmp_path, folder, arrays, case):
     if case == "a data field named __index__":
         return write_mds(tmp_path / "mds", ["__index__", "x"]), {}
     if case == "the default prefetch's buffers exceed the memory":
-        # One batch of 1 GiB rows, a third of the memory (under half: else batch_size is at
-        # fault); prefetch + 2 of them exceed it: gpufeed's default prefetch does not fit.
+        # Batches of 1 GiB rows, each a third of the memory (under half: else batch_size is at
+        # fault), four of them an epoch; prefetch (at least 3) + 2 of them exceed the memory:
+        # gpufeed's default prefetch does not fit.
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        rows = -(-memory // 3 // (1 << 30))
-        return sparse_npy(tmp_path / "huge.npy", rows, 1 << 30), dict(batch_size=rows)
+        batch = -(-memory // 3 // (1 << 30))
+        return sparse_npy(tmp_path / "huge.npy", 4 * batch, 1 << 30), dict(batch_size=batch)
     raise AssertionError(case)
 
 
