@@ -259,6 +259,91 @@ fn dropping_mid_epoch_with_a_full_channel_stops_every_thread_promptly() {
     );
 }
 
+/// A dataset whose `get` blocks until `release` is sent or dropped (a read that does not
+/// return, as of a named pipe); it says when a `get` starts, and when it is dropped.
+struct Stuck {
+    inner: Numbers,
+    started: std::sync::mpsc::SyncSender<()>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Dataset for Stuck {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn schema(&self) -> &Schema {
+        self.inner.schema()
+    }
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        let _ = self.started.try_send(());
+        let _ = self.release.lock().unwrap().recv();
+        self.inner.get(index)
+    }
+}
+
+impl Drop for Stuck {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::Release);
+    }
+}
+
+#[test]
+fn dropping_a_loader_whose_worker_is_stuck_returns_and_detaches_the_worker() {
+    let (started_tx, started) = std::sync::mpsc::sync_channel(16);
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let l = Loader::builder(Stuck {
+        inner: Numbers::new(10),
+        started: started_tx,
+        release: std::sync::Mutex::new(release_rx),
+        dropped: Arc::clone(&dropped),
+    })
+    .batch_size(1)
+    .workers(1)
+    .prefetch(1)
+    .build()
+    .unwrap();
+    started
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the worker never called get");
+    let before = gpufeed::loader::detached_workers();
+    // Dropped on another thread, so that a drop that never returns fails the test.
+    let (took_tx, took) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let t0 = Instant::now();
+        drop(l);
+        let _ = took_tx.send(t0.elapsed());
+    });
+    let wait = gpufeed::loader::SHUTDOWN_WAIT;
+    let took = took
+        .recv_timeout(wait + Duration::from_secs(30))
+        .expect("dropping the loader did not return: it waits for a worker stuck in Dataset::get");
+    assert!(
+        took >= wait,
+        "the drop gave up after {took:?}, before {wait:?}"
+    );
+    assert!(
+        gpufeed::loader::detached_workers() > before,
+        "the stuck worker was not counted as detached"
+    );
+    // The detached worker still owns the dataset (no freed memory under it) ...
+    assert!(
+        !dropped.load(Ordering::Acquire),
+        "the dataset was freed under its worker"
+    );
+    // ... until its call returns: then it ends, and frees it.
+    drop(release);
+    let t0 = Instant::now();
+    while !dropped.load(Ordering::Acquire) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the detached worker did not end once its get returned"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn holding_more_batches_than_the_budget_is_an_error_not_a_hang() {
     let mut l = Loader::builder(Numbers::new(1000))
@@ -291,7 +376,12 @@ fn holding_more_batches_than_the_budget_is_an_error_not_a_hang() {
         ),
         "{error:?}"
     );
+    // What the error is about, as figures: every batch of the budget is in the caller's hands.
+    assert_eq!((l.held_batches(), l.budget_batches()), (3, 3));
+    held.pop();
+    assert_eq!(l.held_batches(), 2);
     drop(held);
+    assert_eq!(l.held_batches(), 0);
 }
 
 #[test]

@@ -25,6 +25,7 @@ from ._errors import (
     DataError,
     Error,
     FileError,
+    FileExists,
     FileNotFound,
     GpuError,
     InternalError,
@@ -48,6 +49,7 @@ __all__ = [
     "DataError",
     "FileError",
     "FileNotFound",
+    "FileExists",
     "GpuError",
     "InternalError",
 ]
@@ -62,10 +64,15 @@ def pack(
     kind: Optional[str] = None,
     labels: Optional[PathLike] = None,
     record_bytes: Optional[int] = None,
+    force: bool = False,
 ) -> Dict[str, Any]:
     """Writes the packed record file ``output`` (atomically: under a temporary name, renamed
     when complete), as ``gpufeed pack`` does, and returns what it wrote: ``path``,
     ``records``, ``file_bytes``, ``input_bytes``, ``seconds``.
+
+    An existing ``output`` is replaced only with ``force=True`` (else :class:`FileExists`, a
+    ``FileExistsError``, naming it), and never when it is one of the inputs (a
+    :class:`ConfigError` naming ``output``).
 
     ``kind`` says what the inputs are (by default: ``"imagefolder"`` for a directory,
     ``"raw"`` when ``record_bytes`` is given, else ``"npy"``):
@@ -96,6 +103,7 @@ def pack(
         kind=kind,
         labels=None if labels is None else os.fsdecode(labels),
         record_bytes=record_bytes,
+        force=bool(force),
     )
 
 

@@ -20,6 +20,8 @@ class                   also a                      raised for (``kind``)
 ``FileError``           ``OSError``                 the operating system refused (``io``); ``errno``,
                                                     ``filename``
 ``FileNotFound``        ``FileNotFoundError``       the same, for a file that does not exist
+``FileExists``          ``FileExistsError``         the same, for a file that a call would replace
+                                                    (``pack`` without ``force=True``)
 ``GpuError``            ``RuntimeError``            no usable GPU, or a CUDA call failed
                                                     (``no_gpu``, ``cuda``)
 ``InternalError``       ``RuntimeError``            a bug in gpufeed (``internal``): please report it
@@ -42,6 +44,7 @@ __all__ = [
     "DataError",
     "FileError",
     "FileNotFound",
+    "FileExists",
     "GpuError",
     "InternalError",
 ]
@@ -103,6 +106,11 @@ class FileNotFound(FileError, FileNotFoundError):
     """A file or directory that does not exist."""
 
 
+class FileExists(FileError, FileExistsError):
+    """A file that exists and that a call would replace (``gpufeed.pack`` without
+    ``force=True``); ``filename`` is the file, ``argument`` the argument that names it."""
+
+
 class GpuError(Error, RuntimeError):
     """No usable GPU, or a CUDA call failed."""
 
@@ -133,7 +141,14 @@ def _from_rust(kind: str, message: str, details: dict) -> Error:
     elif kind in _DATA_KINDS:
         cls = DataError
     elif kind == "io":
-        cls = FileNotFound if details.get("errno") == _errno.ENOENT else FileError
+        found = details.get("errno")
+        cls = (
+            FileNotFound
+            if found == _errno.ENOENT
+            else FileExists
+            if found == _errno.EEXIST
+            else FileError
+        )
     elif kind in ("no_gpu", "cuda"):
         cls = GpuError
     elif kind == "internal":
@@ -145,4 +160,10 @@ def _from_rust(kind: str, message: str, details: dict) -> Error:
 
 def config_error(argument: str, what: str) -> ConfigError:
     """A ConfigError naming ``argument``, worded as the extension module words them."""
-    return ConfigError(f"invalid argument {argument}: {what}", "invalid_config", argument=argument)
+    return config_said(argument, f"invalid argument {argument}: {what}")
+
+
+def config_said(argument: str, message: str) -> ConfigError:
+    """A ConfigError about ``argument`` (the one that changes it) whose message says what the
+    call did or lacks: for a call that is missing an argument, not giving a bad one."""
+    return ConfigError(message, "invalid_config", argument=argument)

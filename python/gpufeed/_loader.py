@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _gpufeed
-from ._errors import config_error
+from ._errors import config_error, config_said
 
 __all__ = ["Loader", "ImageOptions", "MASK_KEY", "INDEX_KEY"]
 
@@ -251,10 +251,11 @@ def _converter(
         elif importlib.util.find_spec("numpy") is not None:
             output = "numpy"
         else:
-            raise config_error(
+            raise config_said(
                 "output",
-                "neither torch nor numpy is installed: install one, or pass output='dlpack' "
-                "for gpufeed.Array objects (any DLPack consumer takes them)",
+                "output= was not given, and neither torch nor numpy is installed to give the "
+                "batches as their arrays: install one, or pass output='dlpack' for "
+                "gpufeed.Array objects (any DLPack consumer takes them)",
             )
     if on_device and output == "numpy":
         raise config_error(
@@ -366,7 +367,9 @@ class Loader:
     Errors are :class:`gpufeed.Error` subclasses with gpufeed's message. A batch with a bad
     sample raises when its turn comes, and the next iteration yields the next batch. Ctrl-C
     while waiting for a batch raises KeyboardInterrupt within a few tens of milliseconds; the
-    loader can still be used.
+    loader can still be used. A batch counts as delivered (``position``, ``state_dict``) once
+    the iteration has returned it: an interrupt (or any exception) while it is converted
+    (``torch.from_dlpack``) leaves it to the next iteration.
 
     Threads: the loader may be used from several Python threads (the GIL is released while it
     waits), but it cannot cross a ``fork``: make it in the process that iterates it.
@@ -414,6 +417,7 @@ class Loader:
         pool_budget: Optional[int] = None,
     ) -> None:
         paths = _paths(path_or_paths)
+        output_given = output is not None
         batch_size = _int("batch_size", batch_size, 1)
         if shuffle is None or shuffle is False:
             seed = None
@@ -482,10 +486,17 @@ class Loader:
             bf16 = [name for name, dtype, _ in self._core.fields if dtype == "bfloat16"]
             if bf16:
                 self._core.close()
-                raise config_error(
+                if output_given:
+                    raise config_error(
+                        "output",
+                        f"numpy has no bfloat16 (field {bf16[0]!r}): use output='torch', or a "
+                        "float16/float32 image dtype",
+                    )
+                raise config_said(
                     "output",
-                    f"numpy has no bfloat16 (field {bf16[0]!r}): use output='torch', or a "
-                    "float16/float32 image dtype",
+                    f"the batches would be numpy arrays (output= was not given, and torch is "
+                    f"not installed), and numpy has no bfloat16 (field {bf16[0]!r}): install "
+                    "torch, pass output='dlpack', or choose a float16/float32 image dtype",
                 )
         self.batch_size = batch_size
         self.evaluation = bool(evaluation)
@@ -570,7 +581,12 @@ class Loader:
         return {name: (dtype, tuple(shape)) for name, dtype, shape in self._core.fields}
 
     def close(self) -> None:
-        """Stops the worker threads now. Batches you hold stay valid; later calls raise."""
+        """Stops the worker threads now. Batches you hold stay valid; later calls raise.
+
+        Closing (or dropping the last reference) waits, with the GIL released, for each worker
+        to stop; one stuck in a read that does not return (a named pipe, a hung network file
+        system) is left running after 2 seconds, with a RuntimeWarning, and ends when its read
+        returns."""
         self._core.close()
 
     def __enter__(self) -> "Loader":

@@ -4,7 +4,9 @@
 //! (made there by `_from_rust`, from a kind, the message and the details: path, record,
 //! sample, batch, argument, errno), so that the class hierarchy, with its Python bases
 //! (`ValueError`, `OSError`), lives in one Python file. Settings are named as the Python user
-//! typed them (`images['size']`, not `size`).
+//! typed them (`images['size']`, not `size`); a setting the user did not give (gpufeed's
+//! default: see [`Defaults`]) is not called an invalid argument, and the message says that
+//! it is the default and which argument sets it.
 
 use std::any::Any;
 
@@ -22,7 +24,7 @@ pub fn python_argument(setting: &str) -> String {
         "rank" | "world" | "shard" | "RANK" | "WORLD_SIZE" | "SLURM_PROCID" | "SLURM_NTASKS" => {
             "shard".into()
         }
-        "dataset" => "path_or_paths".into(),
+        "dataset" | "shards" | "sources" => "path_or_paths".into(),
         "transform" => "fields".into(),
         "size" | "scale" | "ratio" | "flip" | "resize" | "dtype" | "normalize" | "layout" => {
             format!("images['{setting}']")
@@ -169,26 +171,59 @@ fn details(e: &Error) -> Details {
     }
 }
 
+/// The Python arguments a call left to gpufeed's defaults (`gpufeed.Loader(path)`: workers,
+/// prefetch, pool_budget, ...): an error about one of them is not the user's invalid argument.
+#[derive(Clone, Copy, Default)]
+pub struct Defaults<'a>(pub &'a [&'static str]);
+
+impl Defaults<'_> {
+    /// True when `argument` (`images['size']` counts as `images`) was left to its default.
+    fn has(&self, argument: &str) -> bool {
+        let base = argument.split('[').next().unwrap_or(argument);
+        self.0.contains(&base)
+    }
+}
+
+/// The message of a setting's error: the invalid argument, named as in Python, or, for a
+/// default, what gpufeed chose and the argument that sets it; an environment variable as such.
+fn config_message(setting: &str, what: &str, defaults: Defaults<'_>) -> String {
+    if setting.starts_with("GPUFEED_") {
+        return format!("environment variable {setting}: {what}");
+    }
+    let argument = python_argument(setting);
+    if defaults.has(&argument) {
+        format!(
+            "{what} ({argument}= was not given: this is gpufeed's default; pass {argument}= to set it)"
+        )
+    } else {
+        format!("invalid argument {argument}: {what}")
+    }
+}
+
 /// The message: gpufeed's, with settings named as in Python.
-fn message(e: &Error) -> String {
+fn message(e: &Error, defaults: Defaults<'_>) -> String {
     match e {
-        Error::InvalidConfig { setting, what } => {
-            format!("invalid argument {}: {what}", python_argument(setting))
-        }
+        Error::InvalidConfig { setting, what } => config_message(setting, what, defaults),
         Error::Spawn {
             setting,
             thread,
             source,
-        } => format!(
-            "invalid argument {}: cannot start {thread}: {source}",
-            python_argument(setting)
+        } => config_message(
+            setting,
+            &format!("cannot start {thread}: {source}"),
+            defaults,
         ),
         Error::Sample {
             index,
             batch,
             source,
-        } => format!("sample {index} (batch {batch}): {}", message(source)),
-        Error::Batch { batch, source } => format!("batch {batch}: {}", message(source)),
+        } => format!(
+            "sample {index} (batch {batch}): {}",
+            message(source, defaults)
+        ),
+        Error::Batch { batch, source } => {
+            format!("batch {batch}: {}", message(source, defaults))
+        }
         other => other.to_string(),
     }
 }
@@ -222,8 +257,13 @@ fn make(
 
 /// The Python exception for `e`.
 pub fn to_py(py: Python<'_>, e: &Error) -> PyErr {
+    to_py_with(py, e, Defaults::default())
+}
+
+/// The Python exception for `e`, of a call that left `defaults` to gpufeed.
+pub fn to_py_with(py: Python<'_>, e: &Error, defaults: Defaults<'_>) -> PyErr {
     let d = details(e);
-    make(py, d.kind, message(e), |attrs| {
+    make(py, d.kind, message(e, defaults), |attrs| {
         attrs.set_item("path", d.path)?;
         attrs.set_item("record", d.record)?;
         attrs.set_item("sample", d.sample)?;
@@ -237,11 +277,33 @@ pub fn to_py(py: Python<'_>, e: &Error) -> PyErr {
 
 /// A `ConfigError` naming the Python argument `argument`.
 pub fn config(py: Python<'_>, argument: &str, what: impl std::fmt::Display) -> PyErr {
+    config_said(py, argument, format!("invalid argument {argument}: {what}"))
+}
+
+/// A `ConfigError` about the Python argument `argument` (the one that changes it), whose
+/// message says what the user did: for what is not an invalid argument but calls for one.
+pub fn config_said(py: Python<'_>, argument: &str, message: String) -> PyErr {
+    make(py, "invalid_config", message, |attrs| {
+        attrs.set_item("argument", argument)
+    })
+}
+
+/// A `FileExists` (a `FileExistsError`) for the file `path` that the argument `argument` names
+/// and that a call would replace: `force=True` replaces it.
+pub fn file_exists(py: Python<'_>, argument: &str, path: &std::path::Path) -> PyErr {
     make(
         py,
-        "invalid_config",
-        format!("invalid argument {argument}: {what}"),
-        |attrs| attrs.set_item("argument", argument),
+        "io",
+        format!(
+            "{argument} {} exists: pass force=True to replace it, or choose another {argument}",
+            path.display()
+        ),
+        |attrs| {
+            attrs.set_item("path", path.display().to_string())?;
+            attrs.set_item("argument", argument)?;
+            attrs.set_item("errno", py.import("errno")?.getattr("EEXIST")?)?;
+            attrs.set_item("op", "create")
+        },
     )
 }
 
@@ -270,9 +332,18 @@ pub fn catch<T>(f: impl FnOnce() -> T) -> Caught<T> {
 
 /// Turns a caught library result into a Python one.
 pub fn lift<T>(py: Python<'_>, caught: Caught<gpufeed::Result<T>>) -> PyResult<T> {
+    lift_with(py, caught, Defaults::default())
+}
+
+/// Turns a caught library result of a call that left `defaults` to gpufeed into a Python one.
+pub fn lift_with<T>(
+    py: Python<'_>,
+    caught: Caught<gpufeed::Result<T>>,
+    defaults: Defaults<'_>,
+) -> PyResult<T> {
     match caught {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(to_py(py, &e)),
+        Ok(Err(e)) => Err(to_py_with(py, &e, defaults)),
         Err(payload) => Err(panicked(py, payload.as_ref())),
     }
 }

@@ -19,6 +19,13 @@
 //! on where the loader stands, and once an epoch has been delivered to its end, a new iteration
 //! that no `set_epoch` or `load_state_dict` preceded starts the next epoch.
 //!
+//! Hand-over: a batch is delivered when `__next__` returns it. Converting it runs Python code
+//! (`torch.from_dlpack`), where a signal handler may raise (Ctrl-C); a batch whose hand-over
+//! fails so is kept ([`Place::pending`]) and handed over by the next `__next__`, and until
+//! then neither `state_dict` nor `position` counts it. It is kept as it was taken, shared:
+//! views made by the failed attempt (in the exception's traceback) keep its buffer, so it
+//! cannot go back to the library's loader, and later views share it.
+//!
 //! Device loaders (`device=N`, feature `cuda`): the same loader in pinned buffers behind a
 //! [`DeviceLoader`], whose device batches become CUDA arrays (`dlpack.rs`); with the image
 //! pipeline to a float dtype, the workers stop at u8 CHW and the GPU converts
@@ -37,11 +44,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 #[cfg(feature = "cuda")]
-use gpufeed::cuda::{Convert, DeviceBatch, DeviceLoader, DeviceLoaderOptions, NextDeviceBatch};
+use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions, NextDeviceBatch};
 use gpufeed::sampler::OrderSpec;
 
 use crate::dlpack::{Array, HeldBatch, dtype_name};
-use crate::errors::{self, Caught, catch, lift};
+use crate::errors::{self, Caught, Defaults, catch, lift_with};
 use crate::value;
 
 /// How long `__next__` waits for a batch before it looks for signals.
@@ -61,26 +68,48 @@ enum Inner {
 
 /// What [`Inner::next_timeout`] found.
 enum Next {
-    Host(gpufeed::Batch),
-    #[cfg(feature = "cuda")]
-    Device(DeviceBatch),
+    /// The next batch, taken from the loader (or kept from a failed hand-over).
+    Batch(Taken),
+    /// The caller holds every batch the pool's budget allows: `batches` of `batch_bytes`.
+    Budget {
+        batches: usize,
+        batch_bytes: usize,
+    },
     Failed(Error),
     Pending,
     End,
+}
+
+/// A batch taken from the loader, held for the arrays of its hand-over to Python.
+enum Taken {
+    Host(Arc<HeldBatch>),
+    #[cfg(feature = "cuda")]
+    Device(Arc<crate::dlpack::HeldDeviceBatch>),
 }
 
 impl Inner {
     fn next_timeout(&mut self, timeout: Duration) -> Next {
         match self {
             Inner::Host(l) => match l.next_timeout(timeout) {
-                NextBatch::Ready(Ok(b)) => Next::Host(b),
+                NextBatch::Ready(Ok(b)) => Next::Batch(Taken::Host(HeldBatch::new(b))),
+                // The budget's error (another `pool_budget` error, a failed allocation, is a
+                // batch's, while the caller holds fewer).
+                NextBatch::Ready(Err(Error::InvalidConfig {
+                    setting: "pool_budget",
+                    ..
+                })) if l.held_batches() >= l.budget_batches() => Next::Budget {
+                    batches: l.budget_batches(),
+                    batch_bytes: gpufeed::HostPool::block_size(l.layout().total_bytes()),
+                },
                 NextBatch::Ready(Err(e)) => Next::Failed(e),
                 NextBatch::Pending => Next::Pending,
                 NextBatch::EndOfEpoch => Next::End,
             },
             #[cfg(feature = "cuda")]
             Inner::Device(l) => match l.next_timeout(timeout) {
-                NextDeviceBatch::Ready(Ok(b)) => Next::Device(b),
+                NextDeviceBatch::Ready(Ok(b)) => {
+                    Next::Batch(Taken::Device(crate::dlpack::HeldDeviceBatch::new(b)))
+                }
                 NextDeviceBatch::Ready(Err(e)) => Next::Failed(e),
                 NextDeviceBatch::Pending => Next::Pending,
                 NextDeviceBatch::EndOfEpoch => Next::End,
@@ -148,8 +177,55 @@ impl Inner {
 struct Core {
     /// None once closed.
     loader: Option<Inner>,
+    place: Place,
+}
+
+/// Where the Python iterator stands, beyond the loader's position.
+#[derive(Default)]
+struct Place {
     /// Set by construction, `set_epoch` and `load_state_dict`; cleared by iterating.
     fresh: bool,
+    /// A batch taken from the loader whose hand-over failed (see the module docs): the next
+    /// `__next__` hands it over. The loader counts it as delivered; [`Place::state`] does not.
+    pending: Option<Taken>,
+    /// A batch was handed over since the position was last set (construction, `set_epoch`,
+    /// `load_state_dict`, the next epoch of `iter_epoch`).
+    handed: bool,
+    /// Counts the times the position was set: a batch whose hand-over fails is kept only if
+    /// the position was not set in the meantime (by another thread).
+    positioned: u64,
+}
+
+/// What a hand-over changes in a [`Place`], to undo if it fails.
+#[derive(Clone, Copy)]
+struct Prior {
+    handed: bool,
+    positioned: u64,
+}
+
+impl Place {
+    /// The loader's state, less the batch kept for the next call.
+    fn state(&self, loader: &Inner) -> LoaderState {
+        let mut state = loader.state();
+        if self.pending.is_some() {
+            state.next_batch -= 1;
+        }
+        state
+    }
+
+    fn prior(&self) -> Prior {
+        Prior {
+            handed: self.handed,
+            positioned: self.positioned,
+        }
+    }
+
+    /// The position is set anew: what was kept is dropped.
+    fn reposition(&mut self) {
+        self.pending = None;
+        self.handed = false;
+        self.positioned += 1;
+    }
 }
 
 /// The Rust half of `gpufeed.Loader`; not for direct use.
@@ -170,6 +246,8 @@ pub struct LoaderCore {
     device: Option<usize>,
     /// The process that built the loader: a forked child has none of its threads.
     pid: u32,
+    /// The arguments left to gpufeed's defaults (see `errors::Defaults`).
+    defaults: Vec<&'static str>,
 }
 
 /// The image pipeline's options, as `gpufeed.ImageOptions` spells them out.
@@ -292,11 +370,39 @@ struct Settings {
     device: Option<usize>,
 }
 
+impl Settings {
+    /// The optional arguments not given: gpufeed chooses them.
+    fn defaults(&self) -> Vec<&'static str> {
+        let shard = self.shard.is_none() && !self.shard_env;
+        [
+            ("workers", self.workers.is_none()),
+            ("prefetch", self.prefetch.is_none()),
+            ("batch_parts", self.batch_parts.is_none()),
+            ("pool_budget", self.pool_budget.is_none()),
+            ("shard", shard),
+            ("images", self.images.is_none()),
+            ("fields", self.fields.is_none()),
+            ("device", self.device.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(argument, default)| default.then_some(argument))
+        .collect()
+    }
+}
+
 /// A failure of `build` that is the Python user's argument, named as typed.
 enum BuildError {
     Library(Error),
+    /// An invalid argument, and what is wrong with it.
     Argument(&'static str, String),
+    /// What the call lacks, said plainly (`errors::config_said`), and the argument that
+    /// gives it.
+    Lacks(&'static str, String),
 }
+
+/// `ImageOptions`' defaults of the fields the image pipeline reads (`gpufeed/_loader.py`).
+const DEFAULT_IMAGE_FIELD: &str = "image";
+const DEFAULT_LABEL_FIELD: &str = "label";
 
 impl From<Error> for BuildError {
     fn from(e: Error) -> Self {
@@ -314,10 +420,10 @@ fn open_dataset(s: &Settings) -> Result<Arc<dyn Dataset>, BuildError> {
         // the library's open, as files do; other directories are image folders.
         [dir] if dir.is_dir() && !source::shards::is_shard_dir(dir) => {
             if s.images.is_none() {
-                return Err(BuildError::Argument(
+                return Err(BuildError::Lacks(
                     "images",
                     format!(
-                        "{} is a directory (an ImageFolder): pass images={{...}} to decode its images, e.g. images={{'size': 224}}",
+                        "{} is a directory of images (an ImageFolder), and images= was not given: pass images={{...}} to decode them, e.g. images={{'size': 224}}",
                         dir.display()
                     ),
                 ));
@@ -346,13 +452,32 @@ fn check_names(s: &Settings, schema: &gpufeed::Schema) -> Result<(), BuildError>
         ));
     }
     if let Some(images) = &s.images {
-        if missing(&images.image_field) {
+        let image = images.image_field.as_str();
+        if missing(image) && image == DEFAULT_IMAGE_FIELD {
+            return Err(BuildError::Lacks(
+                "images",
+                format!(
+                    "images= decodes the field `{image}` (image_field's default), which the data set does not have: {}; name the field of encoded images with images={{..., 'image_field': NAME}}",
+                    fields()
+                ),
+            ));
+        }
+        if missing(image) {
             return Err(BuildError::Argument(
                 "images['image_field']",
-                format!("no field `{}`: {}", images.image_field, fields()),
+                format!("no field `{image}`: {}", fields()),
             ));
         }
         if let Some(label) = images.label_field.as_deref().filter(|l| missing(l)) {
+            if label == DEFAULT_LABEL_FIELD {
+                return Err(BuildError::Lacks(
+                    "images",
+                    format!(
+                        "images= reads labels from the field `{label}` (label_field's default), which the data set does not have: {}; name it with images={{..., 'label_field': NAME}}, or 'label_field': None for unlabelled data",
+                        fields()
+                    ),
+                ));
+            }
             return Err(BuildError::Argument(
                 "images['label_field']",
                 format!(
@@ -365,10 +490,14 @@ fn check_names(s: &Settings, schema: &gpufeed::Schema) -> Result<(), BuildError>
     Ok(())
 }
 
-/// Field names gpufeed keeps for its own arrays cannot be the data's.
-fn check_reserved(loader: &Loader) -> Result<(), BuildError> {
+/// Field names gpufeed keeps for its own arrays cannot be the data's: the fields picked
+/// (`fields=`), or, without it, the data set's.
+fn check_reserved(s: &Settings, loader: &Loader) -> Result<(), BuildError> {
     for f in loader.layout().fields() {
-        if f.name == MASK_KEY || f.name == INDEX_KEY {
+        if f.name != MASK_KEY && f.name != INDEX_KEY {
+            continue;
+        }
+        if s.fields.is_some() {
             return Err(BuildError::Argument(
                 "fields",
                 format!(
@@ -377,6 +506,13 @@ fn check_reserved(loader: &Loader) -> Result<(), BuildError> {
                 ),
             ));
         }
+        return Err(BuildError::Lacks(
+            "fields",
+            format!(
+                "the data set has a field `{}`, a key gpufeed reserves for its own arrays: rename the field, or leave it out with fields=[...]",
+                f.name
+            ),
+        ));
     }
     Ok(())
 }
@@ -412,10 +548,19 @@ fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
                 .filter(|f| matches!(f.kind, FieldKind::Tensor { .. }))
                 .map(|f| f.name.as_str())
                 .collect();
-            return Err(BuildError::Argument(
+            if s.fields.is_some() {
+                return Err(BuildError::Argument(
+                    "fields",
+                    format!(
+                        "field `{}` holds variable-size bytes (encoded images?): pick tensor fields only ({tensors:?}), or drop fields= and pass images={{...}} to decode them",
+                        f.name
+                    ),
+                ));
+            }
+            return Err(BuildError::Lacks(
                 "images",
                 format!(
-                    "field `{}` holds variable-size bytes (encoded images?): pass images={{...}} to decode them, or fields=[...] to pick tensor fields only ({tensors:?})",
+                    "the data set's field `{}` holds variable-size bytes (encoded images?), and images= was not given: pass images={{...}} to decode them, or fields=[...] to pick tensor fields only ({tensors:?})",
                     f.name
                 ),
             ));
@@ -456,7 +601,7 @@ fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
     match s.device {
         None => {
             let loader = builder.build()?;
-            check_reserved(&loader)?;
+            check_reserved(&s, &loader)?;
             Ok((Inner::Host(Box::new(loader)), stats))
         }
         #[cfg(feature = "cuda")]
@@ -465,7 +610,7 @@ fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
             let loader = builder
                 .backing(gpufeed::cuda::PinnedBacking::new(&device))
                 .build()?;
-            check_reserved(&loader)?;
+            check_reserved(&s, &loader)?;
             let mut opts = DeviceLoaderOptions::default();
             if let Some(c) = s.images.as_ref().map(ImageArgs::device_convert).transpose()? {
                 opts.convert.extend(c);
@@ -493,6 +638,27 @@ fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
 }
 
 impl LoaderCore {
+    /// The error of a caller that holds every batch the budget allows, said as what it did
+    /// (it passed no `pool_budget=`, maybe).
+    fn budget_error(&self, py: Python<'_>, batches: usize, batch_bytes: usize) -> PyErr {
+        let budget = if self.defaults.contains(&"pool_budget") {
+            "gpufeed's default budget, prefetch + 2 batches: pool_budget= was not given"
+        } else {
+            "pool_budget="
+        };
+        let err = errors::config_said(
+            py,
+            "pool_budget",
+            format!(
+                "you hold {batches} batches, all that the pool's budget allows ({budget}; batches of {batch_bytes} bytes): drop one and iterate again, or raise pool_budget= (bytes)"
+            ),
+        );
+        let note = "gpufeed: each tensor of a batch keeps the whole batch buffer; keep copies (tensor.clone(), numpy.array(a)) of what you keep across steps";
+        // Python < 3.11 has no notes; the message says enough without one.
+        let _ = err.value(py).call_method1("add_note", (note,));
+        err
+    }
+
     fn check_process(&self) -> PyResult<()> {
         if std::process::id() != self.pid {
             return Err(PyRuntimeError::new_err(format!(
@@ -504,43 +670,69 @@ impl LoaderCore {
         Ok(())
     }
 
-    /// Runs `f` on the loader (and the `fresh` flag) with the GIL released, catching panics.
+    /// Runs `f` on the loader (and the iterator's place) with the GIL released, catching
+    /// panics.
     fn with_loader<T: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut bool, &mut Inner) -> gpufeed::Result<T> + Send,
+        f: impl FnOnce(&mut Place, &mut Inner) -> gpufeed::Result<T> + Send,
     ) -> PyResult<T> {
         self.check_process()?;
         let caught: Caught<Option<gpufeed::Result<T>>> = py.detach(|| {
             catch(|| {
                 let mut guard = lock(&self.core);
-                let Core { loader, fresh } = &mut *guard;
-                Some(f(fresh, loader.as_mut()?))
+                let Core { loader, place } = &mut *guard;
+                Some(f(place, loader.as_mut()?))
             })
         });
+        let defaults = Defaults(&self.defaults);
         match caught {
             Ok(None) => Err(PyRuntimeError::new_err("this gpufeed.Loader is closed")),
-            Ok(Some(result)) => lift(py, Ok(result)),
-            Err(payload) => lift(py, Err(payload)),
+            Ok(Some(result)) => lift_with(py, Ok(result), defaults),
+            Err(payload) => lift_with(py, Err(payload), defaults),
         }
+    }
+
+    /// Hands `taken` over: its dict, or, if that fails (a signal handler raised in the
+    /// conversion), the error, with the batch kept for the next call (see the module docs).
+    fn hand_over<'py>(
+        &self,
+        py: Python<'py>,
+        taken: Taken,
+        prior: Prior,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let made = match &taken {
+            Taken::Host(held) => self.batch_dict(py, held),
+            #[cfg(feature = "cuda")]
+            Taken::Device(held) => self.device_batch_dict(py, held),
+        };
+        if made.is_err() {
+            // The loader closed meanwhile: nothing to keep it for.
+            let _ = self.with_loader(py, move |place, _| {
+                if place.positioned == prior.positioned {
+                    place.pending = Some(taken);
+                    place.handed = prior.handed;
+                }
+                Ok(())
+            });
+        }
+        made
     }
 
     fn batch_dict<'py>(
         &self,
         py: Python<'py>,
-        batch: gpufeed::Batch,
+        held: &Arc<HeldBatch>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let batch = held.batch();
         let mask = self.evaluation.then(|| batch.mask());
-        let indices = self.indices.then(|| batch.indices().to_vec());
+        let indices = self.indices.then(|| batch.indices());
         let len = batch.len() as i64;
-        let held = HeldBatch::new(batch);
         let dict = PyDict::new(py);
         for (k, name) in self.names.iter().enumerate() {
-            let array = Bound::new(py, Array::batch_field(&held, k)?)?;
+            let array = Bound::new(py, Array::batch_field(held, k)?)?;
             dict.set_item(name.bind(py), self.converted(py, array)?)?;
         }
-        // The batch is only in the arrays from here on.
-        drop(held);
         if let Some(mask) = mask {
             let bytes: Vec<u8> = mask.iter().map(|&m| u8::from(m)).collect();
             let array = Bound::new(py, Array::owned(&bytes, DType::Bool, vec![len])?)?;
@@ -562,12 +754,11 @@ impl LoaderCore {
     fn device_batch_dict<'py>(
         &self,
         py: Python<'py>,
-        batch: DeviceBatch,
+        held: &Arc<crate::dlpack::HeldDeviceBatch>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let held = crate::dlpack::HeldDeviceBatch::new(batch);
         let dict = PyDict::new(py);
         for (k, name) in self.names.iter().enumerate() {
-            let array = Bound::new(py, Array::device_field(&held, k)?)?;
+            let array = Bound::new(py, Array::device_field(held, k)?)?;
             dict.set_item(name.bind(py), self.converted(py, array)?)?;
         }
         Ok(dict)
@@ -632,11 +823,17 @@ impl LoaderCore {
             indices,
             device,
         };
+        let defaults = settings.defaults();
         let caught = py.detach(|| catch(|| build(settings)));
         let (loader, image_stats) = match caught {
             Ok(Ok(built)) => built,
-            Ok(Err(BuildError::Library(e))) => return Err(errors::to_py(py, &e)),
+            Ok(Err(BuildError::Library(e))) => {
+                return Err(errors::to_py_with(py, &e, Defaults(&defaults)));
+            }
             Ok(Err(BuildError::Argument(arg, what))) => return Err(errors::config(py, arg, what)),
+            Ok(Err(BuildError::Lacks(arg, message))) => {
+                return Err(errors::config_said(py, arg, message));
+            }
             Err(payload) => return Err(errors::panicked(py, payload.as_ref())),
         };
         // Every field of the batches, in order (device batches: the mask and indices last).
@@ -665,7 +862,10 @@ impl LoaderCore {
         Ok(LoaderCore {
             core: Mutex::new(Core {
                 loader: Some(loader),
-                fresh: true,
+                place: Place {
+                    fresh: true,
+                    ..Place::default()
+                },
             }),
             names,
             fields,
@@ -675,17 +875,19 @@ impl LoaderCore {
             images: image_stats,
             device,
             pid: std::process::id(),
+            defaults,
         })
     }
 
     /// Applies the epoch rule of `for` loops and returns the iterator (this object).
     fn iter_epoch(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         let py = slf.py();
-        slf.get().with_loader(py, |fresh, loader| {
-            if !*fresh && loader.state().next_batch >= loader.batches_per_epoch() {
+        slf.get().with_loader(py, |place, loader| {
+            if !place.fresh && place.state(loader).next_batch >= loader.batches_per_epoch() {
+                place.reposition();
                 loader.next_epoch();
             }
-            *fresh = false;
+            place.fresh = false;
             Ok(())
         })?;
         Ok(slf)
@@ -697,30 +899,33 @@ impl LoaderCore {
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         loop {
-            let next = self.with_loader(py, |fresh, loader| {
-                *fresh = false;
-                Ok(loader.next_timeout(POLL))
+            let (next, prior) = self.with_loader(py, |place, loader| {
+                place.fresh = false;
+                let prior = place.prior();
+                let next = match place.pending.take() {
+                    Some(kept) => Next::Batch(kept),
+                    None => loader.next_timeout(POLL),
+                };
+                // Handed over, unless `hand_over` fails and puts `prior` back.
+                place.handed |= matches!(next, Next::Batch(_));
+                Ok((next, prior))
             })?;
-            match next {
-                Next::Host(batch) => return self.batch_dict(py, batch).map(Some),
-                #[cfg(feature = "cuda")]
-                Next::Device(batch) => return self.device_batch_dict(py, batch).map(Some),
+            let taken = match next {
+                Next::Batch(taken) => taken,
+                Next::Budget {
+                    batches,
+                    batch_bytes,
+                } => return Err(self.budget_error(py, batches, batch_bytes)),
                 Next::Failed(e) => {
-                    let err = errors::to_py(py, &e);
-                    if let Error::InvalidConfig {
-                        setting: "pool_budget",
-                        ..
-                    } = e
-                    {
-                        let note = "gpufeed: each tensor of a batch keeps the whole batch buffer; keep copies (tensor.clone(), numpy.array(a)) of what you keep across steps";
-                        // Python < 3.11 has no notes; the message says enough without one.
-                        let _ = err.value(py).call_method1("add_note", (note,));
-                    }
-                    return Err(err);
+                    return Err(errors::to_py_with(py, &e, Defaults(&self.defaults)));
                 }
                 Next::End => return Ok(None),
-                Next::Pending => py.check_signals()?,
-            }
+                Next::Pending => {
+                    py.check_signals()?;
+                    continue;
+                }
+            };
+            return self.hand_over(py, taken, prior).map(Some);
         }
     }
 
@@ -729,15 +934,21 @@ impl LoaderCore {
     }
 
     fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
-        self.with_loader(py, |fresh, l| {
+        self.with_loader(py, |place, l| {
+            place.fresh = true;
+            // A batch kept before any was handed over since the position was set: the loader
+            // keeps its position for a `set_epoch` of its epoch then, so keep the batch too.
+            if place.pending.is_some() && !place.handed && epoch == l.epoch() {
+                return Ok(());
+            }
+            place.reposition();
             l.set_epoch(epoch);
-            *fresh = true;
             Ok(())
         })
     }
 
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let state = self.with_loader(py, |_, l| Ok(l.state()))?;
+        let state = self.with_loader(py, |place, l| Ok(place.state(l)))?;
         let json = serde_json::to_value(&state).map_err(|e| {
             PyRuntimeError::new_err(format!("cannot encode the loader's state: {e}"))
         })?;
@@ -749,9 +960,10 @@ impl LoaderCore {
         let state: LoaderState = serde_json::from_value(json).map_err(|e| {
             errors::config(py, "state_dict", format!("not a gpufeed loader state: {e}"))
         })?;
-        let result = self.with_loader(py, |fresh, l| {
+        let result = self.with_loader(py, |place, l| {
             l.load_state(state)?;
-            *fresh = true;
+            place.reposition();
+            place.fresh = true;
             Ok(())
         });
         // A state of other order settings is a bad argument, named as such.
@@ -812,7 +1024,7 @@ impl LoaderCore {
     /// Batches delivered in this epoch.
     #[getter]
     fn position(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with_loader(py, |_, l| Ok(l.state().next_batch))
+        self.with_loader(py, |place, l| Ok(place.state(l).next_batch))
     }
 
     /// (rank, world size, samples in the data set, batch size).
@@ -845,8 +1057,14 @@ impl LoaderCore {
     /// valid. Later calls raise.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.check_process()?;
-        let caught = py.detach(|| catch(|| drop(lock(&self.core).loader.take())));
-        caught.map_err(|payload| errors::panicked(py, payload.as_ref()))
+        // Taken under the lock, dropped after it: other threads find the loader closed at
+        // once instead of waiting for its workers to stop.
+        let loader = py.detach(|| {
+            let mut core = lock(&self.core);
+            core.place.reposition();
+            core.loader.take()
+        });
+        stop(py, loader)
     }
 }
 
@@ -944,14 +1162,52 @@ impl LoaderCore {
     }
 }
 
+/// Drops `loader` with the GIL released, since its workers may take a while to stop (up to
+/// [`gpufeed::loader::SHUTDOWN_WAIT`] for one stuck in a read that does not return), and warns
+/// (`RuntimeWarning`) if it left any running.
+fn stop(py: Python<'_>, loader: Option<Inner>) -> PyResult<()> {
+    if loader.is_none() {
+        return Ok(());
+    }
+    let before = gpufeed::loader::detached_workers();
+    let caught = py.detach(|| catch(|| drop(loader)));
+    caught.map_err(|payload| errors::panicked(py, payload.as_ref()))?;
+    let detached = gpufeed::loader::detached_workers().saturating_sub(before);
+    if detached == 0 {
+        return Ok(());
+    }
+    let message = format!(
+        "gpufeed: {detached} worker thread(s) of the loader did not stop within {} s (stuck in a read that does not return: a named pipe, a hung network file system?); they are left running and end when their read returns",
+        gpufeed::loader::SHUTDOWN_WAIT.as_secs_f64()
+    );
+    let message = std::ffi::CString::new(message).unwrap_or_default();
+    PyErr::warn(
+        py,
+        &py.get_type::<pyo3::exceptions::PyRuntimeWarning>(),
+        &message,
+        1,
+    )
+}
+
 impl Drop for LoaderCore {
     fn drop(&mut self) {
+        let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
         if std::process::id() != self.pid {
             // A forked child: the worker threads are not in this process, so joining them
             // would wait forever. The parent's loader is untouched; leak the copy.
-            let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
             std::mem::forget(core.loader.take());
+            return;
         }
+        let loader = core.loader.take();
+        // `del loader` (the last reference) runs this with the GIL held: `stop` releases it
+        // while the workers stop. An error (a warning that `-W error` makes one) cannot be
+        // raised from a deallocation: it is reported as unraisable. Were this thread not
+        // attached to Python, the closure, and the loader in it, would just be dropped.
+        Python::try_attach(|py| {
+            if let Err(e) = stop(py, loader) {
+                e.write_unraisable(py, None);
+            }
+        });
     }
 }
 

@@ -5,6 +5,9 @@
 //! the output only once complete: an error or Ctrl-C (looked for every [`CHECK_EVERY`] bytes of
 //! `.npy` or raw input) drops the writer, which removes its temporary file. An ImageFolder is
 //! packed by the library in one call, which Ctrl-C interrupts only at its end.
+//!
+//! As `gpufeed pack` does, it replaces an existing output only with `force=True`, and never
+//! one of its inputs (see [`check_output`]).
 
 use std::fs::File;
 use std::io::Read;
@@ -31,6 +34,8 @@ enum PackError {
     Argument(&'static str, String),
     /// A signal handler raised (Ctrl-C).
     Interrupted(PyErr),
+    /// The output exists and `force` is false.
+    Exists,
 }
 
 impl From<Error> for PackError {
@@ -44,10 +49,76 @@ fn check_signals() -> Result<(), PackError> {
     Python::attach(|py| py.check_signals()).map_err(PackError::Interrupted)
 }
 
+/// Refuses an output that is one of the inputs (through any link: it would be destroyed),
+/// one that exists but is not a regular file (a directory, a link: never replaced), and,
+/// without `force`, one that exists. What else is wrong with it the writer says.
+fn check_output(
+    inputs: &[PathBuf],
+    labels: Option<&Path>,
+    output: &Path,
+    force: bool,
+) -> Result<(), PackError> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(found) = std::fs::symlink_metadata(output) else {
+        return Ok(());
+    };
+    if let Ok(out) = std::fs::metadata(output) {
+        for input in inputs.iter().map(PathBuf::as_path).chain(labels) {
+            if let Ok(m) = std::fs::metadata(input)
+                && (m.dev(), m.ino()) == (out.dev(), out.ino())
+            {
+                return Err(PackError::Argument(
+                    "output",
+                    format!(
+                        "{} is the input {}: packing into it would destroy it; choose another output",
+                        output.display(),
+                        input.display()
+                    ),
+                ));
+            }
+        }
+    }
+    if found.is_dir() {
+        return Err(PackError::Argument(
+            "output",
+            format!(
+                "{} is a directory: output names the file to write, such as {}",
+                output.display(),
+                output.join("train.gfd").display()
+            ),
+        ));
+    }
+    if !found.is_file() {
+        return Err(PackError::Argument(
+            "output",
+            format!(
+                "{} is not a regular file (a link, a named pipe, a device?): pack writes a new file and replaces only a regular one",
+                output.display()
+            ),
+        ));
+    }
+    if force {
+        Ok(())
+    } else {
+        Err(PackError::Exists)
+    }
+}
+
+/// The writer of `output`: one that replaces nothing unless `force` (then the existing file
+/// goes only once the new one is complete).
+fn writer(output: &Path, schema: Schema, force: bool) -> gpufeed::Result<RecordWriter> {
+    if force {
+        RecordWriter::create(output, schema)
+    } else {
+        RecordWriter::create_new(output, schema)
+    }
+}
+
 fn pack_npy(
     inputs: &[PathBuf],
     labels: Option<&Path>,
     output: &Path,
+    force: bool,
 ) -> Result<(PackSummary, u64), PackError> {
     let arrays = inputs
         .iter()
@@ -98,7 +169,7 @@ fn pack_npy(
     }
     let schema = Schema::new(fields).map_err(|e| PackError::Argument("inputs", e.to_string()))?;
     let total: u64 = arrays.iter().map(|a| a.len() * a.row_bytes() as u64).sum();
-    let mut writer = RecordWriter::create(output, schema)?;
+    let mut writer = writer(output, schema, force)?;
     let (mut done, mut checked, mut label_row) = (0u64, 0u64, 0u64);
     for a in &arrays {
         for i in 0..a.len() {
@@ -124,6 +195,7 @@ fn pack_raw(
     inputs: &[PathBuf],
     record_bytes: u64,
     output: &Path,
+    force: bool,
 ) -> Result<(PackSummary, u64), PackError> {
     let (mut total, mut checked) = (0u64, 0u64);
     let mut interrupted = None;
@@ -134,7 +206,7 @@ fn pack_raw(
         NpyArray::FIELD,
         |schema, bytes| {
             total = bytes;
-            RecordWriter::create(output, schema)
+            writer(output, schema, force)
         },
         |done| {
             if done - checked >= CHECK_EVERY {
@@ -154,6 +226,9 @@ fn pack_raw(
     }
 }
 
+/// Packs an ImageFolder through the library's [`pack_image_folder`], whose writer replaces
+/// what it finds: without `force`, [`check_output`] looked for an existing output just before
+/// (as `gpufeed pack --from imagefolder` does).
 fn pack_folder(inputs: &[PathBuf], output: &Path) -> Result<(PackSummary, u64), PackError> {
     let [dir] = inputs else {
         return Err(PackError::Argument(
@@ -174,7 +249,7 @@ fn pack_folder(inputs: &[PathBuf], output: &Path) -> Result<(PackSummary, u64), 
 /// (`kind="raw"`, with `record_bytes`) or one ImageFolder directory (`kind="imagefolder"`);
 /// see `gpufeed.pack`.
 #[pyfunction]
-#[pyo3(signature = (inputs, output, *, kind, labels=None, record_bytes=None))]
+#[pyo3(signature = (inputs, output, *, kind, labels=None, record_bytes=None, force=false))]
 pub fn pack<'py>(
     py: Python<'py>,
     inputs: Vec<PathBuf>,
@@ -182,6 +257,7 @@ pub fn pack<'py>(
     kind: &str,
     labels: Option<PathBuf>,
     record_bytes: Option<u64>,
+    force: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let wrong = |arg: &str, what: &str| Err(errors::config(py, arg, what));
     match kind {
@@ -208,14 +284,24 @@ pub fn pack<'py>(
     }
     let start = Instant::now();
     let caught = py.detach(|| {
-        catch(|| match kind {
-            "npy" => pack_npy(&inputs, labels.as_deref(), &output),
-            "raw" => pack_raw(&inputs, record_bytes.unwrap_or(0), &output),
-            _ => pack_folder(&inputs, &output),
+        catch(|| {
+            check_output(&inputs, labels.as_deref(), &output, force)?;
+            match kind {
+                "npy" => pack_npy(&inputs, labels.as_deref(), &output, force),
+                "raw" => pack_raw(&inputs, record_bytes.unwrap_or(0), &output, force),
+                _ => pack_folder(&inputs, &output),
+            }
         })
     });
     let (summary, input_bytes) = match caught {
         Ok(Ok(done)) => done,
+        Ok(Err(PackError::Exists)) => return Err(errors::file_exists(py, "output", &output)),
+        // Made by another writer while this one wrote (`create_new`): nothing was replaced.
+        Ok(Err(PackError::Library(Error::Io { source, .. })))
+            if source.kind() == std::io::ErrorKind::AlreadyExists =>
+        {
+            return Err(errors::file_exists(py, "output", &output));
+        }
         Ok(Err(PackError::Library(e))) => return Err(errors::to_py(py, &e)),
         Ok(Err(PackError::Argument(arg, what))) => return Err(errors::config(py, arg, what)),
         Ok(Err(PackError::Interrupted(e))) => return Err(e),

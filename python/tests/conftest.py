@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -113,3 +115,39 @@ class Producer:
 def require_gpu_tools() -> bool:
     """True when GPUFEED_REQUIRE_GPU=1: tests that need torch must fail, not skip, without it."""
     return os.environ.get("GPUFEED_REQUIRE_GPU") == "1"
+
+
+def run_isolated(function, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs ``function(*args)`` (a module-level function of a test module; plain arguments) in
+    a fresh interpreter and returns the finished process (``stdout``, ``stderr``: text); fails
+    the test if it fails, or if it has not ended after ``timeout`` seconds (a hang fails
+    instead of stopping the suite).
+
+    There, SIGINT raises KeyboardInterrupt even where this process ignores it (under
+    ``nohup``, whose SIG_IGN a child inherits and Python then keeps)."""
+    code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        f"import {function.__module__} as m\n"
+        f"m.{function.__name__}(*{args!r})\n"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ, PYTHONPATH=path),
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(
+            f"{function.__name__} did not end within {timeout} s (killed); "
+            f"its output: {e.stdout!r} {e.stderr!r}"
+        )
+    if done.returncode != 0:
+        pytest.fail(
+            f"{function.__name__} failed (exit status {done.returncode}):\n"
+            f"{done.stdout}\n{done.stderr}"
+        )
+    return done

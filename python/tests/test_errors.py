@@ -4,7 +4,10 @@ goes on after a bad batch."""
 from __future__ import annotations
 
 import errno
+import json
+import os
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,6 +187,56 @@ def test_bad_npy_and_pack_arguments(tmp_path):
     assert not (tmp_path / "o.gfd").exists()
 
 
+@pytest.mark.parametrize("kind", ["npy", "raw", "imagefolder"])
+def test_pack_replaces_an_existing_file_only_when_forced(tmp_path, arrays, folder, kind):
+    raw = tmp_path / "records.bin"
+    raw.write_bytes(bytes(range(64)) * 10)
+    inputs, kwargs = {
+        "npy": (arrays[0], dict(labels=arrays[1])),
+        "raw": (raw, dict(record_bytes=64)),
+        "imagefolder": (folder, {}),
+    }[kind]
+    out = tmp_path / "out.gfd"
+    out.write_text("precious")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(gpufeed.FileExists) as e:
+        gpufeed.pack(inputs, out, **kwargs)
+    err = e.value
+    assert isinstance(err, FileExistsError) and isinstance(err, gpufeed.FileError)
+    assert err.errno == errno.EEXIST and err.filename == str(out) and err.argument == "output"
+    assert f"output {out} exists" in str(err) and "force=True" in str(err), str(err)
+    assert out.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "a temporary file was left"
+    summary = gpufeed.pack(inputs, out, force=True, **kwargs)
+    assert gpufeed.inspect(out)["records"] == summary["records"] == {"npy": N, "raw": 10}.get(
+        kind, 12
+    )
+
+
+def test_pack_never_writes_over_its_input(tmp_path, arrays):
+    data, labels = arrays
+    before = data.read_bytes()
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.pack(data, data, force=True)
+    assert e.value.argument == "output" and "would destroy it" in str(e.value), str(e.value)
+    link = tmp_path / "labels-link.gfd"
+    link.symlink_to(labels)
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.pack(data, link, labels=labels, force=True)
+    assert f"the input {labels}" in str(e.value), str(e.value)
+    assert data.read_bytes() == before and np.load(labels).tolist() == list(range(N))
+    # Nor over anything but a regular file, forced or not.
+    other = tmp_path / "other.gfd"
+    other.write_text("precious")
+    link.unlink()
+    link.symlink_to(other)
+    for out, words in ((tmp_path, "is a directory"), (link, "not a regular file")):
+        with pytest.raises(gpufeed.ConfigError) as e:
+            gpufeed.pack(data, out, force=True)
+        assert e.value.argument == "output" and words in str(e.value), str(e.value)
+    assert other.read_text() == "precious" and link.is_symlink()
+
+
 def test_holding_every_batch_is_an_error_naming_the_budget_and_loses_nothing(packed):
     loader = gpufeed.Loader(packed, batch_size=10, workers=1, prefetch=2, output="numpy")
     held = []
@@ -192,7 +245,7 @@ def test_holding_every_batch_is_an_error_naming_the_budget_and_loses_nothing(pac
         while True:
             held.append(next(it))
     assert e.value.argument == "pool_budget" and len(held) == 4  # prefetch + 2
-    assert "holds 4 batches" in str(e.value)
+    assert "you hold 4 batches" in str(e.value)
     del held[:2]
     rest = [b["label"].tolist() for b in it]
     assert rest[0] == list(range(40, 50)), "a batch was lost"
@@ -223,3 +276,151 @@ def test_a_gpu_that_is_not_there_is_a_gpu_error(packed, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "4001")
     with pytest.raises(gpufeed.GpuError):
         gpufeed.Loader(packed, batch_size=10, device="cuda", output="dlpack")
+
+
+def write_mds(root: Path, names, rows: int = 10) -> Path:
+    """A one-shard MDS data set (mosaicml-streaming's format) of int32 columns `names`;
+    column k of sample i holds i * (k + 1)."""
+    root.mkdir()
+    width = 4 * len(names)
+    start = 4 + 4 * (rows + 1)
+    offsets = [start + width * i for i in range(rows + 1)]
+    row = struct.Struct(f"<{len(names)}i")
+    data = b"".join(row.pack(*(i * (k + 1) for k in range(len(names)))) for i in range(rows))
+    blob = struct.pack("<I", rows) + struct.pack(f"<{rows + 1}I", *offsets) + data
+    (root / "shard.00000.mds").write_bytes(blob)
+    shard = {
+        "column_encodings": ["int32"] * len(names),
+        "column_names": list(names),
+        "column_sizes": [4] * len(names),
+        "compression": None,
+        "format": "mds",
+        "hashes": [],
+        "raw_data": {"basename": "shard.00000.mds", "bytes": len(blob), "hashes": {}},
+        "samples": rows,
+        "size_limit": 1 << 20,
+        "version": 2,
+        "zip_data": None,
+    }
+    (root / "index.json").write_text(json.dumps({"version": 2, "shards": [shard]}))
+    return root
+
+
+def sparse_npy(path: Path, rows: int, row_bytes: int) -> Path:
+    """A .npy of `rows` rows of `row_bytes` uint8, as a sparse file (no disk, no memory)."""
+    np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, row_bytes)).flush()
+    return path
+
+
+def lacking(tmp_path, folder, arrays, case):
+    """The call of `case`, which leaves out an argument it needs: (path, kwargs)."""
+    if case == "folder without images":
+        return folder, {}
+    if case == "packed images without images":
+        packed_images = tmp_path / "images.gfd"
+        gpufeed.pack(folder, packed_images)
+        return packed_images, {}
+    if case == "no field image (the default image_field)":
+        plain = tmp_path / "plain.gfd"
+        gpufeed.pack(arrays[0], plain, labels=arrays[1])
+        return plain, dict(images={"size": 8})
+    if case == "no field label (the default label_field)":
+        unlabelled = tmp_path / "unlabelled.gfd"
+        gpufeed.pack(arrays[0], unlabelled)
+        return unlabelled, dict(images={"size": 8, "image_field": "data"})
+    if case == "a data field named __index__":
+        return write_mds(tmp_path / "mds", ["__index__", "x"]), {}
+    if case == "the default prefetch's buffers exceed the memory":
+        # Batches of 1 GiB rows, each a third of the memory (under half: else batch_size is at
+        # fault), four of them an epoch; prefetch (at least 3) + 2 of them exceed the memory:
+        # gpufeed's default prefetch does not fit.
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        batch = -(-memory // 3 // (1 << 30))
+        return sparse_npy(tmp_path / "huge.npy", 4 * batch, 1 << 30), dict(batch_size=batch)
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    "case, argument, words",
+    [
+        ("folder without images", "images", "images= was not given: pass images={...}"),
+        ("packed images without images", "images", "images= was not given: pass images={...}"),
+        ("no field image (the default image_field)", "images", "`image` (image_field's default)"),
+        ("no field label (the default label_field)", "images", "`label` (label_field's default)"),
+        ("a data field named __index__", "fields", "the data set has a field `__index__`"),
+        ("the default prefetch's buffers exceed the memory", "prefetch", "prefetch= was not given"),
+    ],
+)
+def test_an_error_names_no_argument_the_call_did_not_pass(
+    tmp_path, folder, arrays, case, argument, words
+):
+    path, kwargs = lacking(tmp_path, folder, arrays, case)
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(path, output="numpy", **kwargs)
+    message = str(e.value)
+    assert e.value.argument == argument and words in message, message
+    assert "invalid argument" not in message, message
+
+
+def test_an_error_of_an_argument_given_still_names_it(tmp_path, arrays):
+    # The same faults, with the argument given: it is the invalid argument.
+    plain = tmp_path / "plain.gfd"
+    gpufeed.pack(arrays[0], plain, labels=arrays[1])
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(plain, output="numpy", images={"image_field": "jpeg"})
+    assert "invalid argument images['image_field']: no field `jpeg`" in str(e.value)
+    mds = write_mds(tmp_path / "mds", ["__index__", "x"])
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(mds, output="numpy", fields=["__index__"])
+    assert "invalid argument fields: `__index__` is a key gpufeed reserves" in str(e.value)
+    picked = gpufeed.Loader(mds, fields=["x"], batch_size=10, output="numpy")
+    assert [b["x"].tolist() for b in picked] == [[2 * i for i in range(10)]]
+    # A pattern of shards is the path argument, as the user typed it.
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(str(tmp_path / "shard-{000..001.tar"), output="numpy")
+    assert e.value.argument == "path_or_paths" and "unbalanced braces" in str(e.value)
+    assert "invalid argument path_or_paths:" in str(e.value)
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_holding_every_batch_says_what_the_caller_did(packed, given):
+    budget = dict(pool_budget=3 * 4096) if given else {}
+    loader = gpufeed.Loader(packed, batch_size=10, workers=1, prefetch=1, output="numpy", **budget)
+    with pytest.raises(gpufeed.ConfigError) as e:
+        list(loader)
+    message = str(e.value)
+    assert e.value.argument == "pool_budget" and "invalid argument" not in message, message
+    assert "you hold 3 batches, all that the pool's budget allows" in message, message
+    assert ("pool_budget= was not given" in message) is not given, message
+    assert "raise pool_budget=" in message, message
+
+
+def test_without_torch_or_numpy_the_output_error_says_none_was_given(packed, monkeypatch):
+    from gpufeed import _loader
+
+    # As if neither were installed.
+    monkeypatch.setattr(_loader.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(packed)
+    message = str(e.value)
+    assert e.value.argument == "output" and "output= was not given" in message, message
+    assert "invalid argument" not in message, message
+
+
+def test_bfloat16_images_without_torch_say_numpy_was_the_default(folder):
+    if importlib_find("torch"):
+        pytest.skip("with torch installed the default output is torch, which has bfloat16")
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(folder, images={"size": 8, "dtype": "bfloat16"})
+    message = str(e.value)
+    assert e.value.argument == "output" and "output= was not given" in message, message
+    assert "invalid argument" not in message, message
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(folder, images={"size": 8, "dtype": "bfloat16"}, output="numpy")
+    assert "invalid argument output: numpy has no bfloat16" in str(e.value)
+
+
+def importlib_find(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None

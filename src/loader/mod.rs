@@ -33,7 +33,8 @@
 //! Faults: an error or a panic in a transform for sample *i* makes that batch an `Err` naming
 //! sample *i* and the batch; the loader stays usable and the next call yields the next batch.
 //! Dropping the loader stops and joins every worker thread, also when they wait on a full
-//! channel or an exhausted pool.
+//! channel or an exhausted pool; a worker stuck in a call that does not return (a named pipe)
+//! is left running after [`SHUTDOWN_WAIT`], detached and counted ([`detached_workers`]).
 
 mod batch;
 mod budget;
@@ -857,6 +858,18 @@ impl Loader {
         self.parts
     }
 
+    /// Batches the pool's budget holds: at most this many are in flight and in the caller's
+    /// hands together (see [`LoaderBuilder::pool_budget`]).
+    pub fn budget_batches(&self) -> usize {
+        self.budget.total()
+    }
+
+    /// Batches delivered that the caller still holds. When it holds all
+    /// [`budget_batches`](Self::budget_batches), the next batch is the `pool_budget` error.
+    pub fn held_batches(&self) -> usize {
+        self.budget.held()
+    }
+
     /// The settings that decide the order.
     pub fn order_spec(&self) -> &OrderSpec {
         &self.spec
@@ -1272,17 +1285,61 @@ impl Iterator for Loader {
     }
 }
 
+/// How long dropping a [`Loader`] waits for its worker threads to stop.
+///
+/// A worker stops at its next task or result once the loader is dropped; one blocked in a
+/// call that does not return (a read of a named pipe or of a hung network file system, a
+/// [`Dataset::get`] that waits forever) cannot. After this long the loader leaves such
+/// workers running, detached, and counts them in [`detached_workers`]: a detached worker
+/// holds only shared ownership (`Arc`s of the dataset, the transform and the pool), so it
+/// touches no memory that the drop freed, and it ends by itself, freeing them, once its call
+/// returns (its result has nowhere to go).
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
+
+/// Worker threads left running by dropped loaders, in this process; see [`SHUTDOWN_WAIT`].
+static DETACHED_WORKERS: AtomicU64 = AtomicU64::new(0);
+
+/// How many worker threads dropped loaders have left running in this process, because they
+/// did not stop within [`SHUTDOWN_WAIT`] (see there). Zero unless a worker was stuck in a call
+/// that did not return.
+pub fn detached_workers() -> u64 {
+    DETACHED_WORKERS.load(Ordering::Acquire)
+}
+
 impl Drop for Loader {
     fn drop(&mut self) {
         self.abandon();
         // Closing the task channel ends idle workers; closing the pool wakes those waiting for
-        // a buffer; dropping our receiver (below, by replacing it) ends those blocked on send.
+        // a buffer; draining the result channel (below) ends those blocked on send.
         self.tasks = None;
         self.shared.pool.close();
-        let (_, never) = crossbeam_channel::bounded(0);
-        drop(std::mem::replace(&mut self.done, never));
+        // Every worker holds a sender of the result channel: it disconnects once the last
+        // worker has returned. Results that come meanwhile are dropped (their permits and
+        // buffers go back).
+        // Miri runs every thread on one host thread, some hundred times slower: a worker
+        // that is merely busy could take longer than SHUTDOWN_WAIT to see the stop, and a
+        // thread left running fails its leak check. There, wait for every one.
+        let wait = if cfg!(miri) {
+            Duration::from_secs(3600)
+        } else {
+            SHUTDOWN_WAIT
+        };
+        let deadline = Instant::now() + wait;
+        let all_stopped = loop {
+            match self.done.recv_deadline(deadline) {
+                Ok(_) => {}
+                Err(RecvTimeoutError::Disconnected) => break true,
+                Err(RecvTimeoutError::Timeout) => break false,
+            }
+        };
         for t in self.threads.drain(..) {
-            let _ = t.join();
+            if all_stopped || t.is_finished() {
+                let _ = t.join();
+            } else {
+                // Dropping the handle detaches the thread; what it uses it owns (see
+                // `SHUTDOWN_WAIT`).
+                DETACHED_WORKERS.fetch_add(1, Ordering::AcqRel);
+            }
         }
     }
 }
