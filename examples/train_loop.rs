@@ -17,6 +17,7 @@
 //!
 //! writes from NumPy's arrays (labels are int64 there).
 
+use gpufeed::BatchStream;
 use std::collections::HashSet;
 use std::path::PathBuf;
 

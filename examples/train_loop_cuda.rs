@@ -17,6 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 mod real {
+    use gpufeed::BatchStream;
     use std::io::Write;
     use std::time::{Duration, Instant};
 

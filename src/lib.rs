@@ -61,7 +61,9 @@ mod readme;
 pub use error::{Error, ErrorKind, RemoteErrorKind, Result};
 pub use format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
 pub use layout::{BatchLayout, Element, OutputField, Slots};
-pub use loader::{Batch, BatchInfo, Loader, LoaderBuilder, LoaderState, LoaderStats, NextBatch};
+pub use loader::{
+    Batch, BatchInfo, BatchStream, Loader, LoaderBuilder, LoaderState, LoaderStats, Next,
+};
 pub use memory::{HostBuffer, HostPool, PoolStats};
 pub use source::{Concat, Dataset, NpyArray, Sample};
 pub use transform::{CopyFields, FnTransform, SampleContext, SampleTransform};

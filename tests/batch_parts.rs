@@ -2,6 +2,7 @@
 //! batches as when one worker makes each, the same faults, the same budget, and the parts really
 //! run side by side.
 
+use gpufeed::BatchStream;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

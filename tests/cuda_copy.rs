@@ -2,6 +2,7 @@
 //! dropping mid-epoch, the copy ceiling. Each test skips without a GPU (see cuda_common).
 
 use crate::cuda_common;
+use gpufeed::BatchStream;
 
 use std::time::{Duration, Instant};
 

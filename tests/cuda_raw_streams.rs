@@ -14,14 +14,14 @@
 //! process) before and after.
 
 use crate::cuda_common;
+use gpufeed::{BatchStream, Next};
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gpufeed::cuda::cudarc_driver::{CudaStream, result, sys};
 use gpufeed::cuda::{
-    Device, DeviceBatch, DeviceLoader, DeviceLoaderOptions, DevicePool, NextDeviceBatch,
-    PinnedBacking, RawStream,
+    Device, DeviceBatch, DeviceLoader, DeviceLoaderOptions, DevicePool, PinnedBacking, RawStream,
 };
 use gpufeed::{
     DType, FnTransform, HostPool, Loader, LoaderBuilder, NpyArray, OutputField, Sample,
@@ -356,11 +356,11 @@ pub fn next_timeout_moves_nothing() {
         let mut in_epoch = 0;
         loop {
             match polled.next_timeout(Duration::from_micros(200)) {
-                NextDeviceBatch::Pending => {
+                Next::Pending => {
                     pending += 1;
                     assert_eq!(polled.state().next_batch, in_epoch);
                 }
-                NextDeviceBatch::Ready(b) => {
+                Next::Ready(b) => {
                     let b = b.unwrap();
                     check_rows(
                         &b.field_to_host("data").unwrap(),
@@ -376,12 +376,12 @@ pub fn next_timeout_moves_nothing() {
                         state_mid = Some(polled.state());
                     }
                 }
-                NextDeviceBatch::EndOfEpoch => break,
+                Next::EndOfEpoch => break,
             }
         }
         assert!(matches!(
             polled.next_timeout(Duration::ZERO),
-            NextDeviceBatch::EndOfEpoch
+            Next::EndOfEpoch
         ));
     }
     assert!(pending > 0, "no timeout happened, so nothing was tested");
@@ -395,12 +395,12 @@ pub fn next_timeout_moves_nothing() {
     let mut rest = Vec::new();
     loop {
         match resumed.next_timeout(Duration::from_micros(100)) {
-            NextDeviceBatch::Pending => {}
-            NextDeviceBatch::Ready(b) => {
+            Next::Pending => {}
+            Next::Ready(b) => {
                 let b = b.unwrap();
                 rest.push((b.epoch(), b.number(), b.indices().to_vec()));
             }
-            NextDeviceBatch::EndOfEpoch => break,
+            Next::EndOfEpoch => break,
         }
     }
     assert_eq!(rest, want[17..]);

@@ -2,6 +2,7 @@
 //! on `DeviceLoader` as on `Loader` (issue 9, items 1 to 3). Each test skips without a GPU.
 
 use crate::cuda_common;
+use gpufeed::BatchStream;
 
 use std::collections::VecDeque;
 

@@ -6,6 +6,7 @@
 //! Nothing here reads a mapping after its file was truncated (that is the `SIGBUS` the
 //! contract on `ReadMode::Map` warns of).
 
+use gpufeed::BatchStream;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};

@@ -2,6 +2,7 @@
 //! counts, ImageFolder labels, packing, and the bad-image policies.
 
 use crate::image_common as common;
+use gpufeed::BatchStream;
 
 use common::*;
 use gpufeed::format::{DType, RecordFile};

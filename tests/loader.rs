@@ -1,5 +1,6 @@
 //! The loader end to end: order, workers, resume, faults, shutdown, bad settings.
 
+use gpufeed::BatchStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -608,7 +609,7 @@ fn asking_past_the_budget_is_an_error_that_costs_no_batch() {
     // `next_timeout`, which a polling caller uses, reports the error again.
     assert!(matches!(
         l.next_timeout(std::time::Duration::from_millis(10)),
-        gpufeed::loader::NextBatch::Ready(Err(Error::InvalidConfig { .. }))
+        gpufeed::Next::Ready(Err(Error::InvalidConfig { .. }))
     ));
     // Dropping a batch lifts it: the rest of the epoch comes.
     held.truncate(1);

@@ -1,11 +1,11 @@
 //! `Loader::next_timeout`: a timed-out wait moves nothing, and the batches are those of `next`.
 
+use gpufeed::BatchStream;
 use std::time::{Duration, Instant};
 
 use gpufeed::format::{DType, Field, Schema};
 use gpufeed::{
-    Dataset, Error, FnTransform, Loader, NextBatch, OutputField, Result, Sample, SampleContext,
-    Slots,
+    Dataset, Error, FnTransform, Loader, Next, OutputField, Result, Sample, SampleContext, Slots,
 };
 
 /// Sample i is the little-endian u64 `i`.
@@ -75,12 +75,12 @@ fn a_timeout_moves_nothing_and_the_batches_are_those_of_next() {
     loop {
         let before = loader.state();
         match loader.next_timeout(Duration::from_millis(1)) {
-            NextBatch::Ready(batch) => got.push(batch.unwrap().field::<u64>("x").unwrap().to_vec()),
-            NextBatch::Pending => {
+            Next::Ready(batch) => got.push(batch.unwrap().field::<u64>("x").unwrap().to_vec()),
+            Next::Pending => {
                 pending += 1;
                 assert_eq!(loader.state(), before, "a timeout moved the position");
             }
-            NextBatch::EndOfEpoch => break,
+            Next::EndOfEpoch => break,
         }
     }
     // Each batch takes 4 x 20 ms in a worker: a 1 ms wait times out before most of them.
@@ -88,12 +88,12 @@ fn a_timeout_moves_nothing_and_the_batches_are_those_of_next() {
     assert_eq!(got, expected);
     assert!(matches!(
         loader.next_timeout(Duration::ZERO),
-        NextBatch::EndOfEpoch
+        Next::EndOfEpoch
     ));
     loader.set_epoch(1);
     assert!(matches!(
         loader.next_timeout(Duration::from_secs(10)),
-        NextBatch::Ready(Ok(_))
+        Next::Ready(Ok(_))
     ));
 }
 
@@ -108,7 +108,7 @@ fn a_timeout_returns_close_to_its_deadline() {
     let t0 = Instant::now();
     assert!(matches!(
         loader.next_timeout(Duration::from_millis(50)),
-        NextBatch::Pending
+        Next::Pending
     ));
     let waited = t0.elapsed();
     assert!(
@@ -122,7 +122,7 @@ fn a_timeout_returns_close_to_its_deadline() {
     );
     // The batch still comes, whole.
     match loader.next_timeout(Duration::from_secs(30)) {
-        NextBatch::Ready(b) => assert_eq!(
+        Next::Ready(b) => assert_eq!(
             b.unwrap().field::<u64>("x").unwrap(),
             &[0, 1, 2, 3, 4, 5, 6, 7]
         ),

@@ -1,6 +1,7 @@
 //! `ReadMode::Pread` against `ReadMode::Map` (issue 9, item 5): the same samples, the same
 //! batches, the same errors; checksum verification on the loader's read path in both modes.
 
+use gpufeed::BatchStream;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 

@@ -3,6 +3,7 @@
 //! through gpufeed, every sample and field compared with what the packages' own readers gave
 //! (`tests/fixtures/streaming/manifest.json`: each value's length and xxh3-64).
 
+use gpufeed::BatchStream;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

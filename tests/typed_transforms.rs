@@ -2,6 +2,7 @@
 //! slot was written, output fields derived from the input, and `.npy` arrays zipped as one
 //! data set, all through the loader.
 
+use gpufeed::BatchStream;
 use gpufeed::format::{DType, Field, Schema};
 use gpufeed::source::{NpyArray, Zip, npy_header};
 use gpufeed::{

@@ -2,6 +2,7 @@
 //! (its shards the common refinement of theirs), and what a zip forwards to its parts
 //! (read-ahead through the loader, checksum verification, file-change checks).
 
+use gpufeed::BatchStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use cudarc::driver::{CudaEvent, CudaStream, result, sys};
 use serde::Serialize;
 
@@ -35,7 +35,10 @@ use super::{Convert, Converter, Device, DeviceBatch, DeviceBuffer, DevicePool, P
 use crate::error::{Error, Result};
 use crate::format::DType;
 use crate::layout::{FIELD_ALIGN, OutputField};
-use crate::loader::{Batch, Loader, LoaderBuilder, LoaderState, LoaderStats};
+use crate::loader::{
+    Batch, BatchStream, Delivered, Loader, LoaderBuilder, LoaderState, LoaderStats, Next, Position,
+    deadline, next_blocking,
+};
 use crate::memory::{HostPool, PoolStats, human_bytes, human_rate};
 use crate::sampler::OrderSpec;
 
@@ -397,17 +400,6 @@ impl Shared {
     }
 }
 
-/// What [`DeviceLoader::next_timeout`] found.
-#[derive(Debug)]
-pub enum NextDeviceBatch {
-    /// The next device batch of the epoch, or its error, as [`Iterator::next`] gives it.
-    Ready(Result<DeviceBatch>),
-    /// No batch came within the timeout. The position did not move: ask again.
-    Pending,
-    /// The epoch has been delivered to its end (where [`Iterator::next`] gives `None`).
-    EndOfEpoch,
-}
-
 /// Yields the loader's batches on the device, copied asynchronously ahead of the consumer (one
 /// `cuMemcpyHtoDAsync` of each whole batch buffer on the device's copy stream, then the
 /// conversions, then an event; see [the rule for device
@@ -421,6 +413,7 @@ pub enum NextDeviceBatch {
 ///
 /// ```no_run
 /// use gpufeed::cuda::{Device, DeviceLoader, DeviceLoaderOptions};
+/// use gpufeed::BatchStream;
 /// use gpufeed::source::Zip;
 /// use gpufeed::Loader;
 ///
@@ -455,22 +448,11 @@ pub struct DeviceLoader {
     thread: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
     generation: u64,
-    /// The order's settings, for states.
-    spec: OrderSpec,
-    epoch: u64,
-    /// Device batches of `epoch` delivered to the consumer (with their `start`: a state's
-    /// position).
-    next_batch: u64,
-    start: u64,
-    /// Set by a resume until the next batch or `set_epoch`, as in `Loader`.
-    resumed: bool,
-    batches_per_epoch: u64,
+    /// Where the consumer stands: device batches delivered (not those copied ahead).
+    position: Position,
+    /// The epoch's end was delivered (or the copy thread is gone).
     ended: bool,
-    started: Option<Instant>,
-    waited: Duration,
-    batches: u64,
-    samples: u64,
-    bytes: u64,
+    delivered: Delivered,
     sample_bytes: usize,
     /// The device batches' fields.
     fields: Arc<[FieldSpec]>,
@@ -480,7 +462,7 @@ impl std::fmt::Debug for DeviceLoader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceLoader")
             .field("device", &self.device)
-            .field("epoch", &self.epoch)
+            .field("epoch", &self.position.epoch())
             .finish()
     }
 }
@@ -518,10 +500,7 @@ impl DeviceLoader {
             stop: AtomicBool::new(false),
             counters: Mutex::new(Counters::default()),
         });
-        let state = loader.state();
-        let resumed = loader.is_resumed();
-        let spec = loader.order_spec().clone();
-        let batches_per_epoch = loader.batches_per_epoch();
+        let position = loader.position().clone();
         let sample_bytes = loader.layout().sample_bytes();
         let worker = CopyThread {
             loader,
@@ -549,18 +528,9 @@ impl DeviceLoader {
             thread: Some(thread),
             shared,
             generation: 0,
-            spec,
-            epoch: state.epoch,
-            next_batch: state.next_batch,
-            start: state.start,
-            resumed,
-            batches_per_epoch,
+            position,
             ended: false,
-            started: None,
-            waited: Duration::ZERO,
-            batches: 0,
-            samples: 0,
-            bytes: 0,
+            delivered: Delivered::default(),
             sample_bytes,
             fields,
         })
@@ -586,16 +556,6 @@ impl DeviceLoader {
         &self.pool
     }
 
-    /// The epoch being delivered.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Batches in an epoch.
-    pub fn batches_per_epoch(&self) -> u64 {
-        self.batches_per_epoch
-    }
-
     /// The device batches' fields, in order: name, dtype and per-sample shape (converted
     /// fields as the conversion writes them; the mask and indices fields last, if asked for).
     pub fn fields(&self) -> Vec<OutputField> {
@@ -603,66 +563,6 @@ impl DeviceLoader {
             .iter()
             .map(|f| OutputField::new(f.name.clone(), f.dtype, &f.shape))
             .collect()
-    }
-
-    /// The order's settings (as [`Loader::order_spec`]): rank, world size, samples, batch size.
-    pub fn order_spec(&self) -> &OrderSpec {
-        &self.spec
-    }
-
-    /// Where the consumer stands: resuming from it (on a [`Loader`] or a `DeviceLoader`)
-    /// yields the batches not yet delivered. Batches copied ahead are not counted.
-    pub fn state(&self) -> LoaderState {
-        LoaderState {
-            epoch: self.epoch,
-            next_batch: self.next_batch,
-            start: self.start,
-            order: self.spec.clone(),
-        }
-    }
-
-    /// Puts the loader where `state` says ([`Loader::load_state`]): the next device batches are
-    /// the rest of `state.epoch`. Fails, changing nothing, if the state does not fit this
-    /// loader's order settings.
-    pub fn load_state(&mut self, state: LoaderState) -> Result<()> {
-        let (order, next) = state.position(&self.spec)?;
-        self.generation += 1;
-        self.epoch = order.epoch();
-        self.start = order.start();
-        self.next_batch = next;
-        self.resumed = true;
-        self.ended = false;
-        self.send(Control::Load {
-            state,
-            generation: self.generation,
-        });
-        Ok(())
-    }
-
-    /// Starts epoch `epoch` from its first batch, abandoning what is left of the current one
-    /// (copies in flight are discarded); [`Loader::set_epoch`] says when it keeps the position
-    /// instead (right after a resume, or at the epoch's start). If the copy thread has stopped,
-    /// the next call to `next` says so.
-    pub fn set_epoch(&mut self, epoch: u64) {
-        let resumed = std::mem::take(&mut self.resumed);
-        let at_start = self.next_batch == 0 && self.start == 0;
-        if epoch == self.epoch && (resumed || at_start) && !self.ended {
-            return;
-        }
-        self.generation += 1;
-        self.epoch = epoch;
-        self.start = 0;
-        self.next_batch = 0;
-        self.ended = false;
-        self.send(Control::SetEpoch {
-            epoch,
-            generation: self.generation,
-        });
-    }
-
-    /// Starts the epoch after the current one.
-    pub fn next_epoch(&mut self) {
-        self.set_epoch(self.epoch + 1)
     }
 
     fn send(&mut self, control: Control) {
@@ -682,11 +582,11 @@ impl DeviceLoader {
         let _scope = ContextScope::enter(self.device.context());
         let c = self.shared.counters();
         DeviceStats {
-            batches: self.batches,
-            samples: self.samples,
-            bytes: self.bytes,
-            elapsed: self.started.map_or(Duration::ZERO, |s| s.elapsed()),
-            waited: self.waited,
+            batches: self.delivered.batches,
+            samples: self.delivered.samples,
+            bytes: self.delivered.bytes,
+            elapsed: self.delivered.elapsed(),
+            waited: self.delivered.waited,
             h2d_bytes: c.h2d_bytes,
             h2d_copies: c.h2d_copies,
             h2d_timed_bytes: c.h2d_timed_bytes,
@@ -699,45 +599,32 @@ impl DeviceLoader {
         }
     }
 
-    /// Like [`Iterator::next`], but waits at most `timeout` for the next device batch; a
-    /// timeout changes nothing (no batch is lost or skipped, the position does not move), so
-    /// the caller can do something else, such as look for an interrupt, and ask again. As
-    /// [`Loader::next_timeout`].
-    pub fn next_timeout(&mut self, timeout: Duration) -> NextDeviceBatch {
-        // A timeout too large for an `Instant` is a wait without a deadline.
-        self.next_until(Instant::now().checked_add(timeout))
-    }
-
-    fn next_until(&mut self, deadline: Option<Instant>) -> NextDeviceBatch {
+    fn next_until(&mut self, deadline: Option<Instant>) -> Next<DeviceBatch> {
         if self.ended {
-            return NextDeviceBatch::EndOfEpoch;
+            return Next::EndOfEpoch;
         }
-        self.started.get_or_insert_with(Instant::now);
+        self.delivered.asked();
         if self.control.is_none() {
             self.ended = true;
-            return NextDeviceBatch::Ready(Err(Error::Shutdown));
+            return Next::Ready(Err(Error::Shutdown));
         }
         let Some(rx) = self.rx.as_ref() else {
-            return NextDeviceBatch::EndOfEpoch;
+            return Next::EndOfEpoch;
         };
         loop {
-            let t0 = Instant::now();
-            let message = match deadline {
-                None => rx.recv().ok(),
-                Some(d) => match rx.recv_deadline(d) {
-                    Ok(m) => Some(m),
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                        self.waited += t0.elapsed();
-                        return NextDeviceBatch::Pending;
-                    }
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => None,
-                },
+            let message = self.delivered.wait(|| match deadline {
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(d) => rx.recv_deadline(d),
+            });
+            let message = match message {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => return Next::Pending,
+                Err(RecvTimeoutError::Disconnected) => None,
             };
-            self.waited += t0.elapsed();
             match message {
                 None => {
                     self.ended = true;
-                    return NextDeviceBatch::Ready(Err(Error::Shutdown));
+                    return Next::Ready(Err(Error::Shutdown));
                 }
                 Some(Message::Batch {
                     generation,
@@ -745,19 +632,16 @@ impl DeviceLoader {
                     advanced,
                 }) if generation == self.generation => {
                     if advanced {
-                        self.next_batch += 1;
-                        self.resumed = false;
+                        self.position.advance();
                     }
                     if let Ok(b) = &result {
-                        self.batches += 1;
-                        self.samples += b.len() as u64;
-                        self.bytes += (b.len() * self.sample_bytes) as u64;
+                        self.delivered.batch(b.len(), self.sample_bytes);
                     }
-                    return NextDeviceBatch::Ready(result);
+                    return Next::Ready(result);
                 }
                 Some(Message::End(g)) if g == self.generation => {
                     self.ended = true;
-                    return NextDeviceBatch::EndOfEpoch;
+                    return Next::EndOfEpoch;
                 }
                 // A batch of an abandoned epoch: it drops here (a stale one of a generation
                 // that `set_epoch` or `load_state` replaced).
@@ -771,12 +655,60 @@ impl Iterator for DeviceLoader {
     type Item = Result<DeviceBatch>;
 
     fn next(&mut self) -> Option<Result<DeviceBatch>> {
-        match self.next_until(None) {
-            NextDeviceBatch::Ready(result) => Some(result),
-            NextDeviceBatch::EndOfEpoch => None,
-            // Without a deadline the wait ends only with a message.
-            NextDeviceBatch::Pending => None,
+        next_blocking(|| self.next_until(None))
+    }
+}
+
+impl BatchStream for DeviceLoader {
+    type Batch = DeviceBatch;
+
+    fn epoch(&self) -> u64 {
+        self.position.epoch()
+    }
+
+    fn batches_per_epoch(&self) -> u64 {
+        self.position.spec().batches()
+    }
+
+    fn order_spec(&self) -> &OrderSpec {
+        self.position.spec()
+    }
+
+    /// Device batches copied ahead are not counted.
+    fn state(&self) -> LoaderState {
+        self.position.state()
+    }
+
+    /// Copies in flight are discarded.
+    fn load_state(&mut self, state: LoaderState) -> Result<()> {
+        let (order, next) = self.position.resolve(&state)?;
+        self.generation += 1;
+        self.position.resume_at(&order, next);
+        self.ended = false;
+        self.send(Control::Load {
+            state,
+            generation: self.generation,
+        });
+        Ok(())
+    }
+
+    /// Copies in flight are discarded. If the copy thread has stopped, the next call to `next`
+    /// says so.
+    fn set_epoch(&mut self, epoch: u64) {
+        if self.position.keeps(epoch) && !self.ended {
+            return;
         }
+        self.generation += 1;
+        self.position.restart(epoch);
+        self.ended = false;
+        self.send(Control::SetEpoch {
+            epoch,
+            generation: self.generation,
+        });
+    }
+
+    fn next_timeout(&mut self, timeout: Duration) -> Next<DeviceBatch> {
+        self.next_until(deadline(timeout))
     }
 }
 
@@ -876,7 +808,7 @@ impl CopyThread {
                 None => {}
             }
             self.read_timings(false);
-            let before = self.loader.next_batch();
+            let before = self.loader.position().next_batch();
             let message = match self.loader.next() {
                 None => {
                     ended = true;
@@ -886,7 +818,7 @@ impl CopyThread {
                 Some(Err(e)) => Message::Batch {
                     generation,
                     result: Err(e),
-                    advanced: self.loader.next_batch() != before,
+                    advanced: self.loader.position().next_batch() != before,
                 },
                 Some(Ok(batch)) => {
                     let t0 = Instant::now();

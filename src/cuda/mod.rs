@@ -100,7 +100,7 @@ mod release;
 pub use batch::{DeviceBatch, DeviceField, RawStream};
 pub use ceiling::pinned_copy_ceiling;
 pub use convert::{Convert, Converter};
-pub use copy::{DeviceLoader, DeviceLoaderOptions, DeviceStats, NextDeviceBatch};
+pub use copy::{DeviceLoader, DeviceLoaderOptions, DeviceStats};
 pub use device::{Device, driver_present};
 pub use device_pool::{DeviceBuffer, DevicePool, leaked_buffers, reserved_bytes};
 pub use fence::EventFence;

@@ -2,11 +2,52 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::memory::{PoolStats, human_bytes, human_rate};
+
+/// What a loader delivered to its caller, and how long the caller waited for it: the figures
+/// every loader's stats start from.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Delivered {
+    /// When the caller first asked for a batch.
+    started: Option<Instant>,
+    /// Time the caller spent waiting for batches.
+    pub waited: Duration,
+    /// Batches, samples and bytes delivered (batches that are errors not counted).
+    pub batches: u64,
+    pub samples: u64,
+    pub bytes: u64,
+}
+
+impl Delivered {
+    /// The caller asks for a batch (the clock of `elapsed` starts at the first).
+    pub(crate) fn asked(&mut self) {
+        self.started.get_or_insert_with(Instant::now);
+    }
+
+    /// Runs `wait` (a wait for the next batch) and counts its time as waited.
+    pub(crate) fn wait<T>(&mut self, wait: impl FnOnce() -> T) -> T {
+        let t0 = Instant::now();
+        let out = wait();
+        self.waited += t0.elapsed();
+        out
+    }
+
+    /// A batch of `samples` samples of `sample_bytes` each was delivered.
+    pub(crate) fn batch(&mut self, samples: usize, sample_bytes: usize) {
+        self.batches += 1;
+        self.samples += samples as u64;
+        self.bytes += (samples * sample_bytes) as u64;
+    }
+
+    /// Time since the caller first asked for a batch.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.map_or(Duration::ZERO, |s| s.elapsed())
+    }
+}
 
 /// Time spent in each stage, summed over all workers.
 #[derive(Debug, Default)]

@@ -482,7 +482,7 @@ mod tests {
     //! the last part sees every other part's writes.
     use crate::format::{DType, Field, Schema};
     use crate::source::{Dataset, Sample};
-    use crate::{Error, Loader, Result};
+    use crate::{BatchStream, Error, Loader, Result};
 
     struct Numbers(Vec<u8>, Schema);
 
@@ -540,8 +540,8 @@ mod tests {
         use super::{Assembly, Shared, make_part};
         use crate::layout::BatchLayout;
         use crate::layout::{OutputField, Slots};
-        use crate::loader::StageTimes;
         use crate::loader::budget::BatchBudget;
+        use crate::loader::stats::StageTimes;
         use crate::memory::HostPool;
         use crate::sampler::{OrderSpec, Remainder};
         use crate::transform::{FnTransform, SampleContext};

@@ -2,6 +2,7 @@
 //! --device N`) and [`bench_images_device`] (the image pipeline, `gpufeed bench --images
 //! --device N`). Both synchronise the host: they are measurements, not the hot path.
 
+use gpufeed::BatchStream;
 use std::sync::Arc;
 
 use gpufeed::cuda::cudarc_driver::CudaStream;

@@ -2,6 +2,7 @@
 //! `gpufeed bench --images --device N` runs the same through the GPU path,
 //! `cuda::bench_images_device`).
 
+use gpufeed::BatchStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;

@@ -16,6 +16,7 @@
 //! the run are refused, and `--batch-size`, `--prefetch` and `--workers` are checked against
 //! the machine (`checks.rs`). Raw and image runs print one report, with the same JSON keys.
 
+use gpufeed::BatchStream;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

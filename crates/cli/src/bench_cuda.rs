@@ -1,6 +1,7 @@
 //! `gpufeed bench --device N`: the whole path, mapped file to device memory, with the
 //! pinned-copy ceiling measured in the same run (feature `cuda`).
 
+use gpufeed::BatchStream;
 use std::path::Path;
 use std::time::Instant;
 
