@@ -1,4 +1,5 @@
-//! The copy stage: [`DeviceLoader`] turns a [`Loader`]'s host batches into [`DeviceBatch`]es.
+//! The copy stage: the thread behind a [`DeviceLoader`](super::DeviceLoader) that turns a
+//! [`Loader`]'s host batches into [`DeviceBatch`]es.
 //!
 //! A copy thread owns the loader. For each host batch it takes a buffer from a [`DevicePool`],
 //! enqueues on the device's copy stream one `cuMemcpyHtoDAsync` of the whole batch buffer (every
@@ -11,11 +12,8 @@
 //! device. If enqueueing fails half way, the copy thread synchronises the copy stream before it
 //! lets go of either buffer.
 //!
-//! The rule for device memory that this implements is in the [`cuda`](crate::cuda) module's docs.
-//!
-//! Optionally each device batch also carries the padding mask and the sample indices as fields
-//! of its own ([`DeviceLoaderOptions::mask`], [`DeviceLoaderOptions::indices`]): the copy thread
-//! writes them into a small pinned staging buffer and copies them with the batch.
+//! The mask and the sample indices, when asked for, are written into a small pinned staging
+//! buffer and copied with the batch.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,24 +21,21 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::{CudaEvent, CudaStream, result, sys};
-use serde::Serialize;
 
 use super::batch::FieldSpec;
 use super::cuda_err;
-use super::device::ContextScope;
 use super::fence::EventFence;
-use super::{Convert, Converter, Device, DeviceBatch, DeviceBuffer, DevicePool, PinnedBacking};
+use super::{
+    Convert, Converter, Device, DeviceBatch, DeviceBuffer, DeviceLoaderOptions, DevicePool,
+    PinnedBacking,
+};
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::layout::{FIELD_ALIGN, OutputField};
-use crate::loader::{
-    Batch, BatchStream, Delivered, Loader, LoaderBuilder, LoaderState, LoaderStats, Next, Position,
-    deadline, next_blocking,
-};
-use crate::memory::{HostPool, PoolStats, human_bytes, human_rate};
-use crate::sampler::OrderSpec;
+use crate::layout::FIELD_ALIGN;
+use crate::loader::{Batch, BatchStream, Loader, LoaderState, LoaderStats};
+use crate::memory::HostPool;
 
 /// Bytes of device batches the default depth aims to keep copied ahead.
 const DEPTH_BYTES: usize = 32 << 20;
@@ -51,59 +46,6 @@ const STATS_EVERY: u64 = 64;
 
 /// Timing events kept for reuse (creating an event is a driver call per batch otherwise).
 const SPARE_EVENTS: usize = 64;
-
-/// Settings of a [`DeviceLoader`].
-#[derive(Clone, Debug, Default)]
-pub struct DeviceLoaderOptions {
-    /// Device batches copied ahead of the consumer (the channel's capacity). One more can be
-    /// in the copy thread's hands. Default (`None`): about 32 MiB of batches, 2 to 16, so that
-    /// small batches keep the copy engine busy while the consumer takes each one.
-    pub depth: Option<usize>,
-    /// Fields to convert on the device (opt-in; see [`Convert`]).
-    pub convert: Vec<Convert>,
-    /// Debugging: fill each device buffer with this byte before the copy, so that bytes the
-    /// copy does not write show up (tests use it; it costs a memset per batch).
-    pub poison: Option<u8>,
-    /// Adds a field of this name to each device batch: bool per sample, true for a real sample
-    /// and false for a padding slot ([`BatchInfo::mask`](crate::BatchInfo::mask)). Opt-in.
-    pub mask: Option<String>,
-    /// Adds a field of this name to each device batch: the samples' dataset indices, as i64
-    /// ([`BatchInfo::indices`](crate::BatchInfo::indices)). Opt-in.
-    pub indices: Option<String>,
-}
-
-impl DeviceLoaderOptions {
-    /// Sets [`depth`](Self::depth).
-    pub fn depth(mut self, n: usize) -> Self {
-        self.depth = Some(n);
-        self
-    }
-
-    /// Adds a conversion.
-    pub fn convert(mut self, c: Convert) -> Self {
-        self.convert.push(c);
-        self
-    }
-
-    /// Sets [`poison`](Self::poison).
-    pub fn poison(mut self, byte: u8) -> Self {
-        self.poison = Some(byte);
-        self
-    }
-
-    /// Sets [`mask`](Self::mask): each device batch gets its padding mask as field `name`.
-    pub fn mask(mut self, name: impl Into<String>) -> Self {
-        self.mask = Some(name.into());
-        self
-    }
-
-    /// Sets [`indices`](Self::indices): each device batch gets its samples' indices as field
-    /// `name`.
-    pub fn indices(mut self, name: impl Into<String>) -> Self {
-        self.indices = Some(name.into());
-        self
-    }
-}
 
 /// Where the mask and indices fields live: a region of the device buffer, staged on the host in
 /// a pinned buffer laid out the same way, copied in one piece.
@@ -247,122 +189,7 @@ impl Plan {
     }
 }
 
-/// Figures of a [`DeviceLoader`].
-#[derive(Clone, Debug, Serialize)]
-pub struct DeviceStats {
-    /// Device batches delivered to the consumer.
-    pub batches: u64,
-    /// Samples delivered.
-    pub samples: u64,
-    /// Bytes of batch fields delivered (as collated on the host).
-    pub bytes: u64,
-    /// Time since the consumer's first call to `next`.
-    pub elapsed: Duration,
-    /// Time the consumer waited inside `next`.
-    pub waited: Duration,
-    /// Bytes copied host to device (whole batch buffers).
-    pub h2d_bytes: u64,
-    /// Copies enqueued.
-    pub h2d_copies: u64,
-    /// Bytes of the copies whose device time is known (their events completed and were read).
-    pub h2d_timed_bytes: u64,
-    /// Device time of those copies: the union of the intervals between the events around each
-    /// copy on the copy stream (time shared by queued copies counted once).
-    pub h2d_busy: Duration,
-    /// Copy-thread time spent enqueueing copies (taking a device buffer, recording events,
-    /// the copy and conversion calls): with the host loader's `waited` (for host batches) and
-    /// `copy_thread_blocked` (on a full queue to the consumer), where the copy thread's time went.
-    pub copy_thread_enqueue: Duration,
-    /// Copy-thread time blocked handing device batches to the consumer (the queue of `depth`
-    /// batches was full: the consumer is the slower side).
-    pub copy_thread_blocked: Duration,
-    /// The device pool.
-    pub device_pool: PoolStats,
-    /// Device buffers of this loader leaked because their release could not be fenced (a
-    /// driver error; see [`DevicePool::leaked`]). Zero unless the driver failed.
-    pub device_leaked: u64,
-    /// The host loader's figures, as seen by the copy thread (its `waited` is the copy thread's).
-    pub loader: Option<LoaderStats>,
-}
-
-impl DeviceStats {
-    /// Host-to-device bytes per second of copy-engine time (timed bytes over busy time).
-    pub fn h2d_bytes_per_sec(&self) -> f64 {
-        let s = self.h2d_busy.as_secs_f64();
-        if s > 0.0 {
-            self.h2d_timed_bytes as f64 / s
-        } else {
-            0.0
-        }
-    }
-
-    /// Bytes delivered per second, end to end.
-    pub fn bytes_per_sec(&self) -> f64 {
-        let s = self.elapsed.as_secs_f64();
-        if s > 0.0 { self.bytes as f64 / s } else { 0.0 }
-    }
-
-    /// The fraction of the consumer's time spent waiting for a batch (0 to 1).
-    pub fn wait_fraction(&self) -> f64 {
-        let e = self.elapsed.as_secs_f64();
-        if e > 0.0 {
-            (self.waited.as_secs_f64() / e).min(1.0)
-        } else {
-            0.0
-        }
-    }
-}
-
-impl std::fmt::Display for DeviceStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "{:<22} {} batches, {} in {:.3}s: {} end to end",
-            "delivered to device",
-            self.batches,
-            human_bytes(self.bytes),
-            self.elapsed.as_secs_f64(),
-            human_rate(self.bytes_per_sec())
-        )?;
-        writeln!(
-            f,
-            "{:<22} {} copies, {}; copy engine busy {:.3}s: {}",
-            "H2D",
-            self.h2d_copies,
-            human_bytes(self.h2d_bytes),
-            self.h2d_busy.as_secs_f64(),
-            human_rate(self.h2d_bytes_per_sec())
-        )?;
-        writeln!(
-            f,
-            "{:<22} enqueueing {:.3}s, blocked on the consumer {:.3}s",
-            "copy thread",
-            self.copy_thread_enqueue.as_secs_f64(),
-            self.copy_thread_blocked.as_secs_f64()
-        )?;
-        writeln!(
-            f,
-            "{:<22} {:.3}s ({:.2}% of the consumer's time)",
-            "consumer waited",
-            self.waited.as_secs_f64(),
-            100.0 * self.wait_fraction()
-        )?;
-        write!(f, "{:<22} {}", "device pool", self.device_pool)?;
-        if self.device_leaked > 0 {
-            write!(
-                f,
-                "\n{:<22} {} buffers (driver errors)",
-                "device leaked", self.device_leaked
-            )?;
-        }
-        if let Some(l) = &self.loader {
-            write!(f, "\n{l}")?;
-        }
-        Ok(())
-    }
-}
-
-enum Message {
+pub(super) enum Message {
     /// A batch (or its error) of a generation; `advanced` when it moved the host loader's
     /// position (a batch's own error does; a loader's error does not).
     Batch {
@@ -373,119 +200,58 @@ enum Message {
     End(u64),
 }
 
-enum Control {
+pub(super) enum Control {
     SetEpoch { epoch: u64, generation: u64 },
     Load { state: LoaderState, generation: u64 },
 }
 
 #[derive(Default)]
-struct Counters {
-    h2d_bytes: u64,
-    h2d_copies: u64,
-    h2d_timed_bytes: u64,
-    h2d_busy: Duration,
-    enqueue: Duration,
-    blocked: Duration,
-    loader: Option<LoaderStats>,
+pub(super) struct Counters {
+    pub h2d_bytes: u64,
+    pub h2d_copies: u64,
+    pub h2d_timed_bytes: u64,
+    pub h2d_busy: Duration,
+    pub enqueue: Duration,
+    pub blocked: Duration,
+    pub loader: Option<LoaderStats>,
 }
 
-struct Shared {
-    stop: AtomicBool,
-    counters: Mutex<Counters>,
+pub(super) struct Shared {
+    pub stop: AtomicBool,
+    pub counters: Mutex<Counters>,
 }
 
 impl Shared {
-    fn counters(&self) -> std::sync::MutexGuard<'_, Counters> {
+    pub(super) fn counters(&self) -> std::sync::MutexGuard<'_, Counters> {
         self.counters.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Yields the loader's batches on the device, copied asynchronously ahead of the consumer (one
-/// `cuMemcpyHtoDAsync` of each whole batch buffer on the device's copy stream, then the
-/// conversions, then an event; see [the rule for device
-/// memory](crate::cuda#the-rule-for-device-memory)). An iterator of `Result<DeviceBatch>` over
-/// one epoch; dropping it stops the copy thread and the loader's workers.
-///
-/// Epochs and resume work as on [`Loader`]: [`state`](Self::state) counts the device batches
-/// delivered to the consumer (not those copied ahead), a loader built with
-/// [`LoaderBuilder::resume`] or given [`load_state`](Self::load_state) yields the rest of that
-/// epoch, and the first [`set_epoch`](Self::set_epoch) of that epoch keeps the position.
-///
-/// ```no_run
-/// use gpufeed::cuda::{Device, DeviceLoader, DeviceLoaderOptions};
-/// use gpufeed::BatchStream;
-/// use gpufeed::source::Zip;
-/// use gpufeed::Loader;
-///
-/// # fn main() -> gpufeed::Result<()> {
-/// let device = Device::from_env()?; // LOCAL_RANK's GPU (else SLURM_LOCALID's, else 0)
-/// let data = Zip::npy([("image", "images.npy"), ("label", "labels.npy")])?;
-/// let builder = Loader::builder(data).batch_size(256).shuffle(0).workers(8);
-/// // Pinned host buffers, copied ahead of the consumer on the device's copy stream.
-/// let mut loader = DeviceLoader::from_builder(builder, &device, DeviceLoaderOptions::default())?;
-/// let compute = device.new_stream()?; // where the model runs
-/// for epoch in 0..2 {
-///     loader.set_epoch(epoch);
-///     for batch in loader.by_ref() {
-///         let batch = batch?;
-///         batch.wait_on(&compute)?; // `compute` waits for the copy, on the device
-///         let images = batch.field::<u8>("image")?; // a device view: enqueue work on `compute`
-///         let labels = batch.field::<i64>("label")?;
-///         # let _ = (images, labels);
-///         // Dropping the batch fences its buffer behind the work enqueued on `compute`.
-///     }
-/// }
-/// let state = loader.state(); // checkpoint it; resume with `builder.resume(state)`
-/// # let _ = state;
-/// # Ok(())
-/// # }
-/// ```
-pub struct DeviceLoader {
-    device: Device,
-    pool: DevicePool,
-    rx: Option<Receiver<Message>>,
-    control: Option<Sender<Control>>,
-    thread: Option<JoinHandle<()>>,
-    shared: Arc<Shared>,
-    generation: u64,
-    /// Where the consumer stands: device batches delivered (not those copied ahead).
-    position: Position,
-    /// The epoch's end was delivered (or the copy thread is gone).
-    ended: bool,
-    delivered: Delivered,
-    sample_bytes: usize,
+/// The consumer's ends of a running copy thread.
+pub(super) struct CopyStage {
+    /// Device batches, in order, and the ends of epochs.
+    pub rx: Receiver<Message>,
+    /// Epoch changes and resumes.
+    pub control: Sender<Control>,
+    pub thread: JoinHandle<()>,
+    /// The stop flag and the copy stage's counters.
+    pub shared: Arc<Shared>,
     /// The device batches' fields.
-    fields: Arc<[FieldSpec]>,
+    pub fields: Arc<[FieldSpec]>,
 }
 
-impl std::fmt::Debug for DeviceLoader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceLoader")
-            .field("device", &self.device)
-            .field("epoch", &self.position.epoch())
-            .finish()
-    }
-}
-
-impl DeviceLoader {
-    /// Copies `loader`'s batches to `device`. Build the loader with
-    /// `.backing(PinnedBacking::new(&device))` (or use [`DeviceLoader::from_builder`]): from
-    /// pageable buffers the copies are correct but staged by the driver, and slow.
-    ///
-    /// The calling thread's current context is left as it was.
-    pub fn new(loader: Loader, device: &Device, opts: DeviceLoaderOptions) -> Result<DeviceLoader> {
-        if opts.depth == Some(0) {
-            return Err(Error::config(
-                "depth",
-                "at least one device batch must be in flight",
-            ));
-        }
-        let _scope = ContextScope::enter(device.context())?;
-        let plan = Plan::new(&loader, device, &opts)?;
+impl CopyStage {
+    /// Starts the copy thread on `loader`'s batches, into buffers of `pool`.
+    pub(super) fn start(
+        loader: Loader,
+        device: &Device,
+        pool: &DevicePool,
+        opts: &DeviceLoaderOptions,
+    ) -> Result<CopyStage> {
+        let plan = Plan::new(&loader, device, opts)?;
         let depth = opts
             .depth
             .unwrap_or_else(|| (DEPTH_BYTES / plan.device_bytes.max(1)).clamp(2, 16));
-        let pool = DevicePool::new(device);
         // Copies in flight hold a staging buffer each until they complete: a few dozen.
         let extras = plan.extras.as_ref().map(|e| {
             HostPool::with_backing(
@@ -500,8 +266,6 @@ impl DeviceLoader {
             stop: AtomicBool::new(false),
             counters: Mutex::new(Counters::default()),
         });
-        let position = loader.position().clone();
-        let sample_bytes = loader.layout().sample_bytes();
         let worker = CopyThread {
             loader,
             device: device.clone(),
@@ -520,208 +284,13 @@ impl DeviceLoader {
             .name(format!("gpufeed-copy-{}", device.ordinal()))
             .spawn(move || worker.run())
             .map_err(|e| Error::spawn("device", "the copy thread", e))?;
-        Ok(DeviceLoader {
-            device: device.clone(),
-            pool,
-            rx: Some(rx),
-            control: Some(ctl_tx),
-            thread: Some(thread),
+        Ok(CopyStage {
+            rx,
+            control: ctl_tx,
+            thread,
             shared,
-            generation: 0,
-            position,
-            ended: false,
-            delivered: Delivered::default(),
-            sample_bytes,
             fields,
         })
-    }
-
-    /// Builds `builder` with pinned batch buffers on `device`, then [`DeviceLoader::new`].
-    pub fn from_builder(
-        builder: LoaderBuilder,
-        device: &Device,
-        opts: DeviceLoaderOptions,
-    ) -> Result<DeviceLoader> {
-        let loader = builder.backing(super::PinnedBacking::new(device)).build()?;
-        DeviceLoader::new(loader, device, opts)
-    }
-
-    /// The device.
-    pub fn device(&self) -> &Device {
-        &self.device
-    }
-
-    /// The pool of device batch buffers.
-    pub fn device_pool(&self) -> &DevicePool {
-        &self.pool
-    }
-
-    /// The device batches' fields, in order: name, dtype and per-sample shape (converted
-    /// fields as the conversion writes them; the mask and indices fields last, if asked for).
-    pub fn fields(&self) -> Vec<OutputField> {
-        self.fields
-            .iter()
-            .map(|f| OutputField::new(f.name.clone(), f.dtype, &f.shape))
-            .collect()
-    }
-
-    fn send(&mut self, control: Control) {
-        let sent = self
-            .control
-            .as_ref()
-            .is_some_and(|c| c.send(control).is_ok());
-        if !sent {
-            // The copy thread is gone: `next` reports it.
-            self.control = None;
-        }
-    }
-
-    /// Figures so far. The calling thread's current context is left as it was.
-    pub fn stats(&self) -> DeviceStats {
-        // Reading the pool's figures queries (and destroys) completed events.
-        let _scope = ContextScope::enter(self.device.context());
-        let c = self.shared.counters();
-        DeviceStats {
-            batches: self.delivered.batches,
-            samples: self.delivered.samples,
-            bytes: self.delivered.bytes,
-            elapsed: self.delivered.elapsed(),
-            waited: self.delivered.waited,
-            h2d_bytes: c.h2d_bytes,
-            h2d_copies: c.h2d_copies,
-            h2d_timed_bytes: c.h2d_timed_bytes,
-            h2d_busy: c.h2d_busy,
-            copy_thread_enqueue: c.enqueue,
-            copy_thread_blocked: c.blocked,
-            device_pool: self.pool.stats(),
-            device_leaked: self.pool.leaked().0,
-            loader: c.loader.clone(),
-        }
-    }
-
-    fn next_until(&mut self, deadline: Option<Instant>) -> Next<DeviceBatch> {
-        if self.ended {
-            return Next::EndOfEpoch;
-        }
-        self.delivered.asked();
-        if self.control.is_none() {
-            self.ended = true;
-            return Next::Ready(Err(Error::Shutdown));
-        }
-        let Some(rx) = self.rx.as_ref() else {
-            return Next::EndOfEpoch;
-        };
-        loop {
-            let message = self.delivered.wait(|| match deadline {
-                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                Some(d) => rx.recv_deadline(d),
-            });
-            let message = match message {
-                Ok(m) => Some(m),
-                Err(RecvTimeoutError::Timeout) => return Next::Pending,
-                Err(RecvTimeoutError::Disconnected) => None,
-            };
-            match message {
-                None => {
-                    self.ended = true;
-                    return Next::Ready(Err(Error::Shutdown));
-                }
-                Some(Message::Batch {
-                    generation,
-                    result,
-                    advanced,
-                }) if generation == self.generation => {
-                    if advanced {
-                        self.position.advance();
-                    }
-                    if let Ok(b) = &result {
-                        self.delivered.batch(b.len(), self.sample_bytes);
-                    }
-                    return Next::Ready(result);
-                }
-                Some(Message::End(g)) if g == self.generation => {
-                    self.ended = true;
-                    return Next::EndOfEpoch;
-                }
-                // A batch of an abandoned epoch: it drops here (a stale one of a generation
-                // that `set_epoch` or `load_state` replaced).
-                Some(_) => continue,
-            }
-        }
-    }
-}
-
-impl Iterator for DeviceLoader {
-    type Item = Result<DeviceBatch>;
-
-    fn next(&mut self) -> Option<Result<DeviceBatch>> {
-        next_blocking(|| self.next_until(None))
-    }
-}
-
-impl BatchStream for DeviceLoader {
-    type Batch = DeviceBatch;
-
-    fn epoch(&self) -> u64 {
-        self.position.epoch()
-    }
-
-    fn batches_per_epoch(&self) -> u64 {
-        self.position.spec().batches()
-    }
-
-    fn order_spec(&self) -> &OrderSpec {
-        self.position.spec()
-    }
-
-    /// Device batches copied ahead are not counted.
-    fn state(&self) -> LoaderState {
-        self.position.state()
-    }
-
-    /// Copies in flight are discarded.
-    fn load_state(&mut self, state: LoaderState) -> Result<()> {
-        let (order, next) = self.position.resolve(&state)?;
-        self.generation += 1;
-        self.position.resume_at(&order, next);
-        self.ended = false;
-        self.send(Control::Load {
-            state,
-            generation: self.generation,
-        });
-        Ok(())
-    }
-
-    /// Copies in flight are discarded. If the copy thread has stopped, the next call to `next`
-    /// says so.
-    fn set_epoch(&mut self, epoch: u64) {
-        if self.position.keeps(epoch) && !self.ended {
-            return;
-        }
-        self.generation += 1;
-        self.position.restart(epoch);
-        self.ended = false;
-        self.send(Control::SetEpoch {
-            epoch,
-            generation: self.generation,
-        });
-    }
-
-    fn next_timeout(&mut self, timeout: Duration) -> Next<DeviceBatch> {
-        self.next_until(deadline(timeout))
-    }
-}
-
-impl Drop for DeviceLoader {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        // Closing both channels wakes the copy thread wherever it blocks on us; it then drops
-        // the loader, which stops and joins the workers.
-        self.control = None;
-        self.rx = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

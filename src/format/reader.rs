@@ -65,7 +65,7 @@ pub struct ReadOptions {
 /// truncates or writes the file while it is open, or open it with [`ReadMode::Pread`], which
 /// reads with `pread` and turns a truncation into an [`Error::FileChanged`]; and turn on
 /// [`ReadOptions::verify_checksums`] to have bytes written in place refused. In every mode,
-/// [`Dataset::check_unchanged`] (which the loader calls at each epoch's start) reports a file
+/// [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) (which the loader calls at each epoch's start) reports a file
 /// replaced, truncated, extended or written since it was opened.
 #[derive(Clone)]
 pub struct RecordFile {
@@ -453,7 +453,7 @@ impl RecordFile {
     }
 
     /// Checks that the path still names the file opened, with the same size and modification
-    /// time; see [`Dataset::check_unchanged`].
+    /// time; see [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged).
     pub fn check_unchanged(&self) -> Result<()> {
         self.identity.check(&self.path)
     }

@@ -44,7 +44,7 @@ impl OutputField {
 
     /// The output field that holds tensor field `name` of `input` as it is stored: the same
     /// name, dtype and shape. For transforms whose output follows their input (see
-    /// [`FnTransform::with_output`]); a field that is not in `input`, or holds variable-size
+    /// [`FnTransform::with_output`](crate::transform::FnTransform::with_output)); a field that is not in `input`, or holds variable-size
     /// bytes, is an [`Error::Mismatch`] naming it.
     pub fn like(input: &Schema, name: &str) -> Result<OutputField> {
         let field = input

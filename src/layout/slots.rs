@@ -193,7 +193,7 @@ impl<'a> Slots<'a> {
     }
 
     /// The output fields, in order (what the transform's
-    /// [`output`](SampleTransform::output) declared).
+    /// [`output`](crate::transform::SampleTransform::output) declared).
     pub fn fields(&self) -> &[OutputField] {
         self.fields
     }

@@ -161,7 +161,7 @@ impl LoaderBuilder {
 
     /// Evaluation mode (default false): every sample exactly once across ranks, and every rank
     /// still gets the same number of batches. A rank's share is padded with slots marked as
-    /// padding ([`BatchInfo::padding`], [`BatchInfo::mask`]) instead of counting samples twice as
+    /// padding ([`BatchInfo::padding`](crate::BatchInfo::padding), [`BatchInfo::mask`](crate::BatchInfo::mask)) instead of counting samples twice as
     /// PyTorch's `DistributedSampler` does. Cannot be combined with `drop_last`.
     pub fn evaluation(mut self, yes: bool) -> Self {
         self.evaluation = yes;
@@ -192,15 +192,15 @@ impl LoaderBuilder {
 
     /// Resumes from a [`LoaderState`]: the loader yields exactly the batches of that epoch not
     /// yet delivered, then goes on as usual. The settings that decide the order must match
-    /// those of the state (`build()` checks). A first [`Loader::set_epoch`] of the state's
-    /// epoch keeps this position (see the [module docs](self)).
+    /// those of the state (`build()` checks). A first [`Loader::set_epoch`](crate::BatchStream::set_epoch) of the state's
+    /// epoch keeps this position (see the [module docs](super)).
     pub fn resume(mut self, state: LoaderState) -> Self {
         self.resume = Some(state);
         self
     }
 
     /// Makes the first batches of epoch + 1 while the end of an epoch is consumed (default
-    /// true), so that [`Loader::set_epoch`]`(epoch + 1)` finds them ready.
+    /// true), so that [`Loader::set_epoch`](crate::BatchStream::set_epoch)`(epoch + 1)` finds them ready.
     pub fn prefetch_across_epochs(mut self, yes: bool) -> Self {
         self.across_epochs = yes;
         self

@@ -1,6 +1,6 @@
 //! The loader: worker threads that share one dataset and collate batches into pooled buffers.
 //!
-//! [`Loader::builder`] takes a [`Dataset`] and PyTorch's vocabulary (`batch_size`, `shuffle`,
+//! [`Loader::builder`] takes a [`Dataset`](crate::source::Dataset) and PyTorch's vocabulary (`batch_size`, `shuffle`,
 //! `workers`, `prefetch`, `drop_last`, `shard`); `build()` checks every setting, starts the
 //! worker threads once, and the loader then yields the batches of one epoch, in order, as an
 //! iterator of `Result<Batch>`. [`Loader::set_epoch`] starts another epoch on the same threads.
@@ -8,10 +8,10 @@
 //! look up now and then (a Python binding checking for Ctrl-C).
 //!
 //! How a batch is made (see `worker.rs`): the loader puts the batch's number on a task channel;
-//! a free worker computes its sample indices from the [`Order`], takes a
-//! buffer from the [`HostPool`] (waiting if the byte budget is used up: backpressure), and for
-//! each sample calls [`Dataset::get`] (a view into the mapping) and the
-//! [`SampleTransform`], which writes straight into the
+//! a free worker computes its sample indices from the [`Order`](crate::sampler::Order), takes a
+//! buffer from the [`HostPool`](crate::memory::HostPool) (waiting if the byte budget is used up: backpressure), and for
+//! each sample calls [`Dataset::get`](crate::source::Dataset::get) (a view into the mapping) and the
+//! [`SampleTransform`](crate::transform::SampleTransform), which writes straight into the
 //! sample's slot. The finished batch goes back on a bounded result channel; the loader puts
 //! results back in order. At most `prefetch` batches are in flight. Large batches are made in
 //! parts ([`LoaderBuilder::batch_parts`]): several workers write disjoint samples of one

@@ -11,9 +11,9 @@ use crate::format::{RecordFile, Schema};
 use crate::source::{Dataset, Sample};
 
 impl RecordFile {
-    /// Record `i` as a [`Sample`]: a view into the mapping, or (with [`ReadMode::Pread`]) the
+    /// Record `i` as a [`Sample`]: a view into the mapping, or (with [`ReadMode::Pread`](crate::format::ReadMode::Pread)) the
     /// record's place in the file, read when its fields are copied, or the record read into a
-    /// per-thread buffer (schemas with bytes fields, or [`ReadOptions::verify_checksums`]).
+    /// per-thread buffer (schemas with bytes fields, or [`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums)).
     pub fn get(&self, i: u64) -> Result<Sample<'_>> {
         let range = self.record_range(i)?;
         match &self.data {

@@ -1,6 +1,6 @@
 //! The image pipeline: decode, crop and resize, flip, normalise, cast, into the batch slot.
 //!
-//! - [`decode`]: JPEG and PNG bytes to RGB8, in reusable per-thread buffers;
+//! - [`decode`](crate::codec): JPEG and PNG bytes to RGB8, in reusable per-thread buffers;
 //! - [`crop`]: torchvision's crop geometry (RandomResizedCrop, Resize + CenterCrop) and flips;
 //! - `convert`: RGB8 HWC to u8/f16/bf16/f32 ([`Layout`] HWC or CHW), [`Normalize`]d;
 //! - [`ImageTransform`]: all of it as one [`SampleTransform`], built with [`ImageTransform::train`]
