@@ -243,7 +243,7 @@ pub fn human_rate(bytes_per_sec: f64) -> String {
 }
 
 /// Formats a byte count with a binary unit (`1.5 MiB`).
-pub(crate) fn human_bytes(n: u64) -> String {
+pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

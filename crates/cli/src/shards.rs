@@ -154,7 +154,7 @@ pub fn inspect(path: &Path, verify: bool, as_json: bool) -> Result<()> {
         "format": data.format_name(),
         "shards": names.len(),
         "samples": data.len(),
-        "fields": crate::inspect::fields_json(data.schema()),
+        "fields": crate::messages::fields_json(data.schema()),
         "samples_per_shard": {"min": min, "mean": mean, "max": max},
         "first_shard": names.first(),
         "last_shard": names.last(),
@@ -169,10 +169,10 @@ pub fn inspect(path: &Path, verify: bool, as_json: bool) -> Result<()> {
         names.last().map_or("", String::as_str),
         data.len(),
     );
-    text.push_str(&crate::inspect::fields_text(data.schema()));
+    text.push_str(&crate::messages::fields_text(data.schema()));
     let mut fault = None;
     if verify {
-        let bar = crate::bench::progress(names.len() as u64, "verify", as_json);
+        let bar = crate::messages::progress(names.len() as u64, "verify", as_json);
         let result = data.verify(&mut |n| bar.set_position(n as u64));
         bar.finish_and_clear();
         report["verified"] = Value::Bool(result.is_ok());

@@ -10,8 +10,10 @@ use gpufeed::cuda::{
 };
 use gpufeed::{Error, LoaderBuilder, Result};
 
-use crate::bench::{Args, EpochDetail, Report, print_device_report, progress};
+use super::args::Args;
+use super::report::{EpochDetail, Report, print_device_report};
 use crate::cleanup::{ReportOnInterrupt, interrupted};
+use crate::messages::progress;
 
 /// Opens GPU `ordinal`, with a hint in the error when there is none.
 fn open_device(ordinal: usize) -> Result<Device> {
