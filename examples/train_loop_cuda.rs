@@ -164,7 +164,7 @@ mod real {
         );
         let t0 = Instant::now();
         let mut steps = 0u64;
-        let mut previous: Option<gpufeed::cuda::cudarc_driver::CudaEvent> = None;
+        let mut previous: Option<cudarc::driver::CudaEvent> = None;
         let mut after_first: Option<(Duration, Duration)> = None;
         for epoch in 0..args.epochs {
             if epoch > 0 {

@@ -51,7 +51,7 @@ pub fn a_device_on_the_callers_context_leaves_its_settings_and_copies() {
         return;
     }
     // The caller's own context, with event tracking turned off as a framework might.
-    let ctx = gpufeed::cuda::cudarc_driver::CudaContext::new(0).unwrap();
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     // SAFETY: this test makes no CudaSlice on the context, whose ordering needs tracking.
     unsafe { ctx.disable_event_tracking() };
     let dev = gpufeed::cuda::Device::from_context(std::sync::Arc::clone(&ctx)).unwrap();

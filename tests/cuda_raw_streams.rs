@@ -19,7 +19,7 @@ use gpufeed::{BatchStream, Next};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use gpufeed::cuda::cudarc_driver::{CudaStream, result, sys};
+use cudarc::driver::{CudaStream, result, sys};
 use gpufeed::cuda::{
     Device, DeviceBatch, DeviceLoader, DeviceLoaderOptions, DevicePool, PinnedBacking, RawStream,
 };

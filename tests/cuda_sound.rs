@@ -11,7 +11,7 @@ use crate::cuda_common;
 
 use std::time::Duration;
 
-use gpufeed::cuda::cudarc_driver::CudaSlice;
+use cudarc::driver::CudaSlice;
 use gpufeed::cuda::{
     Convert, Converter, DeviceLoader, DeviceLoaderOptions, DevicePool, PinnedBacking,
 };

@@ -120,7 +120,7 @@ enum User {
 /// pool when the last holder drops it.
 ///
 /// ```no_run
-/// use gpufeed::cuda::cudarc_driver::{CudaStream, DevicePtr};
+/// use gpufeed::cuda::{CudaStream, DevicePtr};
 /// use gpufeed::cuda::{DeviceBatch, RawStream};
 ///
 /// /// Hands a batch's `x` field (f32) to a consumer that works on `stream`.

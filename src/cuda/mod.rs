@@ -51,7 +51,7 @@
 //!   `record_stream`). Then drop the batch whenever you like: a fence is recorded on every
 //!   registered stream, and the buffer is reused only once those fences and the copy have
 //!   completed.
-//! - cudarc calls that take the view as a [`DevicePtr`](cudarc_driver::DevicePtr) follow the
+//! - cudarc calls that take the view as a [`DevicePtr`] follow the
 //!   rule by themselves: on a registered stream they are fenced by the drop; on any other
 //!   stream they synchronise that stream once the read is enqueued.
 //! - A raw address ([`DeviceField::ptr`], [`DeviceBuffer::ptr`]) is an `unsafe` accessor: it is
@@ -110,9 +110,11 @@ pub use fence::EventFence;
 pub use pinned::PinnedBacking;
 pub use release::settle;
 
-/// cudarc's driver API, re-exported so that users name the same types (`CudaStream`,
-/// `CudaEvent`, `sys::CUdeviceptr`) without a version mismatch.
-pub use cudarc::driver as cudarc_driver;
+/// The types of cudarc (0.19) that gpufeed's device API takes and gives: streams, the context,
+/// and the trait through which cudarc calls read a device view. cudarc is a public dependency
+/// of the `cuda` feature; a new major version of cudarc comes with a new minor version of
+/// gpufeed. For the rest of cudarc's API, depend on `cudarc` itself (same version).
+pub use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 
 use crate::error::Error;
 use cudarc::driver::DriverError;

@@ -29,7 +29,7 @@ pub use raw::pack_raw_records;
 pub use reader::{ReadMode, ReadOptions, RecordFile};
 pub use schema::{Codec, DType, Field, FieldKind, Schema};
 pub use writer::{
-    PackSummary, RecordSink, RecordWriter, TEMPORARY_MARKER, default_record_align,
-    remove_stale_temporaries, remove_unfinished_temporaries,
+    PackSummary, RecordSink, RecordWriter, TEMPORARY_MARKER, remove_stale_temporaries,
+    remove_unfinished_temporaries,
 };
-pub(crate) use writer::{discard, forget_unfinished, register_unfinished};
+pub(crate) use writer::{default_record_align, discard, forget_unfinished, register_unfinished};

@@ -727,7 +727,7 @@ fn sync_parent(path: &Path) -> Result<()> {
 /// The record alignment a writer uses unless told otherwise: 64 bytes (a cache line, and what
 /// SIMD copies and DMA like) for records of 4 KiB or more, otherwise the largest element size
 /// of the schema, at least 8, so that small records do not waste space.
-pub fn default_record_align(schema: &Schema) -> usize {
+pub(crate) fn default_record_align(schema: &Schema) -> usize {
     if schema.min_record_bytes() >= 4096 {
         return 64;
     }

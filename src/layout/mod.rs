@@ -84,7 +84,7 @@ pub struct BatchLayout {
 }
 
 /// Field offsets in a batch buffer are multiples of this (what device copies and SIMD like).
-pub const FIELD_ALIGN: usize = 256;
+pub(crate) const FIELD_ALIGN: usize = 256;
 
 impl BatchLayout {
     /// The layout of batches of `batch_size` samples of these fields.

@@ -55,7 +55,7 @@ pub use sizing::{MAX_WORKERS, default_parts, default_prefetch, default_workers, 
 pub use state::LoaderState;
 pub(crate) use state::Position;
 pub(crate) use stats::Delivered;
-pub use stats::{LoaderStats, StageSnapshot, steady_rate};
+pub use stats::{LoaderStats, StageSnapshot};
 pub use stream::{BatchStream, Next};
 pub(crate) use stream::{deadline, next_blocking};
 

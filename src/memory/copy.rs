@@ -17,7 +17,7 @@ use std::cell::Cell;
 /// Streaming small rows too was measured slower on the host and the device paths
 /// (`benches/RESULTS.md`): for small copies the destination lines are still in cache, and the
 /// loads they save cost less than the stores' trip to memory.
-pub const STREAM_THRESHOLD: usize = 32 * 1024;
+pub(crate) const STREAM_THRESHOLD: usize = 32 * 1024;
 
 thread_local! {
     /// Whether this thread defers the fences of its streaming copies (`DeferredFence`), and
@@ -71,7 +71,7 @@ fn store_fence() {
 /// # Panics
 ///
 /// If the lengths differ, as `copy_from_slice` does.
-pub fn copy_to_batch(dst: &mut [u8], src: &[u8]) {
+pub(crate) fn copy_to_batch(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_to_batch: lengths differ");
     // Under Miri, the plain copy: it checks the slices, not the CPU's streaming stores.
     #[cfg(all(target_arch = "x86_64", not(miri)))]

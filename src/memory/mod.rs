@@ -24,7 +24,7 @@ mod host;
 mod pool;
 
 pub(crate) use copy::DeferredFence;
-pub use copy::{STREAM_THRESHOLD, copy_to_batch};
+pub(crate) use copy::copy_to_batch;
 pub use host::{HostBuffer, HostPool};
 #[cfg(feature = "cuda")]
 pub(crate) use pool::{Buffer, Pool};

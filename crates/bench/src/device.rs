@@ -5,7 +5,7 @@
 use gpufeed::BatchStream;
 use std::sync::Arc;
 
-use gpufeed::cuda::cudarc_driver::CudaStream;
+use gpufeed::cuda::CudaStream;
 use gpufeed::cuda::{
     Convert, Device, DeviceLoader, DeviceLoaderOptions, PinnedBacking, pinned_copy_ceiling,
 };

@@ -55,7 +55,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use lru::OpenShardStats;
-pub use open::{expand_braces, is_shard_dir, is_shard_spec, is_store_url, open, open_with};
+pub use open::{is_shard_dir, is_shard_spec, is_store_url, open, open_with};
 pub use store::{
     LocalDir, MemoryStore, ShardArrival, ShardBytes, ShardStat, ShardStore, StoreStats,
 };

@@ -173,7 +173,7 @@ fn open_tars(paths: Vec<String>, options: &WebDatasetOptions) -> Result<Box<dyn 
 /// `{a,b}` alternatives, `{000..099}` integer ranges (zero-padded when an end has a leading
 /// zero), `{a..e}` letter ranges, an optional step (`{0..10..2}`), ranges down as well as up,
 /// nesting, and `\` escaping a character. Unbalanced braces are an error.
-pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
+pub(crate) fn expand_braces(pattern: &str) -> Result<Vec<String>> {
     let chars: Vec<char> = pattern.chars().collect();
     let out = expand_pattern(&chars, pattern)?;
     Ok(out.into_iter().map(|s| unescape(&s)).collect())

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 /// The size of a tar block.
-pub const BLOCK: u64 = 512;
+pub(crate) const BLOCK: u64 = 512;
 
 /// What kind of member a header describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

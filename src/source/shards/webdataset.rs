@@ -109,7 +109,7 @@ impl Default for WebDatasetOptions {
 /// Splits a member name into (key, extension) as webdataset's `base_plus_ext` does with the
 /// regular expression `^((?:.*/|)[^.]+)[.]([^/]*)$` (Python's `re.match`), or `None` where it
 /// does not match. The extension is not lower-cased here.
-pub fn split_key(name: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(crate) fn split_key(name: &[u8]) -> Option<(&[u8], &[u8])> {
     // The extension cannot hold a `/`, so its dot is in the file name: the first dot there.
     let base = name.iter().rposition(|&c| c == b'/').map_or(0, |p| p + 1);
     let dot = base + name[base..].iter().position(|&c| c == b'.')?;
@@ -134,7 +134,7 @@ pub fn split_key(name: &[u8]) -> Option<(&[u8], &[u8])> {
 
 /// Whether webdataset skips a member as metadata: no `/` and `__` at both ends, or a match of
 /// `__[^/]*__($|/)` at its start.
-pub fn is_meta(name: &[u8]) -> bool {
+pub(crate) fn is_meta(name: &[u8]) -> bool {
     if !name.contains(&b'/') && name.starts_with(b"__") && name.ends_with(b"__") {
         return true;
     }
@@ -161,7 +161,7 @@ fn lower(ext: &[u8]) -> Vec<u8> {
 }
 
 /// The codec of a field named by an extension: from its last dot-separated part.
-pub fn codec_for_extension(ext: &str) -> Codec {
+pub(crate) fn codec_for_extension(ext: &str) -> Codec {
     match ext.rsplit('.').next().unwrap_or(ext) {
         "jpg" | "jpeg" => Codec::Jpeg,
         "png" => Codec::Png,

@@ -58,7 +58,7 @@ pub fn run(
     });
     let mut feed = DeviceLoader::new(loader, &device, DeviceLoaderOptions::default())?;
     let consumer = device.new_stream()?;
-    let sync = |s: &gpufeed::cuda::cudarc_driver::CudaStream| {
+    let sync = |s: &gpufeed::cuda::CudaStream| {
         s.synchronize().map_err(|source| Error::Driver {
             op: "synchronize the consumer stream",
             source,
@@ -145,7 +145,7 @@ pub fn run(
             (busy > 0.0).then(|| (stats.h2d_timed_bytes - b) as f64 / busy)
         }),
         h2d_ceiling_bytes_per_sec: Some(ceiling),
-        steady_bytes_per_sec: gpufeed::loader::steady_rate(&epoch_rates),
+        steady_bytes_per_sec: gpufeed_bench::steady_rate(&epoch_rates),
         epoch_bytes_per_sec: epoch_rates,
         device: Some(format!("{} (ordinal {})", device.name(), device.ordinal())),
         generate_secs,

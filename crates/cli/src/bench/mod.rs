@@ -231,7 +231,7 @@ pub fn run(args: Args) -> Result<()> {
         report.dataset = format!("{} with labels {}", path.display(), labels.display());
     }
     report.epochs = epoch_rates.len() as u64;
-    report.steady_bytes_per_sec = gpufeed::loader::steady_rate(&epoch_rates);
+    report.steady_bytes_per_sec = gpufeed_bench::steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
     if let Some(d) = &sharded {
         report.shards = Some(d.shard_names().len());

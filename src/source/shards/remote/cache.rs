@@ -33,7 +33,7 @@ use std::time::SystemTime;
 use crate::error::{Error, Result};
 
 /// The marker of a temporary file in the cache.
-pub const PART_MARKER: &str = ".part-";
+pub(crate) const PART_MARKER: &str = ".part-";
 
 /// The cache directory of one store (see the [module](self) documentation).
 #[derive(Debug)]
