@@ -5,6 +5,7 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -656,11 +657,13 @@ fn at_most_max_open_shards_are_open_and_samples_outlive_eviction() {
 }
 
 /// A store whose shards are "downloading": every read first waits for its range, and the
-/// ranges asked for are recorded.
+/// ranges asked for are recorded; a range past `fail_after` (as it is when the shard is
+/// opened) never arrives. Counts its opens.
 struct Arriving {
     inner: LocalDir,
     asked: Arc<Mutex<Vec<Range<u64>>>>,
-    fail_after: u64,
+    fail_after: AtomicU64,
+    opens: AtomicU64,
 }
 
 struct Waiter {
@@ -691,6 +694,7 @@ impl ShardStore for Arriving {
         self.inner.stat(name)
     }
     fn open(&self, name: &str) -> Result<ShardBytes> {
+        self.opens.fetch_add(1, Ordering::Relaxed);
         let path = self.locate(name);
         let whole = Bytes::from(std::fs::read(&path).unwrap());
         Ok(ShardBytes::arriving(
@@ -698,7 +702,7 @@ impl ShardStore for Arriving {
             whole,
             Arc::new(Waiter {
                 asked: self.asked.clone(),
-                fail_after: self.fail_after,
+                fail_after: self.fail_after.load(Ordering::Relaxed),
                 path,
             }),
         ))
@@ -716,7 +720,8 @@ fn a_shard_still_arriving_is_read_only_where_it_has_arrived() {
     let store = Arc::new(Arriving {
         inner: LocalDir::new(&dir),
         asked: asked.clone(),
-        fail_after: u64::MAX,
+        fail_after: AtomicU64::new(u64::MAX),
+        opens: AtomicU64::new(0),
     });
     let d = MdsDataset::from_index(
         store,
@@ -734,7 +739,8 @@ fn a_shard_still_arriving_is_read_only_where_it_has_arrived() {
     let store = Arc::new(Arriving {
         inner: LocalDir::new(&dir),
         asked: Arc::new(Mutex::new(Vec::new())),
-        fail_after: 1000,
+        fail_after: AtomicU64::new(1000),
+        opens: AtomicU64::new(0),
     });
     let d = MdsDataset::from_index(
         store,
@@ -750,6 +756,39 @@ fn a_shard_still_arriving_is_read_only_where_it_has_arrived() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A shard whose download fails after it was opened (its header had arrived) is not kept
+/// open: its next use opens it again, which fetches it again, instead of failing (or reading
+/// the bytes of the failed fetch) from the same open shard ever after.
+#[test]
+fn a_shard_whose_download_fails_while_open_is_opened_again_at_its_next_use() {
+    let dir = fixtures().join("mds");
+    let text = std::fs::read(dir.join("index.json")).unwrap();
+    let shard = std::fs::read(dir.join("shard.00000.mds")).unwrap();
+    // Sample 1's bytes start here: the header, the config and sample 0 arrive, sample 1 not.
+    let second = u64::from(u32::from_le_bytes(shard[8..12].try_into().unwrap()));
+    let store = Arc::new(Arriving {
+        inner: LocalDir::new(&dir),
+        asked: Arc::new(Mutex::new(Vec::new())),
+        fail_after: AtomicU64::new(second),
+        opens: AtomicU64::new(0),
+    });
+    let d = MdsDataset::from_index(
+        Arc::clone(&store) as Arc<dyn ShardStore>,
+        &dir.join("index.json"),
+        &text,
+        ShardOptions::default(),
+    )
+    .unwrap();
+    assert!(d.get(0).is_ok());
+    assert!(matches!(d.get(1), Err(Error::Io { op: "download", .. })));
+    assert_eq!(d.open_stats().open_now, 0, "the failed shard was kept open");
+    // The store would fetch it whole now.
+    store.fail_after.store(u64::MAX, Ordering::Relaxed);
+    let s = d.get(1).unwrap();
+    assert_eq!(s.field_named("id"), Some(&997i64.to_le_bytes()[..]));
+    assert_eq!(store.opens.load(Ordering::Relaxed), 2);
 }
 
 #[test]

@@ -298,7 +298,12 @@ impl<F: ShardFormat> ShardedDataset<F> {
         })
     }
 
-    /// Sample `index` within shard `k`.
+    /// Sample `index` within shard `k`. A shard whose bytes cannot be had while it is open (a
+    /// store's download that failed, a read that failed: an error of kind
+    /// [`ErrorKind::Remote`](crate::ErrorKind) or [`Io`](crate::ErrorKind)) is closed, so that
+    /// its next use opens it afresh (its store fetches it again, or says why not) instead of
+    /// failing from the same bytes, or reading them, ever after. A sample that is corrupt
+    /// leaves its shard open.
     pub fn get_in_shard(&self, k: usize, index: u64) -> Result<Sample<'_>> {
         let shard = self.shard(k)?;
         let samples = self.sizes[k];
@@ -308,8 +313,15 @@ impl<F: ShardFormat> ShardedDataset<F> {
                 len: samples,
             });
         }
-        self.format
-            .sample(&shard, k, index, &self.schema, &self.options)
+        let sample = self
+            .format
+            .sample(&shard, k, index, &self.schema, &self.options);
+        if let Err(e) = &sample
+            && matches!(e.kind(), crate::ErrorKind::Remote | crate::ErrorKind::Io)
+        {
+            self.open.close(k, &shard);
+        }
+        sample
     }
 
     /// Checks every shard completely (checksums where the index has them, every sample),

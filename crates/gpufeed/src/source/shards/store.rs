@@ -113,8 +113,14 @@ pub struct StoreStats {
     pub cache_evictions: u64,
     /// Shards refused for not fitting in the cache (larger than its limit, or a full disk).
     pub cache_full: u64,
-    /// Shards whose bytes did not match the index's checksum on arrival.
+    /// Fetches of a shard (or an index file) whose bytes did not pass their check once they
+    /// had arrived: the index's checksum, or an S3 ETag that is an MD5. Each such shard is
+    /// fetched again a bounded number of times, and never read until it passes.
     pub checksum_failures: u64,
+    /// Shards cached with only their size checked: no checksum in the index and no hash of
+    /// the bytes from the store (a multi-part upload's ETag, an encrypted object's, a store
+    /// other than S3), or checks turned off.
+    pub unverified: u64,
     /// Shards whose fetch was started ahead of the readers ([`ShardStore::prefetch`]).
     pub prefetched: u64,
     /// Time readers spent waiting for bytes to arrive, over all threads.
@@ -125,7 +131,7 @@ impl std::fmt::Display for StoreStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "fetched {:.1} MiB in {} requests ({} retried); cache: {} hits, {} misses, {} shared, {} evicted, {} full; {} checksum failures; {} prefetched; readers waited {:.3} s",
+            "fetched {:.1} MiB in {} requests ({} retried); cache: {} hits, {} misses, {} shared, {} evicted, {} full; {} checksum failures, {} unverified; {} prefetched; readers waited {:.3} s",
             self.bytes_fetched as f64 / (1u64 << 20) as f64,
             self.requests,
             self.retries,
@@ -135,6 +141,7 @@ impl std::fmt::Display for StoreStats {
             self.cache_evictions,
             self.cache_full,
             self.checksum_failures,
+            self.unverified,
             self.prefetched,
             self.waited.as_secs_f64()
         )
