@@ -784,3 +784,57 @@ fn bytes_corrupted_in_transit_are_fetched_again_never_delivered_or_cached() {
     read_epoch(Arc::clone(&m), 200);
     assert_eq!(m.store_stats().unwrap().cache_hits, 5);
 }
+
+/// `SIGTERM` (with no handler, as in a training script that sets none) stops a reader
+/// mid-fetch as `kill -9` does: its temporary files stay in the cache. The next run removes
+/// them when it opens the cache, before it fetches anything (before: only a fetch's scan did,
+/// so a run that found every shard cached left them for good).
+#[test]
+fn download_temporaries_left_by_sigterm_are_removed_by_the_next_run() {
+    let Some(server) = moto(false) else { return };
+    let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_packed(data.path(), 300, 400 << 10);
+    create_bucket(server.port, "termed");
+    put_dir(server.port, "termed", "p", data.path());
+    let proxy = FaultProxy::start_with(server.port, 0, Duration::from_millis(30));
+    let mut c = child("s3://termed/p", cache.path(), &proxy.endpoint())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let temporaries = || -> Vec<String> {
+        files(cache.path())
+            .into_iter()
+            .filter(|f| f.contains(".part-"))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while temporaries().is_empty() {
+        assert!(Instant::now() < deadline, "no fetch started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = libc::pid_t::try_from(c.id()).unwrap();
+    // SAFETY: a signal to the child this test started and has not waited for.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = c.wait().unwrap();
+    assert!(!status.success(), "the child was not stopped: {status:?}");
+    assert!(
+        !temporaries().is_empty(),
+        "SIGTERM left no temporary to remove"
+    );
+    let d = open_url_with(
+        "s3://termed/p",
+        &WebDatasetOptions::default(),
+        options(cache.path(), &server.endpoint()),
+    )
+    .unwrap();
+    assert_eq!(
+        temporaries(),
+        Vec::<String>::new(),
+        "left after the next open"
+    );
+    assert_eq!(
+        d.store_stats().unwrap().cache_misses,
+        0,
+        "nothing fetched yet"
+    );
+}

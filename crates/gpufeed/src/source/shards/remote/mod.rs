@@ -51,7 +51,9 @@
 //! - **The cache** (see [`cache`]) is a directory shared by every process of the machine
 //!   (ranks, data loader processes): a shard is downloaded once per machine, the others wait
 //!   for it; files are whole or absent (temporary name, then rename); a byte limit is kept by
-//!   removing the least recently used shards.
+//!   removing the least recently used shards. A process that dies mid-fetch (`kill -9`, or a
+//!   `SIGTERM` or `SIGINT` it has no handler for) leaves its temporary file, never a shard
+//!   that reads as whole; the next store opened on the cache removes it.
 //! - **Changes between epochs** are not looked for:
 //!   [`Dataset::check_unchanged`](crate::Dataset::check_unchanged) passes for a dataset of this
 //!   store ([`ShardStore::files_may_change`] is false). Its local files are the cache's copies,
@@ -358,6 +360,9 @@ impl RemoteStore {
             .build()
             .map_err(|e| Error::spawn("runtime_threads", "the store's threads", e))?;
         let cache = DiskCache::new(options.cache_root(), options.cache_limit, &target.base)?;
+        // Fetches of processes that died (killed, or stopped by a signal with no handler) left
+        // their temporary files: this run removes them before it adds its own.
+        cache.remove_abandoned();
         let inner = Arc::new(Inner {
             md5_etags: AtomicBool::new(target.md5_etags && options.verify_checksums),
             base: target.base,
