@@ -420,7 +420,7 @@ impl ShardedDataset<MdsShards> {
             infos,
             sizes,
         };
-        ShardedDataset::from_parts(format, store, shards, schema, options)
+        ShardedDataset::from_parts(format, store, shards, schema, options)?.check_empty_shards()
     }
 }
 

@@ -16,7 +16,10 @@
 //! - [`open`](open()): whichever of these a path or pattern names.
 //!
 //! Opening a dataset reads its index only: no shard is opened or mapped until a sample of it is
-//! asked for (a dataset of 10,000 shards opens in the time it takes to parse its index).
+//! asked for (a dataset of 10,000 shards opens in the time it takes to parse its index). The
+//! one exception is a shard the index (packed or MDS) says holds no sample, which no sample
+//! would ever open: it is opened at once and checked against its header, so that an index
+//! that says 0 of a shard that holds samples is an error, not samples dropped unseen.
 //!
 //! # Shard files that change
 //!
@@ -223,6 +226,20 @@ impl<F: ShardFormat> ShardedDataset<F> {
             open,
             announced: std::sync::atomic::AtomicUsize::new(usize::MAX),
         })
+    }
+
+    /// Opens each shard the index says holds no sample, to check it against the index (as
+    /// every shard is when opened), and closes it again: a shard with no sample is never
+    /// opened for one, so an index that says 0 of a shard that holds samples would drop them
+    /// unseen. Writers write no empty shard: a data set as written has none to open.
+    pub(crate) fn check_empty_shards(self) -> Result<Self> {
+        for (k, name) in self.names.iter().enumerate() {
+            if self.sizes[k] == 0 {
+                self.format
+                    .open_shard(&*self.store, k, name, 0, &self.schema, &self.options)?;
+            }
+        }
+        Ok(self)
     }
 
     /// The format reader.
