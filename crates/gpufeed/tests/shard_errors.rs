@@ -392,6 +392,17 @@ fn an_mds_index_that_disagrees_with_its_shards_is_an_error_naming_the_shard() {
             .contains("column `f16` (float16) has size Some(4)"),
         "{e}"
     );
+    // A hash gpufeed checks that is no hex digest: refused at open.
+    let dir = mds_copy();
+    edit_index(dir.path(), |v| {
+        v["shards"][2]["raw_data"]["hashes"]["xxh3_64"] = "not hex".into();
+    });
+    let e = MdsDataset::open(dir.path()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("shard 2: its xxh3_64 `not hex` is not a 64-bit hex digest"),
+        "{e}"
+    );
     // Hashes, checked under verify.
     let dir = mds_copy();
     edit_index(dir.path(), |v| {

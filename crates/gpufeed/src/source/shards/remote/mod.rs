@@ -85,7 +85,7 @@ use std::time::{Duration, Instant};
 
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::mds::MdsDataset;
+use super::mds::{MdsDataset, MdsShards};
 use super::packed::{PACKED_INDEX_FORMAT, PackedShards};
 use super::webdataset::{WebDataset, WebDatasetOptions};
 use super::{
@@ -1041,40 +1041,29 @@ pub fn open_url_with(
                 )?));
             }
             if value.get("shards").is_some() {
-                #[derive(serde::Deserialize)]
-                struct MdsEntry {
-                    raw_data: super::mds::MdsFileInfo,
-                }
-                #[derive(serde::Deserialize)]
-                struct MdsIndex {
-                    shards: Vec<MdsEntry>,
-                }
-                // Sizes and hashes for the store; the format reader checks the rest.
-                if let Ok(index) = serde_json::from_slice::<MdsIndex>(&text) {
-                    for s in index.shards {
-                        let raw = s.raw_data;
-                        let hash = |name: &str| {
-                            raw.hashes
-                                .get(name)
-                                .and_then(|h| u64::from_str_radix(h, 16).ok())
-                        };
-                        let checksum = hash("xxh3_64")
-                            .map(Checksum::Xxh3_64)
-                            .or_else(|| hash("xxh64").map(Checksum::Xxh64));
-                        store.expect(
-                            &raw.basename,
-                            Expected {
-                                bytes: raw.bytes,
-                                checksum,
-                            },
-                        );
-                    }
+                let index = MdsShards::read_index(&index_url, &text)?;
+                // Sizes and hashes for the store (the one parse of the index).
+                for (k, (name, _)) in index.shards.iter().enumerate() {
+                    let Some(file) = index.format.file(k) else {
+                        continue;
+                    };
+                    let checksum = file
+                        .hashes
+                        .xxh3_64
+                        .map(Checksum::Xxh3_64)
+                        .or_else(|| file.hashes.xxh64.map(Checksum::Xxh64));
+                    store.expect(
+                        name,
+                        Expected {
+                            bytes: file.bytes,
+                            checksum,
+                        },
+                    );
                 }
                 let shards = mapped_within_cache(&store, &options.shards);
-                return Ok(Box::new(MdsDataset::from_index(
+                return Ok(Box::new(MdsDataset::from_read_index(
+                    index,
                     Arc::new(store),
-                    &index_url,
-                    &text,
                     shards,
                 )?));
             }
