@@ -236,7 +236,8 @@ impl<F: ShardFormat> ShardedDataset<F> {
         for (k, name) in self.names.iter().enumerate() {
             if self.sizes[k] == 0 {
                 self.format
-                    .open_shard(&*self.store, k, name, 0, &self.schema, &self.options)?;
+                    .open_shard(&*self.store, k, name, 0, &self.schema, &self.options)
+                    .map_err(|e| self.unquoted(k, e))?;
             }
         }
         Ok(self)
@@ -312,7 +313,13 @@ impl<F: ShardFormat> ShardedDataset<F> {
         self.open.get_or_open(k, || {
             self.format
                 .open_shard(&*self.store, k, name, samples, &self.schema, &self.options)
+                .map_err(|e| self.unquoted(k, e))
         })
+    }
+
+    /// `e`, an error about shard `k`, as its store allows it to be told ([`unquoted`]).
+    fn unquoted(&self, k: usize, e: Error) -> Error {
+        unquoted(&*self.store, &self.names[k], self.format.name(), e)
     }
 
     /// Sample `index` within shard `k`. A shard whose bytes cannot be had while it is open (a
@@ -338,7 +345,7 @@ impl<F: ShardFormat> ShardedDataset<F> {
         {
             self.open.close(k, &shard);
         }
-        sample
+        sample.map_err(|e| self.unquoted(k, e))
     }
 
     /// Checks every shard completely (checksums where the index has them, every sample),
@@ -346,7 +353,8 @@ impl<F: ShardFormat> ShardedDataset<F> {
     pub fn verify(&self, mut progress: impl FnMut(usize)) -> Result<()> {
         for (k, (name, &n)) in self.names.iter().zip(&self.sizes).enumerate() {
             self.format
-                .verify_shard(&*self.store, k, name, n, &self.schema)?;
+                .verify_shard(&*self.store, k, name, n, &self.schema)
+                .map_err(|e| self.unquoted(k, e))?;
             progress(k + 1);
         }
         Ok(())
@@ -531,7 +539,75 @@ pub(crate) fn check_shard_name(
     Ok(())
 }
 
+/// `e`, an error about shard `name` of `store` (a shard of `format`), unless it may quote the
+/// shard's content (an error of kind [`Corrupt`](crate::ErrorKind) or
+/// [`Unsupported`](crate::ErrorKind)) and the store says that shard's content must not be
+/// quoted ([`ShardStore::may_quote`]: a link to a file outside the data set): then an
+/// [`Error::Malformed`] that says only so.
+pub(crate) fn unquoted(
+    store: &dyn ShardStore,
+    name: &str,
+    format: &'static str,
+    e: Error,
+) -> Error {
+    use crate::ErrorKind;
+    if !matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::Unsupported) || store.may_quote(name) {
+        return e;
+    }
+    Error::Malformed {
+        path: store.locate(name),
+        format,
+        what: "not valid; the shard is a link to a file outside the data set's directory, so what is wrong with it is not told (it would quote that file)".into(),
+    }
+}
+
+/// At most 96 bytes of `bytes` (a name or a field read from a shard), escaped for a message:
+/// UTF-8 as `str::escape_debug` writes it (control characters, quotes and backslashes
+/// escaped), other bytes as `\xNN`; a longer value is cut, with its length.
+pub(crate) fn quoted(bytes: &[u8]) -> String {
+    const MOST: usize = 96;
+    let cut = bytes.len() > MOST;
+    let head = &bytes[..bytes.len().min(MOST)];
+    let mut out = match std::str::from_utf8(head) {
+        Ok(s) => s.escape_debug().to_string(),
+        // A cut through a character: the valid part as text, the rest as bytes.
+        Err(e) if cut && e.error_len().is_none() => {
+            let (text, rest) = head.split_at(e.valid_up_to());
+            let text = std::str::from_utf8(text).unwrap_or_default();
+            format!("{}{}", text.escape_debug(), rest.escape_ascii())
+        }
+        Err(_) => head.escape_ascii().to_string(),
+    };
+    if cut {
+        out.push_str(&format!("... ({} bytes)", bytes.len()));
+    }
+    out
+}
+
 /// The xxh3-64 of a byte slice, as the lower-case hex string indexes store.
 pub(crate) fn xxh3_hex(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quoted;
+
+    #[test]
+    fn quoted_values_are_short_and_escaped() {
+        assert_eq!(quoted(b"abc.jpg"), "abc.jpg");
+        assert_eq!(quoted("日本/猫.jpg".as_bytes()), "日本/猫.jpg");
+        assert_eq!(quoted(b"a\nb\"\\\x01"), r#"a\nb\"\\\u{1}"#);
+        assert_eq!(quoted(b"\xff\xfeab"), r"\xff\xfeab");
+        let long = quoted(&[b'x'; 1000]);
+        assert_eq!(long, format!("{}... (1000 bytes)", "x".repeat(96)));
+        // Cut through a character: the part before it as text, the rest as bytes.
+        let mut cut = vec![b'y'; 95];
+        cut.extend("é".as_bytes());
+        cut.extend([b'z'; 10]);
+        assert_eq!(
+            quoted(&cut),
+            format!("{}\\xc3... (107 bytes)", "y".repeat(95))
+        );
+    }
 }

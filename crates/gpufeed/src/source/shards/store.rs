@@ -91,6 +91,16 @@ pub trait ShardStore: Send + Sync {
     fn stats(&self) -> Option<StoreStats> {
         None
     }
+
+    /// Whether an error about shard `name` may quote what is in it (bytes, names or numbers
+    /// read from it, always short and escaped): false for a shard that is a link to a file
+    /// outside the data set's directory, whose content a data set must not be able to make
+    /// gpufeed reveal. Asked only when an error is made. True (the default) for stores whose
+    /// shards are their own.
+    fn may_quote(&self, name: &str) -> bool {
+        let _ = name;
+        true
+    }
 }
 
 /// What a store that downloads has done: the counts behind its throughput and its cache.
@@ -345,6 +355,28 @@ impl ShardStore for LocalDir {
     /// True: the files are the data set's own.
     fn files_may_change(&self) -> bool {
         true
+    }
+
+    /// False if the shard's file, links resolved, is outside the directory (links resolved)
+    /// of the store, or, for a store of paths (an empty root: tar shards named by path),
+    /// outside the directory the shard is named in. True otherwise, and when there is no file
+    /// to resolve (a missing shard, a dangling link: nothing of it was read).
+    fn may_quote(&self, name: &str) -> bool {
+        let path = self.locate(name);
+        let dir = if self.root.as_os_str().is_empty() {
+            path.parent().unwrap_or(Path::new(""))
+        } else {
+            self.root.as_path()
+        };
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        match (dir.canonicalize(), path.canonicalize()) {
+            (Ok(dir), Ok(file)) => file.starts_with(dir),
+            _ => true,
+        }
     }
 }
 
