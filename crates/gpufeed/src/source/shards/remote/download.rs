@@ -527,13 +527,14 @@ impl Download {
     }
 
     /// Every lane of a fetch has ended: checks the whole shard and renames it into place, or
-    /// fetches it again, or fails it (and removes its temporary file); then releases its lock.
+    /// fetches it again, or removes its temporary file and fails it (in that order: whoever
+    /// is told of a failure found here finds no file of it); then releases its lock.
     fn finish(self: &Arc<Self>, inner: &Arc<Inner>) {
         let complete = {
             let s = lock(&self.state);
             s.failed.is_none() && s.whole == self.parts
         };
-        if complete {
+        let failure = if complete {
             match self.judge(inner) {
                 Ok(None) => return self.fetch_again(inner),
                 Ok(Some(checked)) => match self.rename() {
@@ -544,19 +545,25 @@ impl Download {
                         lock(&self.state).done = true;
                         self.whole.store(true, Ordering::Release);
                         self.arrived.notify_all();
+                        None
                     }
-                    Err(f) => self.fail(f.kind, f.what),
+                    Err(f) => Some(f),
                 },
-                Err(f) => self.fail(f.kind, f.what),
+                Err(f) => Some(f),
             }
         } else if lock(&self.state).failed.is_none() {
-            self.fail(
-                RemoteErrorKind::Unavailable,
-                "the fetch stopped before the end".into(),
-            );
-        }
+            Some(Failure {
+                kind: RemoteErrorKind::Unavailable,
+                what: "the fetch stopped before the end".into(),
+            })
+        } else {
+            None
+        };
         if !lock(&self.state).done {
             self.remove_temporary();
+        }
+        if let Some(f) = failure {
+            self.fail(f.kind, f.what);
         }
         // Other processes waiting on the lock see the whole file (or take over).
         lock(&self.lock).take();
