@@ -7,6 +7,7 @@
 //! cargo bench --features s3 --bench s3_stream -- --dir /data/s3 --bucket bench \
 //!     --format mds --shards 16 --shard-mib 64 --rounds 3 [--upload] [--first-batch-only] \
 //!     [--parallel 16] [--part-mib 8] [--prefetch-shards N] [--read-ahead BATCHES] [--pause S]
+//!     [--verify on|off|both]
 //! ```
 //!
 //! It writes `--shards` shards of about `--shard-mib` MiB (`--format mds`: MDS with an
@@ -28,6 +29,10 @@
 //! and part size; `--prefetch-shards` and `--read-ahead` the loader's prefetch (default: the
 //! library's defaults, 4 shards and 64 batches). `--pause` waits that many seconds before each
 //! loader pass, so that the server is done with the requests the pass before dropped.
+//! `--verify` sets `RemoteOptions::verify_checksums` (default `on`: every shard checked whole
+//! against the index's xxh3-64 before it is read; `off`: shards read as they arrive); `both`
+//! makes two loader passes a round, checked and not, in alternating order, each with the
+//! download's time for its ratio.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,6 +67,8 @@ struct Args {
     /// Seconds to wait before each loader pass, so that the server has finished the
     /// requests of the pass before (a server goes on sending a body the client dropped).
     pause: f64,
+    /// `RemoteOptions::verify_checksums` of the loader passes of a round, in order.
+    verify: Vec<bool>,
 }
 
 fn args() -> Args {
@@ -79,6 +86,7 @@ fn args() -> Args {
         prefetch_shards: None,
         read_ahead: None,
         pause: 0.0,
+        verify: vec![true],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -97,6 +105,14 @@ fn args() -> Args {
             "--prefetch-shards" => a.prefetch_shards = value().parse().ok(),
             "--read-ahead" => a.read_ahead = value().parse().ok(),
             "--pause" => a.pause = value().parse().unwrap_or(a.pause),
+            "--verify" => {
+                a.verify = match value().as_str() {
+                    "on" => vec![true],
+                    "off" => vec![false],
+                    "both" => vec![true, false],
+                    other => panic!("--verify {other}: on, off or both"),
+                }
+            }
             // cargo bench passes --bench.
             _ => {}
         }
@@ -231,6 +247,60 @@ async fn download(
     (total, t.elapsed().as_secs_f64())
 }
 
+/// One loader pass over the data set at `url` with an empty cache and checks on or off:
+/// prints its line; returns its time unless it stopped at the first batch.
+fn loader_pass(a: &Args, url: &str, round: usize, verify: bool, per: usize) -> Option<f64> {
+    let cache = tempfile::tempdir_in(&a.dir).expect("cache dir");
+    std::thread::sleep(Duration::from_secs_f64(a.pause));
+    let t = Instant::now();
+    let defaults = RemoteOptions::from_env().expect("options");
+    let o = RemoteOptions {
+        cache_dir: Some(cache.path().to_path_buf()),
+        part_bytes: a.part_mib << 20,
+        max_requests: a.parallel,
+        prefetch_shards: a.prefetch_shards.unwrap_or(defaults.prefetch_shards),
+        read_ahead_batches: a.read_ahead.unwrap_or(defaults.read_ahead_batches),
+        verify_checksums: verify,
+        ..defaults
+    };
+    let d: Arc<dyn ShardedSource> =
+        Arc::from(open_url_with(url, &WebDatasetOptions::default(), o).expect("open"));
+    let opened = t.elapsed().as_secs_f64();
+    let dataset: Arc<dyn Dataset> = Arc::clone(&d) as Arc<dyn Dataset>;
+    let mut loader = Loader::builder_shared(dataset)
+        .batch_size(64)
+        .shuffle(round as u64)
+        .shuffle_blocks(8, 64)
+        .workers(2)
+        .build()
+        .expect("loader");
+    let mut first = None;
+    let mut samples = 0u64;
+    for b in loader.by_ref() {
+        let b = b.expect("batch");
+        samples += b.len() as u64;
+        if first.is_none() {
+            first = Some(t.elapsed().as_secs_f64());
+            if a.first_batch_only {
+                break;
+            }
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    drop(loader);
+    let stats = d.store_stats().unwrap_or_default();
+    println!(
+        "{{\"round\": {round}, \"pass\": \"loader\", \"checks\": {verify}, \"samples\": {samples}, \"open_s\": {opened:.3}, \"first_batch_s\": {:.3}, \"seconds\": {secs:.3}, \"mib_per_s\": {:.1}, \"store\": \"{stats}\"}}",
+        first.unwrap_or(f64::NAN),
+        stats.bytes_fetched as f64 / secs / (1 << 20) as f64
+    );
+    if a.first_batch_only {
+        return None;
+    }
+    assert_eq!(samples, (a.shards * per) as u64, "every sample once");
+    Some(secs)
+}
+
 fn main() {
     let a = args();
     let per = (a.shard_mib << 20) / (IMAGE + 8);
@@ -296,63 +366,36 @@ fn main() {
                 bytes as f64 / secs_of_download / (1 << 20) as f64
             );
         }
-        let cache = tempfile::tempdir_in(&a.dir).expect("cache dir");
-        std::thread::sleep(Duration::from_secs_f64(a.pause));
-        let t = Instant::now();
-        let defaults = RemoteOptions::from_env().expect("options");
-        let o = RemoteOptions {
-            cache_dir: Some(cache.path().to_path_buf()),
-            part_bytes: a.part_mib << 20,
-            max_requests: a.parallel,
-            prefetch_shards: a.prefetch_shards.unwrap_or(defaults.prefetch_shards),
-            read_ahead_batches: a.read_ahead.unwrap_or(defaults.read_ahead_batches),
-            ..defaults
-        };
-        let d: Arc<dyn ShardedSource> =
-            Arc::from(open_url_with(&url, &WebDatasetOptions::default(), o).expect("open"));
-        let opened = t.elapsed().as_secs_f64();
-        let dataset: Arc<dyn Dataset> = Arc::clone(&d) as Arc<dyn Dataset>;
-        let mut loader = Loader::builder_shared(dataset)
-            .batch_size(64)
-            .shuffle(round as u64)
-            .shuffle_blocks(8, 64)
-            .workers(2)
-            .build()
-            .expect("loader");
-        let mut first = None;
-        let mut samples = 0u64;
-        for b in loader.by_ref() {
-            let b = b.expect("batch");
-            samples += b.len() as u64;
-            if first.is_none() {
-                first = Some(t.elapsed().as_secs_f64());
-                if a.first_batch_only {
-                    break;
-                }
+        // Checked and not in alternating order, round after round.
+        let mut passes = a.verify.clone();
+        if round % 2 == 1 {
+            passes.reverse();
+        }
+        for verify in passes {
+            let secs = loader_pass(&a, &url, round, verify, per);
+            if let Some(secs) = secs {
+                // The same bytes both ways: the ratio of rates is the ratio of times.
+                let ratio = secs_of_download / secs;
+                println!(
+                    "{{\"round\": {round}, \"checks\": {verify}, \"loader_over_download\": {ratio:.3}}}"
+                );
+                ratios.push((verify, ratio));
             }
         }
-        let secs = t.elapsed().as_secs_f64();
-        drop(loader);
-        let stats = d.store_stats().unwrap_or_default();
-        println!(
-            "{{\"round\": {round}, \"pass\": \"loader\", \"samples\": {samples}, \"open_s\": {opened:.3}, \"first_batch_s\": {:.3}, \"seconds\": {secs:.3}, \"mib_per_s\": {:.1}, \"store\": \"{stats}\"}}",
-            first.unwrap_or(f64::NAN),
-            stats.bytes_fetched as f64 / secs / (1 << 20) as f64
-        );
-        if !a.first_batch_only {
-            assert_eq!(samples, (a.shards * per) as u64, "every sample once");
-            // The same bytes both ways: the ratio of rates is the ratio of times.
-            let ratio = secs_of_download / secs;
-            println!("{{\"round\": {round}, \"loader_over_download\": {ratio:.3}}}");
-            ratios.push(ratio);
-        }
-        drop(d);
     }
-    if !ratios.is_empty() {
-        ratios.sort_by(f64::total_cmp);
+    for checks in [true, false] {
+        let mut of: Vec<f64> = ratios
+            .iter()
+            .filter(|(v, _)| *v == checks)
+            .map(|(_, r)| *r)
+            .collect();
+        if of.is_empty() {
+            continue;
+        }
+        of.sort_by(f64::total_cmp);
         println!(
-            "{{\"ratios\": {ratios:?}, \"median\": {:.3}}}",
-            ratios[ratios.len() / 2]
+            "{{\"checks\": {checks}, \"ratios\": {of:?}, \"median\": {:.3}}}",
+            of[of.len() / 2]
         );
     }
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use gpufeed::BatchStream;
 use gpufeed::format::{DType, Field, Schema};
 use gpufeed::source::shards::ShardedSource;
 use gpufeed::source::shards::packed::ShardWriter;
@@ -56,6 +57,56 @@ fn write_tars(dir: &Path, shards: u32, per: u32) {
         }
         std::fs::write(dir.join(format!("shard-{s:04}.tar")), t.finish()).unwrap();
     }
+}
+
+/// `shards` MDS shards of `per` samples each (columns `data`: `ndarray:uint8:3000`, the
+/// record, and `label`: `uint32`, as MDSWriter lays them out) in `dir`, with an `index.json`
+/// giving each shard's xxh3-64 when `hashed`. Every sample has the same size, so every shard
+/// does.
+fn write_mds(dir: &Path, shards: u32, per: u32, hashed: bool) {
+    let names = serde_json::json!(["data", "label"]);
+    let encodings = serde_json::json!([format!("ndarray:uint8:{RECORD}"), "uint32"]);
+    let sizes = serde_json::json!([RECORD, 4]);
+    let hashes = if hashed {
+        serde_json::json!(["xxh3_64"])
+    } else {
+        serde_json::json!([])
+    };
+    let config = serde_json::to_vec(&serde_json::json!({
+        "column_encodings": encodings, "column_names": names, "column_sizes": sizes,
+        "compression": null, "format": "mds", "hashes": hashes, "size_limit": 1 << 26,
+        "version": 2,
+    }))
+    .unwrap();
+    let mut entries = Vec::new();
+    for s in 0..shards {
+        let table = 4 + 4 * (per as usize + 1);
+        let data_start = table + config.len();
+        let mut b = Vec::new();
+        b.extend(per.to_le_bytes());
+        for i in 0..=per as usize {
+            b.extend(((data_start + i * (RECORD + 4)) as u32).to_le_bytes());
+        }
+        b.extend(&config);
+        for i in 0..per {
+            let n = s * per + i;
+            b.extend(record(n));
+            b.extend(n.to_le_bytes());
+        }
+        let name = format!("shard.{s:05}.mds");
+        let mut raw = serde_json::json!({"basename": name, "bytes": b.len(), "hashes": {}});
+        if hashed {
+            raw["hashes"]["xxh3_64"] = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&b)).into();
+        }
+        entries.push(serde_json::json!({
+            "column_encodings": encodings, "column_names": names, "column_sizes": sizes,
+            "compression": null, "format": "mds", "hashes": hashes, "raw_data": raw,
+            "samples": per, "size_limit": 1 << 26, "version": 2, "zip_data": null,
+        }));
+        std::fs::write(dir.join(&name), b).unwrap();
+    }
+    let index = serde_json::json!({"version": 2, "shards": entries});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
 }
 
 fn options(cache: &Path, endpoint: &str) -> RemoteOptions {
@@ -104,10 +155,9 @@ fn read_epoch(data: Arc<dyn ShardedSource>, n: u32) {
         let data = b.field_bytes("data").unwrap();
         for (slot, &label) in labels.iter().enumerate() {
             assert!(seen.insert(label), "sample {label} came twice");
-            assert_eq!(
-                &data[slot * RECORD..(slot + 1) * RECORD],
-                &record(label)[..],
-                "sample {label}"
+            assert!(
+                data[slot * RECORD..(slot + 1) * RECORD] == record(label)[..],
+                "sample {label} is not what was written"
             );
         }
     }
@@ -121,7 +171,10 @@ fn read_tar_epoch(data: &dyn ShardedSource, n: u32) {
         let s = data.get(i).unwrap();
         let label = u32::from_le_bytes(s.field_named("label").unwrap().try_into().unwrap());
         assert!(seen.insert(label), "sample {label} came twice");
-        assert_eq!(s.field_named("data").unwrap(), &record(label)[..]);
+        assert!(
+            s.field_named("data").unwrap() == &record(label)[..],
+            "sample {label} is not what was written"
+        );
     }
     assert_eq!(seen.len(), n as usize);
 }
@@ -506,4 +559,283 @@ fn a_single_object_put_is_readable_as_one_tar_shard() {
     )
     .unwrap();
     read_tar_epoch(&*d, 30);
+}
+
+/// Runs one epoch of `loader` and returns the labels delivered (with the batch each came in)
+/// and the errors, in order.
+fn labels_and_errors(loader: &mut Loader) -> (Vec<u32>, Vec<Error>) {
+    let (mut labels, mut errors) = (Vec::new(), Vec::new());
+    for b in loader.by_ref() {
+        match b {
+            Ok(b) => {
+                let data = b.field_bytes("data").unwrap();
+                for (slot, &label) in b.field::<u32>("label").unwrap().iter().enumerate() {
+                    assert!(
+                        data[slot * RECORD..(slot + 1) * RECORD] == record(label)[..],
+                        "sample {label} is not what was written"
+                    );
+                    labels.push(label);
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    (labels, errors)
+}
+
+/// An MDS shard whose object is another shard's bytes (same size: only the index's xxh3-64
+/// tells them apart) yields no sample, in any epoch: its batches are errors naming the shard
+/// and the sample, its fetches are counted as the error says, it is fetched again a bounded
+/// number of times, and nothing of it is left in the cache under its name. (Before: the
+/// failure was counted, and the other shard's samples delivered in its place, every epoch.)
+#[test]
+fn an_mds_shard_that_fails_its_checksum_yields_no_sample_in_any_epoch() {
+    let Some(server) = moto(false) else { return };
+    let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (shards, per) = (6u32, 40u32);
+    write_mds(data.path(), shards, per, true);
+    let (victim, other) = (
+        data.path().join("shard.00002.mds"),
+        std::fs::read(data.path().join("shard.00003.mds")).unwrap(),
+    );
+    assert_eq!(
+        other.len() as u64,
+        std::fs::metadata(&victim).unwrap().len()
+    );
+    std::fs::write(&victim, &other).unwrap();
+    create_bucket(server.port, "swapped");
+    put_dir(server.port, "swapped", "m", data.path());
+    let d = open_url_with(
+        "s3://swapped/m",
+        &WebDatasetOptions::default(),
+        options(cache.path(), &server.endpoint()),
+    )
+    .unwrap();
+    let bad = d.shard_start(2).unwrap()..d.shard_start(3).unwrap();
+    let d: Arc<dyn ShardedSource> = Arc::from(d);
+    let dataset: Arc<dyn Dataset> = Arc::clone(&d) as Arc<dyn Dataset>;
+    let mut loader = Loader::builder_shared(dataset)
+        .batch_size(8)
+        .shuffle(3)
+        .shuffle_blocks(2, 8)
+        .workers(3)
+        .build()
+        .unwrap();
+    let mut failures_after_epoch = Vec::new();
+    for epoch in 0..2 {
+        loader.set_epoch(epoch);
+        let (labels, errors) = labels_and_errors(&mut loader);
+        let mut seen = HashSet::new();
+        for &l in &labels {
+            assert!(seen.insert(l), "epoch {epoch}: sample {l} came twice");
+            assert!(
+                !bad.contains(&u64::from(l)),
+                "epoch {epoch}: sample {l} of the bad shard"
+            );
+        }
+        assert_eq!(
+            labels.len() as u64,
+            u64::from(shards * per) - (bad.end - bad.start),
+            "epoch {epoch}: every other sample, once"
+        );
+        assert!(!errors.is_empty(), "epoch {epoch}: no batch failed");
+        for e in &errors {
+            let Error::Sample { index, source, .. } = e else {
+                panic!("epoch {epoch}: not a sample error: {e:?}");
+            };
+            assert!(bad.contains(index), "epoch {epoch}: {e}");
+            match &**source {
+                Error::Remote { shard, kind, what } => {
+                    assert_eq!(*kind, RemoteErrorKind::Checksum, "{e}");
+                    assert_eq!(
+                        shard.display().to_string(),
+                        "s3://swapped/m/shard.00002.mds"
+                    );
+                    assert!(what.contains("xxh3-64"), "{e}");
+                }
+                other => panic!("epoch {epoch}: not a checksum error: {other:?}"),
+            }
+        }
+        failures_after_epoch.push(d.store_stats().unwrap().checksum_failures);
+    }
+    let s = d.store_stats().unwrap();
+    // Fetched twice with the same bytes: the object is not the index's; not fetched again in
+    // the next epoch, and the error says how many fetches failed.
+    assert_eq!(failures_after_epoch, [2, 2], "{s}");
+    let e = d.get(bad.start).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("2 fetches"), "{e}");
+    assert_eq!(d.store_stats().unwrap().checksum_failures, 2);
+    let left: Vec<String> = files(cache.path())
+        .into_iter()
+        .filter(|f| f.contains("shard.00002") && !f.ends_with(".lock"))
+        .collect();
+    assert!(left.is_empty(), "the bad shard is in the cache: {left:?}");
+}
+
+/// The cache's whole copies (not temporaries, not locks), each with the source file it must
+/// equal: the name before `~`.
+fn cached_copies(cache: &Path) -> Vec<(String, String)> {
+    files(cache)
+        .into_iter()
+        .filter(|f| !f.contains(".part-") && !f.ends_with(".lock"))
+        .map(|f| {
+            let name = Path::new(&f)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let shard = name.split('~').next().unwrap().to_owned();
+            (f, shard)
+        })
+        .collect()
+}
+
+/// Formats with no checksum of their own (MDS without hashes, WebDataset tar) from S3, through
+/// a proxy that flips bits in and truncates answers that otherwise look whole: the objects'
+/// ETags (single-part uploads: their MD5) and sizes catch every fault before a shard is read
+/// or cached; the shard is fetched again, every sample arrives intact, and the cache holds
+/// only true copies, read back as such by the next run. (Before: the flipped bytes were
+/// delivered, and cached under the shard's name for every later run.)
+#[test]
+fn bytes_corrupted_in_transit_are_fetched_again_never_delivered_or_cached() {
+    let Some(server) = moto(false) else { return };
+    let (mds, tars, cache, idx) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    write_mds(mds.path(), 5, 40, false);
+    write_tars(tars.path(), 5, 40);
+    create_bucket(server.port, "flips");
+    put_dir(server.port, "flips", "mds", mds.path());
+    put_dir(server.port, "flips", "tars", tars.path());
+    let proxy = FaultProxy::corrupting(server.port, 4, 12);
+    let o = |endpoint: &str| RemoteOptions {
+        // Enough fetches that the faults, however they fall, cannot exhaust one shard's.
+        checksum_retries: 12,
+        ..options(cache.path(), endpoint)
+    };
+    let started = Instant::now();
+    let m: Arc<dyn ShardedSource> = Arc::from(
+        open_url_with(
+            "s3://flips/mds",
+            &WebDatasetOptions::default(),
+            o(&proxy.endpoint()),
+        )
+        .unwrap(),
+    );
+    read_epoch(Arc::clone(&m), 200);
+    let t = open_url_with("s3://flips/tars", &wds(idx.path()), o(&proxy.endpoint())).unwrap();
+    read_tar_epoch(&*t, 200);
+    let (flipped, truncated) = (
+        proxy.counts.flipped.load(Ordering::Relaxed),
+        proxy.counts.truncated.load(Ordering::Relaxed),
+    );
+    let (a, b) = (m.store_stats().unwrap(), t.store_stats().unwrap());
+    eprintln!(
+        "{flipped} flipped, {truncated} truncated in {:?}\nmds: {a}\ntar: {b}",
+        started.elapsed()
+    );
+    assert!(
+        flipped > 0 && truncated > 0,
+        "the proxy did not corrupt both ways"
+    );
+    // Each fault costs one failed check (a flip; two in one fetch fail it once; the index's
+    // answer truncated with a Content-Length to match, which only its MD5 tells) or one retry
+    // (a part's body short of its range): never more, and nothing else is fetched again.
+    let (failures, retries) = (
+        a.checksum_failures + b.checksum_failures,
+        a.retries + b.retries,
+    );
+    assert!(failures >= 1 && retries >= 1, "{a}\n{b}");
+    assert!(
+        failures + retries <= flipped + truncated,
+        "{failures} failures and {retries} retries for {flipped} flips and {truncated} truncations"
+    );
+    assert_eq!(
+        a.unverified + b.unverified,
+        0,
+        "every shard had an MD5 ETag: {a}\n{b}"
+    );
+    // Whatever the cache holds under a shard's name is that shard.
+    let copies = cached_copies(cache.path());
+    assert_eq!(copies.len(), 10, "{copies:?}");
+    for (f, shard) in &copies {
+        let source = if shard.ends_with(".mds") {
+            mds.path()
+        } else {
+            tars.path()
+        };
+        assert!(
+            std::fs::read(f).unwrap() == std::fs::read(source.join(shard)).unwrap(),
+            "{f} is not {shard}"
+        );
+    }
+    drop((m, t, proxy));
+    // The next run, straight to the server: every shard from the cache, intact.
+    let m: Arc<dyn ShardedSource> = Arc::from(
+        open_url_with(
+            "s3://flips/mds",
+            &WebDatasetOptions::default(),
+            o(&server.endpoint()),
+        )
+        .unwrap(),
+    );
+    read_epoch(Arc::clone(&m), 200);
+    assert_eq!(m.store_stats().unwrap().cache_hits, 5);
+}
+
+/// `SIGTERM` (with no handler, as in a training script that sets none) stops a reader
+/// mid-fetch as `kill -9` does: its temporary files stay in the cache. The next run removes
+/// them when it opens the cache, before it fetches anything (before: only a fetch's scan did,
+/// so a run that found every shard cached left them for good).
+#[test]
+fn download_temporaries_left_by_sigterm_are_removed_by_the_next_run() {
+    let Some(server) = moto(false) else { return };
+    let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_packed(data.path(), 300, 400 << 10);
+    create_bucket(server.port, "termed");
+    put_dir(server.port, "termed", "p", data.path());
+    let proxy = FaultProxy::start_with(server.port, 0, Duration::from_millis(30));
+    let mut c = child("s3://termed/p", cache.path(), &proxy.endpoint())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let temporaries = || -> Vec<String> {
+        files(cache.path())
+            .into_iter()
+            .filter(|f| f.contains(".part-"))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while temporaries().is_empty() {
+        assert!(Instant::now() < deadline, "no fetch started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = libc::pid_t::try_from(c.id()).unwrap();
+    // SAFETY: a signal to the child this test started and has not waited for.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = c.wait().unwrap();
+    assert!(!status.success(), "the child was not stopped: {status:?}");
+    assert!(
+        !temporaries().is_empty(),
+        "SIGTERM left no temporary to remove"
+    );
+    let d = open_url_with(
+        "s3://termed/p",
+        &WebDatasetOptions::default(),
+        options(cache.path(), &server.endpoint()),
+    )
+    .unwrap();
+    assert_eq!(
+        temporaries(),
+        Vec::<String>::new(),
+        "left after the next open"
+    );
+    assert_eq!(
+        d.store_stats().unwrap().cache_misses,
+        0,
+        "nothing fetched yet"
+    );
 }

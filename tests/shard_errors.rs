@@ -5,6 +5,7 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -391,6 +392,17 @@ fn an_mds_index_that_disagrees_with_its_shards_is_an_error_naming_the_shard() {
             .contains("column `f16` (float16) has size Some(4)"),
         "{e}"
     );
+    // A hash gpufeed checks that is no hex digest: refused at open.
+    let dir = mds_copy();
+    edit_index(dir.path(), |v| {
+        v["shards"][2]["raw_data"]["hashes"]["xxh3_64"] = "not hex".into();
+    });
+    let e = MdsDataset::open(dir.path()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("shard 2: its xxh3_64 `not hex` is not a 64-bit hex digest"),
+        "{e}"
+    );
     // Hashes, checked under verify.
     let dir = mds_copy();
     edit_index(dir.path(), |v| {
@@ -400,6 +412,37 @@ fn an_mds_index_that_disagrees_with_its_shards_is_an_error_naming_the_shard() {
     assert!(d.get(0).is_ok(), "hashes are not checked without verify");
     let e = d.verify(|_| {}).unwrap_err();
     malformed_at(&e, &dir.path().join("shard.00000.mds"), "xxh64 of the file");
+}
+
+/// A shard holding no sample is never opened for a sample, so an index that says `samples: 0`
+/// of a shard that holds some would drop them unseen: such a shard is opened at once, and
+/// checked against its header. (Before: the data set opened with 2 samples fewer, no error.)
+#[test]
+fn an_index_that_says_a_shard_holding_samples_is_empty_is_refused_at_open() {
+    let dir = mds_copy();
+    edit_index(dir.path(), |v| v["shards"][1]["samples"] = 0.into());
+    let e = MdsDataset::open(dir.path()).unwrap_err();
+    malformed_at(
+        &e,
+        &dir.path().join("shard.00001.mds"),
+        "the shard's header says 2 samples, the index says 0",
+    );
+    // The same for packed shards (whose index's total follows the shards' counts).
+    let dir = tempfile::tempdir().unwrap();
+    packed(dir.path(), 100, 1024);
+    let p = dir.path().join("index.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    let held = v["shards"][1]["samples"].as_u64().unwrap();
+    let name = v["shards"][1]["name"].as_str().unwrap().to_owned();
+    v["shards"][1]["samples"] = 0.into();
+    v["samples"] = (v["samples"].as_u64().unwrap() - held).into();
+    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+    let e = PackedShards::open(dir.path()).unwrap_err();
+    malformed_at(
+        &e,
+        &dir.path().join(name),
+        &format!("the shard holds {held} records, the index says 0"),
+    );
 }
 
 #[test]
@@ -656,11 +699,13 @@ fn at_most_max_open_shards_are_open_and_samples_outlive_eviction() {
 }
 
 /// A store whose shards are "downloading": every read first waits for its range, and the
-/// ranges asked for are recorded.
+/// ranges asked for are recorded; a range past `fail_after` (as it is when the shard is
+/// opened) never arrives. Counts its opens.
 struct Arriving {
     inner: LocalDir,
     asked: Arc<Mutex<Vec<Range<u64>>>>,
-    fail_after: u64,
+    fail_after: AtomicU64,
+    opens: AtomicU64,
 }
 
 struct Waiter {
@@ -691,6 +736,7 @@ impl ShardStore for Arriving {
         self.inner.stat(name)
     }
     fn open(&self, name: &str) -> Result<ShardBytes> {
+        self.opens.fetch_add(1, Ordering::Relaxed);
         let path = self.locate(name);
         let whole = Bytes::from(std::fs::read(&path).unwrap());
         Ok(ShardBytes::arriving(
@@ -698,7 +744,7 @@ impl ShardStore for Arriving {
             whole,
             Arc::new(Waiter {
                 asked: self.asked.clone(),
-                fail_after: self.fail_after,
+                fail_after: self.fail_after.load(Ordering::Relaxed),
                 path,
             }),
         ))
@@ -716,7 +762,8 @@ fn a_shard_still_arriving_is_read_only_where_it_has_arrived() {
     let store = Arc::new(Arriving {
         inner: LocalDir::new(&dir),
         asked: asked.clone(),
-        fail_after: u64::MAX,
+        fail_after: AtomicU64::new(u64::MAX),
+        opens: AtomicU64::new(0),
     });
     let d = MdsDataset::from_index(
         store,
@@ -734,7 +781,8 @@ fn a_shard_still_arriving_is_read_only_where_it_has_arrived() {
     let store = Arc::new(Arriving {
         inner: LocalDir::new(&dir),
         asked: Arc::new(Mutex::new(Vec::new())),
-        fail_after: 1000,
+        fail_after: AtomicU64::new(1000),
+        opens: AtomicU64::new(0),
     });
     let d = MdsDataset::from_index(
         store,
@@ -752,6 +800,39 @@ fn a_shard_still_arriving_is_read_only_where_it_has_arrived() {
     }
 }
 
+/// A shard whose download fails after it was opened (its header had arrived) is not kept
+/// open: its next use opens it again, which fetches it again, instead of failing (or reading
+/// the bytes of the failed fetch) from the same open shard ever after.
+#[test]
+fn a_shard_whose_download_fails_while_open_is_opened_again_at_its_next_use() {
+    let dir = fixtures().join("mds");
+    let text = std::fs::read(dir.join("index.json")).unwrap();
+    let shard = std::fs::read(dir.join("shard.00000.mds")).unwrap();
+    // Sample 1's bytes start here: the header, the config and sample 0 arrive, sample 1 not.
+    let second = u64::from(u32::from_le_bytes(shard[8..12].try_into().unwrap()));
+    let store = Arc::new(Arriving {
+        inner: LocalDir::new(&dir),
+        asked: Arc::new(Mutex::new(Vec::new())),
+        fail_after: AtomicU64::new(second),
+        opens: AtomicU64::new(0),
+    });
+    let d = MdsDataset::from_index(
+        Arc::clone(&store) as Arc<dyn ShardStore>,
+        &dir.join("index.json"),
+        &text,
+        ShardOptions::default(),
+    )
+    .unwrap();
+    assert!(d.get(0).is_ok());
+    assert!(matches!(d.get(1), Err(Error::Io { op: "download", .. })));
+    assert_eq!(d.open_stats().open_now, 0, "the failed shard was kept open");
+    // The store would fetch it whole now.
+    store.fail_after.store(u64::MAX, Ordering::Relaxed);
+    let s = d.get(1).unwrap();
+    assert_eq!(s.field_named("id"), Some(&997i64.to_le_bytes()[..]));
+    assert_eq!(store.opens.load(Ordering::Relaxed), 2);
+}
+
 #[test]
 fn the_shard_store_is_what_a_remote_layer_plugs_into() {
     // WebDataset shards served from memory: the format readers never see a file.
@@ -765,4 +846,74 @@ fn the_shard_store_is_what_a_remote_layer_plugs_into() {
     )
     .unwrap();
     assert_eq!(d.get(0).unwrap().field(0), Some(&b"hello"[..]));
+}
+
+/// Asserts that `e` is about `link`, says the file is outside the data set, and quotes none of
+/// `secret`: no 6 bytes of it, nor its first 4 or 8 bytes as the numbers the parsers read.
+fn quotes_none_of(e: &Error, link: &Path, secret: &[u8]) {
+    let text = format!("{e} {e:?}");
+    match e {
+        Error::Malformed { path, what, .. } => {
+            assert_eq!(path, link, "{e}");
+            assert!(what.contains("outside the data set's directory"), "{e}");
+        }
+        other => panic!("not Malformed: {other:?}"),
+    }
+    for w in secret.windows(6) {
+        let w = String::from_utf8_lossy(w);
+        assert!(!text.contains(&*w), "`{w}` of the file is in: {text}");
+    }
+    let first = u32::from_le_bytes(secret[..4].try_into().unwrap());
+    assert!(!text.contains(&first.to_string()), "{text}");
+    let hex: Vec<String> = secret[..3].iter().map(|b| format!("{b:x}")).collect();
+    assert!(!text.contains(&hex.join(", ")), "{text}");
+}
+
+/// A shard that is a link to a file outside the data set's directory: an error about it says
+/// only that, and quotes nothing of that file (before: a tar shard's error quoted 7 of its
+/// bytes, an MDS shard's its first 4 as a sample count, a packed shard's its first 8 in hex).
+/// A link to a file inside the directory keeps the details, short and escaped.
+#[test]
+fn an_error_on_a_shard_linked_outside_the_data_set_quotes_none_of_its_file() {
+    let outside = tempfile::tempdir().unwrap();
+    let secret_path = outside.path().join("shadow");
+    let secret = "root:SECRET-secret-SECRET:19000:0:99999:7:::\n".repeat(100);
+    std::fs::write(&secret_path, &secret).unwrap();
+    let secret = secret.as_bytes();
+    // A tar shard (named by path: the directory is the one it is named in).
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("a.tar");
+    std::os::unix::fs::symlink(&secret_path, &link).unwrap();
+    let e = WebDataset::open_with(&[&link], wds_options(dir.path())).unwrap_err();
+    quotes_none_of(&e, &link, secret);
+    // MDS: at the first sample, and under verify.
+    let m = mds_copy();
+    let link = m.path().join("shard.00001.mds");
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(&secret_path, &link).unwrap();
+    edit_index(m.path(), |v| {
+        v["shards"][1]["raw_data"]["bytes"] = secret.len().into();
+    });
+    let d = MdsDataset::open(m.path()).unwrap();
+    quotes_none_of(&d.get(2).map(|_| ()).unwrap_err(), &link, secret);
+    quotes_none_of(&d.verify(|_| {}).unwrap_err(), &link, secret);
+    // Packed.
+    let p = tempfile::tempdir().unwrap();
+    packed(p.path(), 100, 1024);
+    let link = p.path().join("shard-000000.gfd");
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(&secret_path, &link).unwrap();
+    let d = PackedShards::open(p.path()).unwrap();
+    quotes_none_of(&d.get(0).map(|_| ()).unwrap_err(), &link, secret);
+    // A link to a file inside the directory: the details, escaped.
+    let inside = dir.path().join("copy.bin");
+    std::fs::write(&inside, b"x\x01\"\n".repeat(200)).unwrap();
+    let link = dir.path().join("b.tar");
+    std::os::unix::fs::symlink(&inside, &link).unwrap();
+    let e = WebDataset::open_with(&[&link], wds_options(dir.path())).unwrap_err();
+    malformed_at(
+        &e,
+        &link,
+        r#"header checksum: `x\u{1}\"\nx\u{1}\"` is not an octal number"#,
+    );
 }

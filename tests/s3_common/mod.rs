@@ -1,6 +1,7 @@
 //! Helpers of the object-store tests: a real S3 server (moto's, from pip) started on
 //! localhost for the test, a plain HTTP client to fill its buckets, and a fault-injecting
-//! proxy that fails or cuts a set share of the requests it forwards.
+//! proxy that fails or cuts a set share of the requests it forwards, or flips bits in and
+//! truncates a bounded number of the answers' bodies.
 //!
 //! Whether a missing moto fails or skips: with `GPUFEED_REQUIRE_S3=1` or `CI` set (as `.ci/run`
 //! runs), a test that cannot start the server fails; elsewhere (a developer's `cargo test`) it
@@ -198,12 +199,27 @@ pub struct ProxyCounts {
     pub cut: AtomicU64,
     /// Requests held without an answer past the client's time-out (with `stall`).
     pub stalled: AtomicU64,
+    /// Answers whose body had one bit flipped (with [`FaultProxy::corrupting`]).
+    pub flipped: AtomicU64,
+    /// Answers whose body was cut to half, its `Content-Length` changed to match, so that
+    /// the answer looks whole (with [`FaultProxy::corrupting`]).
+    pub truncated: AtomicU64,
+}
+
+/// What a [`FaultProxy`] does to the requests it picks.
+#[derive(Clone, Copy)]
+enum Faults {
+    /// One request in `every` answered 503 or cut mid-body (`stall`: held, then cut).
+    Fail { every: u64, stall: Option<Duration> },
+    /// One answer in `every` to a GET of an object, with a body, gets one bit of its body
+    /// flipped or its body truncated (alternately), at most `limit` times in all.
+    Corrupt { every: u64, limit: u64 },
 }
 
 /// A proxy on 127.0.0.1 in front of the server on `upstream`, one request per connection,
 /// that answers one request in `every` with a 503 (SlowDown) or cuts its answer after half
-/// its body (alternately); which ones is a pure function of the request's number. Stops when
-/// dropped.
+/// its body (alternately), or (`corrupting`) changes the bytes of some answers; which ones is
+/// a pure function of the request's number. Stops when dropped.
 pub struct FaultProxy {
     pub port: u16,
     pub counts: Arc<ProxyCounts>,
@@ -228,21 +244,28 @@ impl FaultProxy {
 
     /// As [`FaultProxy::start`], each answer held back `delay` first (a slow server).
     pub fn start_with(upstream: u16, every: u64, delay: Duration) -> FaultProxy {
-        FaultProxy::start_full(upstream, every, delay, None)
+        FaultProxy::start_full(upstream, Faults::Fail { every, stall: None }, delay)
     }
 
     /// A proxy whose faulty requests (one in `every`) get no answer for `stall`, then a cut
     /// connection: a server that hangs.
     pub fn stalling(upstream: u16, every: u64, stall: Duration) -> FaultProxy {
-        FaultProxy::start_full(upstream, every, Duration::ZERO, Some(stall))
+        let faults = Faults::Fail {
+            every,
+            stall: Some(stall),
+        };
+        FaultProxy::start_full(upstream, faults, Duration::ZERO)
     }
 
-    fn start_full(
-        upstream: u16,
-        every: u64,
-        delay: Duration,
-        stall: Option<Duration>,
-    ) -> FaultProxy {
+    /// A proxy that corrupts bytes in transit without the answer looking faulty: of the
+    /// answers to GETs of an object that have a body (not listings, not HEADs), one in
+    /// `every` gets one bit of its body flipped (same length) or its body cut to half with a
+    /// `Content-Length` that says so (alternately), at most `limit` answers in all.
+    pub fn corrupting(upstream: u16, every: u64, limit: u64) -> FaultProxy {
+        FaultProxy::start_full(upstream, Faults::Corrupt { every, limit }, Duration::ZERO)
+    }
+
+    fn start_full(upstream: u16, faults: Faults, delay: Duration) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let counts = Arc::new(ProxyCounts::default());
@@ -256,7 +279,7 @@ impl FaultProxy {
                 let Ok(conn) = conn else { continue };
                 let c = Arc::clone(&c);
                 std::thread::spawn(move || {
-                    let _ = serve(conn, upstream, every, delay, stall, &c);
+                    let _ = serve(conn, upstream, faults, delay, &c);
                 });
             }
         });
@@ -302,9 +325,8 @@ fn content_length(head: &[String]) -> Option<usize> {
 fn serve(
     conn: TcpStream,
     upstream: u16,
-    every: u64,
+    faults: Faults,
     delay: Duration,
-    stall: Option<Duration>,
     counts: &ProxyCounts,
 ) -> std::io::Result<()> {
     let mut client_r = BufReader::new(conn.try_clone()?);
@@ -319,8 +341,18 @@ fn serve(
         let n = counts.requests.fetch_add(1, Ordering::Relaxed);
         // Which requests fail: a mix of the number, so the faults spread over every kind.
         let h = n.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17);
-        let fault = every > 0 && h.is_multiple_of(every);
+        let (every, stall, corrupt) = match faults {
+            Faults::Fail { every, stall } => (every, stall, None),
+            Faults::Corrupt { every, limit } => (every, None, Some(limit)),
+        };
+        let picked = every > 0 && h.is_multiple_of(every);
+        let fault = picked && corrupt.is_none();
         let is_head = head[0].starts_with("HEAD ");
+        // A GET of an object: its path has a key after the bucket, and no listing query.
+        let target = head[0].split_whitespace().nth(1).unwrap_or("");
+        let of_object = head[0].starts_with("GET ")
+            && target.trim_start_matches('/').contains('/')
+            && !target.contains("list-type");
         if fault && let Some(stall) = stall {
             counts.stalled.fetch_add(1, Ordering::Relaxed);
             std::thread::sleep(stall);
@@ -370,12 +402,40 @@ fn serve(
                 }
             }
         }
+        let ok = rhead[0]
+            .split_whitespace()
+            .nth(1)
+            .is_some_and(|c| c.starts_with('2'));
+        let corrupted = picked
+            && ok
+            && of_object
+            && rbody.len() >= 2
+            && corrupt.is_some_and(|limit| {
+                let done = counts.flipped.load(Ordering::Relaxed)
+                    + counts.truncated.load(Ordering::Relaxed);
+                done < limit
+            });
+        let truncate = corrupted && (h / every).is_multiple_of(2);
+        if corrupted && truncate {
+            counts.truncated.fetch_add(1, Ordering::Relaxed);
+            rbody.truncate(rbody.len() / 2);
+        } else if corrupted {
+            counts.flipped.fetch_add(1, Ordering::Relaxed);
+            let at = (h as usize / 7) % rbody.len();
+            rbody[at] ^= 1 << (h % 8);
+        }
         let mut answer = String::new();
         for l in &rhead {
-            if !l.to_ascii_lowercase().starts_with("connection:") {
-                answer.push_str(l);
-                answer.push_str("\r\n");
+            let lower = l.to_ascii_lowercase();
+            if lower.starts_with("connection:") {
+                continue;
             }
+            if truncate && lower.starts_with("content-length:") {
+                answer.push_str(&format!("Content-Length: {}\r\n", rbody.len()));
+                continue;
+            }
+            answer.push_str(l);
+            answer.push_str("\r\n");
         }
         answer.push_str("Connection: close\r\n\r\n");
         client_w.write_all(answer.as_bytes())?;

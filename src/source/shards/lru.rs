@@ -129,6 +129,31 @@ impl<T> OpenShards<T> {
         Ok(opened)
     }
 
+    /// Closes shard `k` if `shard` is what its slot holds (not a later open of it): for a
+    /// shard whose bytes failed, so that its next use opens it afresh. Not an eviction.
+    pub(crate) fn close(&self, k: usize, shard: &Arc<T>) {
+        // Lock order as in `get_or_open`'s eviction: the mutex, then the slot.
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let taken = {
+            let mut slot = self.slots[k]
+                .shard
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(s) if Arc::ptr_eq(s, shard) => slot.take(),
+                _ => None,
+            }
+        };
+        if taken.is_some()
+            && let Some(pos) = open.iter().position(|&v| v == k)
+        {
+            open.swap_remove(pos);
+        }
+        drop(open);
+        // Unmapped (if this was the last reference) outside the mutex.
+        drop(taken);
+    }
+
     /// The shards open now, by shard number, lowest first. Shards being opened or evicted while
     /// this runs may be in it or not.
     pub(crate) fn open_now(&self) -> Vec<Arc<T>> {
@@ -196,6 +221,21 @@ mod tests {
         // 7 was the least recently used when 9 came in.
         let open: Vec<usize> = set.open_now().iter().map(|s| **s).collect();
         assert_eq!(open, [2, 5, 9]);
+    }
+
+    #[test]
+    fn a_closed_shard_is_opened_again_and_a_stale_close_changes_nothing() {
+        let set = OpenShards::<u8>::new(3, 2);
+        let first = set.get_or_open(1, || Ok(1)).unwrap();
+        set.close(1, &first);
+        assert_eq!(set.stats().open_now, 0);
+        let again = set.get_or_open(1, || Ok(2)).unwrap();
+        assert_eq!(*again, 2, "opened afresh");
+        // A close for the open before: the one open now stays.
+        set.close(1, &first);
+        assert_eq!(*set.get_or_open(1, || panic!("still open")).unwrap(), 2);
+        let s = set.stats();
+        assert_eq!((s.opens, s.evictions, s.open_now), (2, 0, 1));
     }
 
     #[test]

@@ -37,6 +37,7 @@
 //! when it is there, as Streaming leaves it in its local cache, else refused with an error
 //! naming the file.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,50 +54,171 @@ use crate::source::Sample;
 /// The index file's name in an MDS directory.
 pub const MDS_INDEX_FILE: &str = "index.json";
 
-/// A file of an MDS shard, as its index describes it.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct MdsFileInfo {
-    /// Its name in the directory.
-    pub basename: String,
-    /// Its size.
-    pub bytes: u64,
-    /// Hex digests by algorithm.
-    #[serde(default)]
-    pub hashes: BTreeMap<String, String>,
+/// A shard file's entry in an MDS index (`raw_data`, `zip_data`), as read: borrowed from the
+/// index's text where it can be, and kept only in [`ShardFile`]'s compact form.
+#[derive(Deserialize)]
+struct FileEntry<'a> {
+    #[serde(borrow)]
+    basename: Cow<'a, str>,
+    bytes: u64,
+    #[serde(default, borrow)]
+    hashes: BTreeMap<Cow<'a, str>, Cow<'a, str>>,
 }
 
-/// One shard's entry in an MDS `index.json`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct MdsShardInfo {
-    /// `"mds"`.
-    pub format: String,
-    /// 2.
-    pub version: u32,
-    /// Samples in the shard.
-    pub samples: u64,
-    /// Column names, sorted.
-    pub column_names: Vec<String>,
-    /// Each column's encoding.
-    pub column_encodings: Vec<String>,
-    /// Each column's fixed size, or `null` for a variable one.
-    pub column_sizes: Vec<Option<u64>>,
-    /// `null`, or the compression of `zip_data` (`zstd`, `zstd:7`, ...).
-    #[serde(default)]
-    pub compression: Option<String>,
-    /// Hash algorithms applied to shard files.
-    #[serde(default)]
-    pub hashes: Vec<String>,
-    /// The uncompressed shard file.
-    pub raw_data: MdsFileInfo,
-    /// The compressed shard file, if any.
-    #[serde(default)]
-    pub zip_data: Option<MdsFileInfo>,
+/// One shard's entry in an MDS `index.json`, as read (see [`FileEntry`]).
+#[derive(Deserialize)]
+struct ShardEntry<'a> {
+    #[serde(borrow)]
+    format: Cow<'a, str>,
+    #[serde(rename = "version")]
+    _version: u32,
+    samples: u64,
+    #[serde(borrow)]
+    column_names: Vec<Cow<'a, str>>,
+    #[serde(borrow)]
+    column_encodings: Vec<Cow<'a, str>>,
+    column_sizes: Vec<Option<u64>>,
+    #[serde(default, borrow)]
+    compression: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    raw_data: FileEntry<'a>,
+    #[serde(default, borrow)]
+    zip_data: Option<FileEntry<'a>>,
 }
 
-#[derive(Debug, Deserialize)]
-struct MdsIndexFile {
+#[derive(Deserialize)]
+struct IndexFile {
     version: u32,
-    shards: Vec<serde_json::Value>,
+    shards: ShardList,
+}
+
+/// The hashes of a shard's raw file that an MDS index gives and gpufeed computes (others, such
+/// as `sha1` or `md5`, are not checked).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ShardHashes {
+    pub xxh64: Option<u64>,
+    pub xxh3_64: Option<u64>,
+    pub xxh3_128: Option<u128>,
+    pub xxh32: Option<u32>,
+}
+
+/// What a data set keeps of a shard's index entry beyond its name and sample count: its raw
+/// file's size and hashes, and for a compressed shard what to say when its raw file is
+/// missing. (The column layout is the same for every shard: kept once.)
+#[derive(Debug)]
+pub(crate) struct ShardFile {
+    pub bytes: u64,
+    pub hashes: ShardHashes,
+    /// The compressed file and its compression, for a shard that has one.
+    zip: Option<Box<(String, Option<String>)>>,
+}
+
+/// The column layout of every shard, as the index gives it.
+#[derive(Debug, Default)]
+struct Layout {
+    names: Vec<String>,
+    encodings: Vec<String>,
+    sizes: Vec<Option<u64>>,
+}
+
+/// The `shards` of an MDS index, read one entry at a time into their compact form: names,
+/// counts, [`ShardFile`]s and the one [`Layout`] (each entry's is checked against shard 0's as
+/// it is read), so that a large index costs its shards' names and sizes, not its text's
+/// strings.
+#[derive(Default)]
+struct ShardList {
+    shards: Vec<(String, u64)>,
+    files: Vec<ShardFile>,
+    layout: Layout,
+}
+
+impl ShardList {
+    /// Adds shard `k`'s entry, or says what is wrong with it.
+    fn push(&mut self, k: usize, e: ShardEntry<'_>) -> std::result::Result<(), String> {
+        if e.format != "mds" {
+            return Err(format!(
+                "shard {k}: format `{}` (this reader reads `mds`)",
+                e.format
+            ));
+        }
+        if k == 0 {
+            self.layout = Layout {
+                names: e.column_names.iter().map(|c| c.to_string()).collect(),
+                encodings: e.column_encodings.iter().map(|c| c.to_string()).collect(),
+                sizes: e.column_sizes,
+            };
+        } else {
+            let same = |a: &[Cow<'_, str>], b: &[String]| {
+                a.iter().map(|c| &**c).eq(b.iter().map(|c| &**c))
+            };
+            if !same(&e.column_names, &self.layout.names)
+                || !same(&e.column_encodings, &self.layout.encodings)
+                || e.column_sizes != self.layout.sizes
+            {
+                return Err(format!(
+                    "shard {k} ({}) has other columns than shard 0",
+                    e.raw_data.basename
+                ));
+            }
+        }
+        let mut hashes = ShardHashes::default();
+        for (algo, want) in &e.raw_data.hashes {
+            let hex = |bits: u32| {
+                u128::from_str_radix(want, 16)
+                    .ok()
+                    .filter(|v| bits == 128 || *v >> bits == 0)
+                    .ok_or_else(|| {
+                        format!("shard {k}: its {algo} `{want}` is not a {bits}-bit hex digest")
+                    })
+            };
+            match &**algo {
+                "xxh64" => hashes.xxh64 = Some(hex(64)? as u64),
+                "xxh3_64" => hashes.xxh3_64 = Some(hex(64)? as u64),
+                "xxh3_128" | "xxh128" => hashes.xxh3_128 = Some(hex(128)?),
+                "xxh32" => hashes.xxh32 = Some(hex(32)? as u32),
+                _ => {}
+            }
+        }
+        let zip = e
+            .zip_data
+            .map(|z| Box::new((z.basename.into_owned(), e.compression.map(Cow::into_owned))));
+        self.files.push(ShardFile {
+            bytes: e.raw_data.bytes,
+            hashes,
+            zip,
+        });
+        self.shards
+            .push((e.raw_data.basename.into_owned(), e.samples));
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for ShardList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = ShardList;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of shard entries")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<ShardList, A::Error> {
+                use serde::de::Error as _;
+                let mut list = ShardList::default();
+                for k in 0.. {
+                    let entry = seq.next_element::<ShardEntry<'de>>().map_err(|e| {
+                        A::Error::custom(format_args!("shard {k}: not a valid entry: {e}"))
+                    })?;
+                    let Some(entry) = entry else { break };
+                    list.push(k, entry).map_err(A::Error::custom)?;
+                }
+                Ok(list)
+            }
+        }
+        d.deserialize_seq(Entries)
+    }
 }
 
 /// The encoding of one MDS column, parsed.
@@ -300,13 +422,22 @@ fn ndarray_view<'a>(
 #[derive(Debug)]
 pub struct MdsShards {
     index_path: PathBuf,
-    infos: Vec<MdsShardInfo>,
-    /// Each column's fixed size (`None`: variable), in column order.
-    sizes: Vec<Option<u64>>,
+    /// Each shard's raw file, by shard number.
+    files: Vec<ShardFile>,
+    /// Every shard's columns (their sizes: `None` for a variable one).
+    layout: Layout,
 }
 
 /// A dataset of MDS shards.
 pub type MdsDataset = ShardedDataset<MdsShards>;
+
+/// What an MDS index says: the format reader, the shards (name, samples) and the schema of
+/// their columns.
+pub(crate) struct ReadIndex {
+    pub format: MdsShards,
+    pub shards: Vec<(String, u64)>,
+    pub schema: Schema,
+}
 
 /// An open MDS shard: its bytes and where its samples start.
 pub struct MdsShard {
@@ -336,12 +467,33 @@ impl ShardedDataset<MdsShards> {
         text: &[u8],
         options: ShardOptions,
     ) -> Result<MdsDataset> {
+        MdsDataset::from_read_index(MdsShards::read_index(index_path, text)?, store, options)
+    }
+
+    /// A dataset of what [`MdsShards::read_index`] read, with its shards in `store`.
+    pub(crate) fn from_read_index(
+        index: ReadIndex,
+        store: Arc<dyn ShardStore>,
+        options: ShardOptions,
+    ) -> Result<MdsDataset> {
+        let ReadIndex {
+            format,
+            shards,
+            schema,
+        } = index;
+        ShardedDataset::from_parts(format, store, shards, schema, options)?.check_empty_shards()
+    }
+}
+
+impl MdsShards {
+    /// Reads the index `text` (from `index_path`), checking every entry's name and layout.
+    pub(crate) fn read_index(index_path: &Path, text: &[u8]) -> Result<ReadIndex> {
         let bad = |what: String| Error::Malformed {
             path: index_path.to_path_buf(),
             format: "MDS index",
             what,
         };
-        let file: MdsIndexFile =
+        let file: IndexFile =
             serde_json::from_slice(text).map_err(|e| bad(format!("not a valid index: {e}")))?;
         if file.version != 2 {
             return Err(bad(format!(
@@ -349,42 +501,37 @@ impl ShardedDataset<MdsShards> {
                 file.version
             )));
         }
-        if file.shards.is_empty() {
+        let ShardList {
+            shards,
+            files,
+            layout,
+        } = file.shards;
+        if shards.is_empty() {
             return Err(bad("no shard".into()));
         }
-        let mut infos = Vec::with_capacity(file.shards.len());
-        for (k, v) in file.shards.into_iter().enumerate() {
-            let info: MdsShardInfo = serde_json::from_value(v)
-                .map_err(|e| bad(format!("shard {k}: not a valid entry: {e}")))?;
-            if info.format != "mds" {
-                return Err(bad(format!(
-                    "shard {k}: format `{}` (this reader reads `mds`)",
-                    info.format
-                )));
-            }
-            check_shard_name(index_path, "MDS index", &info.raw_data.basename)?;
-            if let Some(z) = &info.zip_data {
-                check_shard_name(index_path, "MDS index", &z.basename)?;
-            }
-            infos.push(info);
+        for (name, _) in &shards {
+            check_shard_name(index_path, "MDS index", name)?;
         }
-        let first = &infos[0];
-        let n = first.column_names.len();
-        if n == 0 || first.column_encodings.len() != n || first.column_sizes.len() != n {
+        for f in &files {
+            if let Some(z) = &f.zip {
+                check_shard_name(index_path, "MDS index", &z.0)?;
+            }
+        }
+        let n = layout.names.len();
+        if n == 0 || layout.encodings.len() != n || layout.sizes.len() != n {
             return Err(bad(format!(
                 "shard 0: {} column names, {} encodings, {} sizes",
                 n,
-                first.column_encodings.len(),
-                first.column_sizes.len()
+                layout.encodings.len(),
+                layout.sizes.len()
             )));
         }
         let mut fields = Vec::with_capacity(n);
-        let mut sizes = Vec::with_capacity(n);
-        for ((name, enc), &size) in first
-            .column_names
+        for ((name, enc), &size) in layout
+            .names
             .iter()
-            .zip(&first.column_encodings)
-            .zip(&first.column_sizes)
+            .zip(&layout.encodings)
+            .zip(&layout.sizes)
         {
             let e = MdsEncoding::parse(enc).map_err(|e| bad(format!("column `{name}`: {e}")))?;
             if e.size() != size {
@@ -393,41 +540,28 @@ impl ShardedDataset<MdsShards> {
                     e.size()
                 )));
             }
-            sizes.push(size);
             fields.push(match e {
                 MdsEncoding::Tensor { dtype, shape } => Field::tensor(name.clone(), dtype, &shape),
                 MdsEncoding::Bytes(codec) => Field::bytes(name.clone(), codec),
             });
         }
-        for (k, info) in infos.iter().enumerate().skip(1) {
-            if info.column_names != first.column_names
-                || info.column_encodings != first.column_encodings
-                || info.column_sizes != first.column_sizes
-            {
-                return Err(bad(format!(
-                    "shard {k} ({}) has other columns than shard 0",
-                    info.raw_data.basename
-                )));
-            }
-        }
         let schema = Schema::validated(fields).map_err(|e| bad(format!("columns: {e}")))?;
-        let shards = infos
-            .iter()
-            .map(|i| (i.raw_data.basename.clone(), i.samples))
-            .collect();
         let format = MdsShards {
             index_path: index_path.to_path_buf(),
-            infos,
-            sizes,
+            files,
+            layout,
         };
-        ShardedDataset::from_parts(format, store, shards, schema, options)
+        Ok(ReadIndex {
+            format,
+            shards,
+            schema,
+        })
     }
-}
 
-impl MdsShards {
-    /// Shard `k`'s entry in the index.
-    pub fn info(&self, k: usize) -> Option<&MdsShardInfo> {
-        self.infos.get(k)
+    /// What the index says of shard `k`'s raw file.
+    #[cfg(feature = "remote")]
+    pub(crate) fn file(&self, k: usize) -> Option<&ShardFile> {
+        self.files.get(k)
     }
 
     fn disagrees(&self, path: &Path, what: String) -> Error {
@@ -440,20 +574,41 @@ impl MdsShards {
 
     /// Checks the hashes the index gives for the raw file that we know how to compute.
     fn check_hashes(&self, k: usize, bytes: &ShardBytes) -> Result<()> {
-        let info = &self.infos[k];
+        let h = &self.files[k].hashes;
         let all = bytes.all()?;
-        for (algo, want) in &info.raw_data.hashes {
-            let got = match algo.as_str() {
-                "xxh64" => format!("{:016x}", xxhash_rust::xxh64::xxh64(all, 0)),
-                "xxh3_64" => format!("{:016x}", xxhash_rust::xxh3::xxh3_64(all)),
-                "xxh3_128" | "xxh128" => format!("{:032x}", xxhash_rust::xxh3::xxh3_128(all)),
-                "xxh32" => format!("{:08x}", xxhash_rust::xxh32::xxh32(all, 0)),
-                _ => continue,
-            };
-            if !got.eq_ignore_ascii_case(want) {
+        let checks = [
+            h.xxh64.map(|w| {
+                (
+                    "xxh64",
+                    u128::from(xxhash_rust::xxh64::xxh64(all, 0)),
+                    u128::from(w),
+                    16,
+                )
+            }),
+            h.xxh3_64.map(|w| {
+                (
+                    "xxh3_64",
+                    u128::from(xxhash_rust::xxh3::xxh3_64(all)),
+                    u128::from(w),
+                    16,
+                )
+            }),
+            h.xxh3_128
+                .map(|w| ("xxh3_128", xxhash_rust::xxh3::xxh3_128(all), w, 32)),
+            h.xxh32.map(|w| {
+                (
+                    "xxh32",
+                    u128::from(xxhash_rust::xxh32::xxh32(all, 0)),
+                    u128::from(w),
+                    8,
+                )
+            }),
+        ];
+        for (algo, got, want, width) in checks.into_iter().flatten() {
+            if got != want {
                 return Err(self.disagrees(
                     bytes.path(),
-                    format!("{algo} of the file is {got}, the index says {want}"),
+                    format!("{algo} of the file is {got:0width$x}, the index says {want:0width$x}"),
                 ));
             }
         }
@@ -485,7 +640,7 @@ impl MdsShards {
 
     /// Where each column of a sample lies within `sample` (its bytes), or what is wrong.
     fn columns(&self, sample: &[u8]) -> Result<Vec<std::ops::Range<usize>>, String> {
-        let var = self.sizes.iter().filter(|s| s.is_none()).count();
+        let var = self.layout.sizes.iter().filter(|s| s.is_none()).count();
         let head = 4 * var;
         if sample.len() < head {
             return Err(format!(
@@ -495,8 +650,8 @@ impl MdsShards {
         }
         let mut at = head as u64;
         let mut v = 0;
-        let mut out = Vec::with_capacity(self.sizes.len());
-        for s in &self.sizes {
+        let mut out = Vec::with_capacity(self.layout.sizes.len());
+        for s in &self.layout.sizes {
             let size = match s {
                 Some(s) => *s,
                 None => {
@@ -543,32 +698,35 @@ impl ShardFormat for MdsShards {
         _schema: &Schema,
         options: &ShardOptions,
     ) -> Result<MdsShard> {
-        let info = &self.infos[k];
+        let file = &self.files[k];
         let bytes = match store.open(name) {
             Ok(b) => b,
             Err(Error::Io { path, source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound && info.zip_data.is_some() =>
+                if source.kind() == std::io::ErrorKind::NotFound && file.zip.is_some() =>
             {
+                let (zip, compression) = file
+                    .zip
+                    .as_deref()
+                    .map_or(("", None), |(z, c)| (z.as_str(), c.as_deref()));
                 return Err(Error::Malformed {
                     path,
                     format: "MDS shard",
                     what: format!(
-                        "missing; the shard is compressed ({}) and gpufeed reads the uncompressed file: decompress {} first",
-                        info.compression.as_deref().unwrap_or("?"),
-                        info.zip_data.as_ref().map_or("", |z| z.basename.as_str())
+                        "missing; the shard is compressed ({}) and gpufeed reads the uncompressed file: decompress {zip} first",
+                        compression.unwrap_or("?"),
                     ),
                 });
             }
             Err(e) => return Err(e),
         };
         let path = bytes.path().to_path_buf();
-        if bytes.len() != info.raw_data.bytes {
+        if bytes.len() != file.bytes {
             return Err(self.disagrees(
                 &path,
                 format!(
                     "the shard is {} bytes, the index says {}",
                     bytes.len(),
-                    info.raw_data.bytes
+                    file.bytes
                 ),
             ));
         }
@@ -608,8 +766,8 @@ impl ShardFormat for MdsShards {
         let config = bytes.get(table_end..first)?;
         if let Ok(c) = serde_json::from_slice::<serde_json::Value>(config) {
             let same = |key: &str, want: &serde_json::Value| c.get(key).is_none_or(|v| v == want);
-            let names = serde_json::to_value(&info.column_names).unwrap_or_default();
-            let encs = serde_json::to_value(&info.column_encodings).unwrap_or_default();
+            let names = serde_json::to_value(&self.layout.names).unwrap_or_default();
+            let encs = serde_json::to_value(&self.layout.encodings).unwrap_or_default();
             if !same("column_names", &names) || !same("column_encodings", &encs) {
                 return Err(self.disagrees(
                     &path,
@@ -670,7 +828,7 @@ impl ShardFormat for MdsShards {
         for i in 0..samples {
             let s = self.sample(&shard, k, i, schema, &options)?;
             for (c, f) in schema.fields().iter().enumerate() {
-                let enc = &self.infos[k].column_encodings[c];
+                let enc = &self.layout.encodings[c];
                 if let FieldKind::Bytes { .. } = f.kind
                     && enc.starts_with("ndarray")
                 {

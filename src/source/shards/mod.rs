@@ -16,7 +16,10 @@
 //! - [`open`](open()): whichever of these a path or pattern names.
 //!
 //! Opening a dataset reads its index only: no shard is opened or mapped until a sample of it is
-//! asked for (a dataset of 10,000 shards opens in the time it takes to parse its index).
+//! asked for (a dataset of 10,000 shards opens in the time it takes to parse its index). The
+//! one exception is a shard the index (packed or MDS) says holds no sample, which no sample
+//! would ever open: it is opened at once and checked against its header, so that an index
+//! that says 0 of a shard that holds samples is an error, not samples dropped unseen.
 //!
 //! # Shard files that change
 //!
@@ -225,6 +228,21 @@ impl<F: ShardFormat> ShardedDataset<F> {
         })
     }
 
+    /// Opens each shard the index says holds no sample, to check it against the index (as
+    /// every shard is when opened), and closes it again: a shard with no sample is never
+    /// opened for one, so an index that says 0 of a shard that holds samples would drop them
+    /// unseen. Writers write no empty shard: a data set as written has none to open.
+    pub(crate) fn check_empty_shards(self) -> Result<Self> {
+        for (k, name) in self.names.iter().enumerate() {
+            if self.sizes[k] == 0 {
+                self.format
+                    .open_shard(&*self.store, k, name, 0, &self.schema, &self.options)
+                    .map_err(|e| self.unquoted(k, e))?;
+            }
+        }
+        Ok(self)
+    }
+
     /// The format reader.
     pub fn format(&self) -> &F {
         &self.format
@@ -295,10 +313,21 @@ impl<F: ShardFormat> ShardedDataset<F> {
         self.open.get_or_open(k, || {
             self.format
                 .open_shard(&*self.store, k, name, samples, &self.schema, &self.options)
+                .map_err(|e| self.unquoted(k, e))
         })
     }
 
-    /// Sample `index` within shard `k`.
+    /// `e`, an error about shard `k`, as its store allows it to be told ([`unquoted`]).
+    fn unquoted(&self, k: usize, e: Error) -> Error {
+        unquoted(&*self.store, &self.names[k], self.format.name(), e)
+    }
+
+    /// Sample `index` within shard `k`. A shard whose bytes cannot be had while it is open (a
+    /// store's download that failed, a read that failed: an error of kind
+    /// [`ErrorKind::Remote`](crate::ErrorKind) or [`Io`](crate::ErrorKind)) is closed, so that
+    /// its next use opens it afresh (its store fetches it again, or says why not) instead of
+    /// failing from the same bytes, or reading them, ever after. A sample that is corrupt
+    /// leaves its shard open.
     pub fn get_in_shard(&self, k: usize, index: u64) -> Result<Sample<'_>> {
         let shard = self.shard(k)?;
         let samples = self.sizes[k];
@@ -308,8 +337,15 @@ impl<F: ShardFormat> ShardedDataset<F> {
                 len: samples,
             });
         }
-        self.format
-            .sample(&shard, k, index, &self.schema, &self.options)
+        let sample = self
+            .format
+            .sample(&shard, k, index, &self.schema, &self.options);
+        if let Err(e) = &sample
+            && matches!(e.kind(), crate::ErrorKind::Remote | crate::ErrorKind::Io)
+        {
+            self.open.close(k, &shard);
+        }
+        sample.map_err(|e| self.unquoted(k, e))
     }
 
     /// Checks every shard completely (checksums where the index has them, every sample),
@@ -317,7 +353,8 @@ impl<F: ShardFormat> ShardedDataset<F> {
     pub fn verify(&self, mut progress: impl FnMut(usize)) -> Result<()> {
         for (k, (name, &n)) in self.names.iter().zip(&self.sizes).enumerate() {
             self.format
-                .verify_shard(&*self.store, k, name, n, &self.schema)?;
+                .verify_shard(&*self.store, k, name, n, &self.schema)
+                .map_err(|e| self.unquoted(k, e))?;
             progress(k + 1);
         }
         Ok(())
@@ -502,7 +539,75 @@ pub(crate) fn check_shard_name(
     Ok(())
 }
 
+/// `e`, an error about shard `name` of `store` (a shard of `format`), unless it may quote the
+/// shard's content (an error of kind [`Corrupt`](crate::ErrorKind) or
+/// [`Unsupported`](crate::ErrorKind)) and the store says that shard's content must not be
+/// quoted ([`ShardStore::may_quote`]: a link to a file outside the data set): then an
+/// [`Error::Malformed`] that says only so.
+pub(crate) fn unquoted(
+    store: &dyn ShardStore,
+    name: &str,
+    format: &'static str,
+    e: Error,
+) -> Error {
+    use crate::ErrorKind;
+    if !matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::Unsupported) || store.may_quote(name) {
+        return e;
+    }
+    Error::Malformed {
+        path: store.locate(name),
+        format,
+        what: "not valid; the shard is a link to a file outside the data set's directory, so what is wrong with it is not told (it would quote that file)".into(),
+    }
+}
+
+/// At most 96 bytes of `bytes` (a name or a field read from a shard), escaped for a message:
+/// UTF-8 as `str::escape_debug` writes it (control characters, quotes and backslashes
+/// escaped), other bytes as `\xNN`; a longer value is cut, with its length.
+pub(crate) fn quoted(bytes: &[u8]) -> String {
+    const MOST: usize = 96;
+    let cut = bytes.len() > MOST;
+    let head = &bytes[..bytes.len().min(MOST)];
+    let mut out = match std::str::from_utf8(head) {
+        Ok(s) => s.escape_debug().to_string(),
+        // A cut through a character: the valid part as text, the rest as bytes.
+        Err(e) if cut && e.error_len().is_none() => {
+            let (text, rest) = head.split_at(e.valid_up_to());
+            let text = std::str::from_utf8(text).unwrap_or_default();
+            format!("{}{}", text.escape_debug(), rest.escape_ascii())
+        }
+        Err(_) => head.escape_ascii().to_string(),
+    };
+    if cut {
+        out.push_str(&format!("... ({} bytes)", bytes.len()));
+    }
+    out
+}
+
 /// The xxh3-64 of a byte slice, as the lower-case hex string indexes store.
 pub(crate) fn xxh3_hex(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quoted;
+
+    #[test]
+    fn quoted_values_are_short_and_escaped() {
+        assert_eq!(quoted(b"abc.jpg"), "abc.jpg");
+        assert_eq!(quoted("日本/猫.jpg".as_bytes()), "日本/猫.jpg");
+        assert_eq!(quoted(b"a\nb\"\\\x01"), r#"a\nb\"\\\u{1}"#);
+        assert_eq!(quoted(b"\xff\xfeab"), r"\xff\xfeab");
+        let long = quoted(&[b'x'; 1000]);
+        assert_eq!(long, format!("{}... (1000 bytes)", "x".repeat(96)));
+        // Cut through a character: the part before it as text, the rest as bytes.
+        let mut cut = vec![b'y'; 95];
+        cut.extend("é".as_bytes());
+        cut.extend([b'z'; 10]);
+        assert_eq!(
+            quoted(&cut),
+            format!("{}\\xc3... (107 bytes)", "y".repeat(95))
+        );
+    }
 }

@@ -165,7 +165,7 @@ impl ShardedDataset<Packed> {
             index_path: index_path.to_path_buf(),
             entries: index.shards,
         };
-        ShardedDataset::from_parts(format, store, shards, schema, options)
+        ShardedDataset::from_parts(format, store, shards, schema, options)?.check_empty_shards()
     }
 }
 

@@ -91,6 +91,16 @@ pub trait ShardStore: Send + Sync {
     fn stats(&self) -> Option<StoreStats> {
         None
     }
+
+    /// Whether an error about shard `name` may quote what is in it (bytes, names or numbers
+    /// read from it, always short and escaped): false for a shard that is a link to a file
+    /// outside the data set's directory, whose content a data set must not be able to make
+    /// gpufeed reveal. Asked only when an error is made. True (the default) for stores whose
+    /// shards are their own.
+    fn may_quote(&self, name: &str) -> bool {
+        let _ = name;
+        true
+    }
 }
 
 /// What a store that downloads has done: the counts behind its throughput and its cache.
@@ -113,8 +123,14 @@ pub struct StoreStats {
     pub cache_evictions: u64,
     /// Shards refused for not fitting in the cache (larger than its limit, or a full disk).
     pub cache_full: u64,
-    /// Shards whose bytes did not match the index's checksum on arrival.
+    /// Fetches of a shard (or an index file) whose bytes did not pass their check once they
+    /// had arrived: the index's checksum, or an S3 ETag that is an MD5. Each such shard is
+    /// fetched again a bounded number of times, and never read until it passes.
     pub checksum_failures: u64,
+    /// Shards cached with only their size checked: no checksum in the index and no hash of
+    /// the bytes from the store (a multi-part upload's ETag, an encrypted object's, a store
+    /// other than S3), or checks turned off.
+    pub unverified: u64,
     /// Shards whose fetch was started ahead of the readers ([`ShardStore::prefetch`]).
     pub prefetched: u64,
     /// Time readers spent waiting for bytes to arrive, over all threads.
@@ -125,7 +141,7 @@ impl std::fmt::Display for StoreStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "fetched {:.1} MiB in {} requests ({} retried); cache: {} hits, {} misses, {} shared, {} evicted, {} full; {} checksum failures; {} prefetched; readers waited {:.3} s",
+            "fetched {:.1} MiB in {} requests ({} retried); cache: {} hits, {} misses, {} shared, {} evicted, {} full; {} checksum failures, {} unverified; {} prefetched; readers waited {:.3} s",
             self.bytes_fetched as f64 / (1u64 << 20) as f64,
             self.requests,
             self.retries,
@@ -135,6 +151,7 @@ impl std::fmt::Display for StoreStats {
             self.cache_evictions,
             self.cache_full,
             self.checksum_failures,
+            self.unverified,
             self.prefetched,
             self.waited.as_secs_f64()
         )
@@ -338,6 +355,28 @@ impl ShardStore for LocalDir {
     /// True: the files are the data set's own.
     fn files_may_change(&self) -> bool {
         true
+    }
+
+    /// False if the shard's file, links resolved, is outside the directory (links resolved)
+    /// of the store, or, for a store of paths (an empty root: tar shards named by path),
+    /// outside the directory the shard is named in. True otherwise, and when there is no file
+    /// to resolve (a missing shard, a dangling link: nothing of it was read).
+    fn may_quote(&self, name: &str) -> bool {
+        let path = self.locate(name);
+        let dir = if self.root.as_os_str().is_empty() {
+            path.parent().unwrap_or(Path::new(""))
+        } else {
+            self.root.as_path()
+        };
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        match (dir.canonicalize(), path.canonicalize()) {
+            (Ok(dir), Ok(file)) => file.starts_with(dir),
+            _ => true,
+        }
     }
 }
 

@@ -314,10 +314,7 @@ fn number(field: &[u8]) -> Result<u64, String> {
             let mut n: u64 = 0;
             for &c in s {
                 if !(b'0'..=b'7').contains(&c) {
-                    return Err(format!(
-                        "`{}` is not an octal number",
-                        String::from_utf8_lossy(s)
-                    ));
+                    return Err(format!("`{}` is not an octal number", super::quoted(s)));
                 }
                 n = n
                     .checked_mul(8)

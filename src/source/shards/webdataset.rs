@@ -52,7 +52,7 @@ use rayon::prelude::*;
 use super::tar::{MemberKind, TarMembers};
 use super::{
     LocalDir, ShardFormat, ShardOptions, ShardStat, ShardStore, ShardedDataset, default_cache_dir,
-    write_atomically,
+    quoted, unquoted, write_atomically,
 };
 use crate::error::{Error, Result};
 use crate::format::{Codec, Field, Schema};
@@ -209,7 +209,7 @@ impl TarIndex {
         let mut seen: Vec<u32> = Vec::new();
         let bad = |m: &super::tar::TarMember, what: String| Error::BadMember {
             shard: path.to_path_buf(),
-            member: String::from_utf8_lossy(&m.name).into_owned(),
+            member: quoted(&m.name),
             offset: m.header_offset,
             what,
         };
@@ -273,7 +273,7 @@ impl TarIndex {
                     &m,
                     format!(
                         "the extension `{ext}` appears twice in the sample `{}`",
-                        String::from_utf8_lossy(key)
+                        quoted(key)
                     ),
                 ));
             }
@@ -657,7 +657,9 @@ impl ShardedDataset<TarShards> {
                 f.clone()
             }
             None => {
-                let (path, index) = format.load_index(&*store, &names[0])?;
+                let (path, index) = format
+                    .load_index(&*store, &names[0])
+                    .map_err(|e| unquoted(&*store, &names[0], "webdataset tar", e))?;
                 let found: Vec<String> = index
                     .extensions()
                     .iter()
@@ -697,13 +699,19 @@ impl ShardedDataset<TarShards> {
                 .fetch_add(index.len() - n, Ordering::Relaxed);
             Ok(n)
         };
-        let first_count = first.map(count).transpose()?;
+        let first_count = first
+            .map(count)
+            .transpose()
+            .map_err(|e| unquoted(&*store, &names[0], "webdataset tar", e))?;
         let counts = names
             .par_iter()
             .enumerate()
             .map(|(k, name)| match (k, first_count) {
                 (0, Some(n)) => Ok(n),
-                _ => count(format.load_index(&*store, name)?),
+                _ => format
+                    .load_index(&*store, name)
+                    .and_then(count)
+                    .map_err(|e| unquoted(&*store, name, "webdataset tar", e)),
             })
             .collect::<Result<Vec<u64>>>()?;
         let shards = names.into_iter().zip(counts).collect();
@@ -834,7 +842,7 @@ impl TarShards {
                 (Some((field, _)), MissingFieldPolicy::Error) => {
                     return Err(Error::MissingField {
                         shard: path.to_path_buf(),
-                        key: String::from_utf8_lossy(index.key(i).unwrap_or_default()).into_owned(),
+                        key: quoted(index.key(i).unwrap_or_default()),
                         field: field.clone(),
                     });
                 }
@@ -930,8 +938,7 @@ impl ShardFormat for TarShards {
             let Some(m) = ext.and_then(|e| members.iter().find(|m| m.ext == e)) else {
                 return Err(Error::MissingField {
                     shard: shard.bytes.path().to_path_buf(),
-                    key: String::from_utf8_lossy(shard.index.key(i).unwrap_or_default())
-                        .into_owned(),
+                    key: quoted(shard.index.key(i).unwrap_or_default()),
                     field: self.fields[f].clone(),
                 });
             };

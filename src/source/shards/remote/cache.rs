@@ -8,10 +8,13 @@
 //! ```
 //!
 //! - **Whole or absent**: a fetch writes a temporary file of its own (`.part-<pid>-<n>`,
-//!   created exclusively) and renames it into place once every byte has arrived and its
-//!   checksum (where the index has one) matched. A process killed mid-fetch leaves a
-//!   temporary file, never a shard that reads as whole; the next process that scans the cache
-//!   removes it (its lock is free).
+//!   created exclusively) and renames it into place once every byte has arrived and passed
+//!   its check (the index's checksum, or an MD5 ETag: see the [remote](super) module). A
+//!   process that dies mid-fetch (killed, or stopped by a signal it has no handler for, as
+//!   `SIGTERM` and `SIGINT` are by default) leaves a temporary file, never a shard that reads
+//!   as whole; the next store opened on the cache, in any process, removes it
+//!   ([`DiskCache::remove_abandoned`]: its fetch lock is free), and so does every later
+//!   fetch's scan. A store dropped mid-fetch removes its own.
 //! - **One fetch per machine**: the fetcher holds an exclusive `flock` on the shard's `.lock`
 //!   file for as long as it fetches. Another process (a rank on the same machine) that finds
 //!   the lock taken waits for the whole file to appear, or takes over the fetch if the lock
@@ -173,11 +176,9 @@ impl DiskCache {
             if name.ends_with(".lock") {
                 return;
             }
-            if let Some(at) = name.find(PART_MARKER) {
-                // A temporary file: arriving, or left by a process that died.
-                let shard = path.with_file_name(&name[..at]);
-                // The caller holds `keep`'s lock and has made no temporary yet: any there is
-                // abandoned.
+            if let Some(shard) = shard_of_temporary(path) {
+                // A temporary file: arriving, or left by a process that died. The caller
+                // holds `keep`'s lock and has made no temporary yet: any there is abandoned.
                 if shard == keep || self.is_abandoned(&shard) {
                     let _ = std::fs::remove_file(path);
                 } else {
@@ -211,11 +212,34 @@ impl DiskCache {
         Ok(removed)
     }
 
+    /// Removes the temporary files under the cache that no fetch holds: those of processes
+    /// that died mid-fetch. Returns how many.
+    pub fn remove_abandoned(&self) -> u64 {
+        let mut removed = 0;
+        scan(&self.root, &mut |path, _| {
+            if let Some(shard) = shard_of_temporary(path)
+                && self.is_abandoned(&shard)
+                && std::fs::remove_file(path).is_ok()
+            {
+                removed += 1;
+            }
+        });
+        removed
+    }
+
     /// True if no process holds the fetch lock of the shard at `path` (so its temporary
     /// files are abandoned).
     fn is_abandoned(&self, path: &Path) -> bool {
         matches!(self.try_lock(path), Ok(Some(_)))
     }
+}
+
+/// The shard a temporary file (`<shard>.part-<pid>-<n>`) is a fetch of; `None` for any other
+/// file.
+fn shard_of_temporary(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    let at = name.find(PART_MARKER)?;
+    Some(path.with_file_name(&name[..at]))
 }
 
 /// Calls `f` on every file under `dir` (recursively), with its metadata.
@@ -293,6 +317,23 @@ mod tests {
         assert!(
             !tmp.exists(),
             "a dead fetch's temporary of the shard being fetched"
+        );
+    }
+
+    #[test]
+    fn abandoned_temporaries_are_removed_without_a_fetch() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::new(dir.path().to_path_buf(), 1 << 20, "s3://b/p").unwrap();
+        let (held, free) = (c.path_for("held", "v"), c.path_for("free", "v"));
+        let _lock = c.try_lock(&held).unwrap().expect("free");
+        let (_a, arriving) = c.temporary(&held).unwrap();
+        let (_b, dead) = c.temporary(&free).unwrap();
+        put(&free, 10, 0);
+        assert_eq!(c.remove_abandoned(), 1);
+        assert!(arriving.exists(), "its fetch holds the lock");
+        assert!(
+            !dead.exists() && free.exists(),
+            "only the dead fetch's temporary goes"
         );
     }
 }

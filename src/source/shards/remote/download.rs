@@ -1,6 +1,8 @@
 //! [`Download`]: one shard arriving into a temporary file of the cache, by parallel ranged
-//! GETs, each range readable as soon as it has arrived; and [`with_retries`], the retry loop
-//! of the store's other requests.
+//! GETs; each range readable as soon as it has arrived, or, for a shard with a
+//! [`ContentCheck`], only once the whole shard has passed it (fetched again, a bounded number
+//! of times, when it does not); and [`with_retries`], the retry loop of the store's other
+//! requests.
 
 use std::fs::File;
 use std::ops::Range;
@@ -14,7 +16,8 @@ use bytes::Bytes;
 use object_store::{GetOptions, GetRange};
 
 use super::cache::FetchLock;
-use super::{Checksum, Counters, Inner, lock};
+use super::check::{ContentCheck, Fetches, Verdict};
+use super::{Counters, Inner, lock};
 use crate::error::{Error, RemoteErrorKind, Result};
 use crate::source::shards::ShardArrival;
 
@@ -26,7 +29,7 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    fn error(&self, url: &Path) -> Error {
+    pub(crate) fn error(&self, url: &Path) -> Error {
         Error::Remote {
             shard: url.to_path_buf(),
             kind: self.kind,
@@ -115,6 +118,8 @@ where
 }
 
 struct State {
+    /// The fetches of the whole shard that failed its check.
+    fetches: Fetches,
     /// Bytes arrived from the start of each part (a part's bytes arrive in order).
     progress: Vec<u64>,
     /// Parts a fetch lane has taken.
@@ -142,10 +147,18 @@ pub(crate) struct Download {
     final_path: PathBuf,
     file: File,
     bytes: Bytes,
-    checksum: Option<Checksum>,
+    /// What the whole shard is checked against before any byte of it is read.
+    check: Option<ContentCheck>,
+    /// The object's ETag, sent as `If-Match` with every part's request: every part comes from
+    /// the version of the object the fetch began with.
+    if_match: Option<String>,
     state: Mutex<State>,
+    /// `State::done`, for readers to see without the mutex once the shard is whole.
+    whole: AtomicBool,
     arrived: Condvar,
+    /// Lanes fetching parts now; and how many each fetch of the shard starts.
     lanes: AtomicUsize,
+    lane_count: usize,
     cancelled: AtomicBool,
     prefetched: AtomicBool,
     lock: Mutex<Option<FetchLock>>,
@@ -154,14 +167,17 @@ pub(crate) struct Download {
 
 impl Download {
     /// Starts fetching shard `name` (`size` bytes) into a temporary file beside `final_path`,
-    /// holding `lock` until it ends.
+    /// holding `lock` until it ends; the whole shard must pass `check` (if any) to be read and
+    /// renamed into place.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         inner: &Arc<Inner>,
         name: &str,
         url: PathBuf,
         size: u64,
         final_path: PathBuf,
-        checksum: Option<Checksum>,
+        check: Option<ContentCheck>,
+        if_match: Option<String>,
         lock: FetchLock,
     ) -> Result<Arc<Download>> {
         let (file, temp) = inner.cache.temporary(&final_path)?;
@@ -183,8 +199,10 @@ impl Download {
             // SAFETY: the mapping is read-only and shared. The file is this fetch's own
             // temporary (created exclusively), written only by its lanes through `pwrite`,
             // and a reader touches a range only after `wait_for` saw it arrive (the state's
-            // mutex orders the write before the read). It is never truncated: it is renamed
-            // whole, or removed (the mapping keeps its pages).
+            // mutex, or `whole`'s release and acquire, orders the write before the read); a
+            // shard fetched again after failing its check was read by no one (its readers
+            // wait for it whole and checked). It is never truncated: it is renamed whole, or
+            // removed (the mapping keeps its pages).
             let map = unsafe { memmap2::Mmap::map(&file) }
                 .map_err(|e| Error::io(&temp, "map cache file", e))?;
             Ok(Bytes::from_owner(map))
@@ -209,8 +227,10 @@ impl Download {
             final_path,
             file,
             bytes,
-            checksum,
+            check,
+            if_match,
             state: Mutex::new(State {
+                fetches: Fetches::default(),
                 progress: vec![0; parts],
                 taken: vec![false; parts],
                 next: 0,
@@ -220,27 +240,30 @@ impl Download {
                 failed: None,
                 done: false,
             }),
+            whole: AtomicBool::new(false),
             arrived: Condvar::new(),
-            lanes: AtomicUsize::new(lanes),
+            lanes: AtomicUsize::new(0),
+            lane_count: lanes,
             cancelled: AtomicBool::new(false),
             prefetched: AtomicBool::new(false),
             lock: Mutex::new(Some(lock)),
             inner: Arc::downgrade(inner),
         });
-        if parts == 0 {
-            d.lanes.store(1, Ordering::Relaxed);
-            let (d2, inner2) = (Arc::clone(&d), Arc::clone(inner));
-            inner.handle.spawn(async move { d2.lane_done(&inner2) });
-            return Ok(d);
-        }
-        for _ in 0..lanes {
-            let (d2, inner2) = (Arc::clone(&d), Arc::clone(inner));
-            inner.handle.spawn(async move {
-                d2.lane(&inner2).await;
-                d2.lane_done(&inner2);
+        d.spawn_lanes(inner);
+        Ok(d)
+    }
+
+    /// Starts the lanes of one fetch of the whole shard (one, that fetches nothing, for an
+    /// empty shard).
+    fn spawn_lanes(self: &Arc<Self>, inner: &Arc<Inner>) {
+        self.lanes.store(self.lane_count, Ordering::Relaxed);
+        for _ in 0..self.lane_count {
+            let (d, inner) = (Arc::clone(self), Arc::clone(inner));
+            inner.handle.clone().spawn(async move {
+                d.lane(&inner).await;
+                d.lane_done(&inner);
             });
         }
-        Ok(d)
     }
 
     /// The shard's buffer (a mapping of the temporary file, of its final size).
@@ -282,10 +305,19 @@ impl Download {
         let _ = std::fs::remove_file(&self.temp);
     }
 
+    /// Fails the fetch; a shard refused for its bytes (a failed check, another size or
+    /// version than expected) is recorded as refused by the store first, so that whoever sees
+    /// this fetch failed finds why without fetching the shard again.
     fn fail(&self, kind: RemoteErrorKind, what: String) {
+        let failure = Failure { kind, what };
+        if kind == RemoteErrorKind::Checksum
+            && let Some(inner) = self.inner.upgrade()
+        {
+            inner.refuse(&self.name, &failure);
+        }
         let mut s = lock(&self.state);
         if s.failed.is_none() && !s.done {
-            s.failed = Some(Failure { kind, what });
+            s.failed = Some(failure);
         }
         drop(s);
         self.arrived.notify_all();
@@ -354,11 +386,21 @@ impl Download {
                 let _permit = inner.requests.acquire().await;
                 let options = GetOptions {
                     range: Some(GetRange::Bounded(from..range.end)),
+                    if_match: self.if_match.clone(),
                     ..GetOptions::default()
                 };
                 let timeout = inner.options.request_timeout;
                 match tokio::time::timeout(timeout, inner.store.get_opts(&key, options)).await {
                     Err(_) => format!("no answer within {timeout:?}"),
+                    Ok(Err(object_store::Error::Precondition { .. })) => {
+                        return Err(Failure {
+                            kind: RemoteErrorKind::Checksum,
+                            what: format!(
+                                "the object changed while it was fetched: its ETag is no longer {} (open the data set again to read the new version)",
+                                self.if_match.as_deref().unwrap_or("the one it had")
+                            ),
+                        });
+                    }
                     Ok(Err(e)) => {
                         if let Some(kind) = classify(&e) {
                             return Err(Failure {
@@ -367,6 +409,15 @@ impl Download {
                             });
                         }
                         e.to_string()
+                    }
+                    Ok(Ok(got)) if got.meta.size != self.size => {
+                        return Err(Failure {
+                            kind: RemoteErrorKind::Checksum,
+                            what: format!(
+                                "the object is {} bytes, {} were expected (from the index, or what the store said before)",
+                                got.meta.size, self.size
+                            ),
+                        });
                     }
                     Ok(Ok(got)) if got.range.start != from => {
                         format!(
@@ -462,53 +513,111 @@ impl Download {
         }
     }
 
-    /// A lane has ended; the last one checks the whole shard and renames it into place.
-    fn lane_done(&self, inner: &Inner) {
+    /// A lane has ended; the last one hands the shard to [`finish`](Download::finish), off the
+    /// runtime's threads (a check hashes the whole shard).
+    fn lane_done(self: &Arc<Self>, inner: &Arc<Inner>) {
         if self.lanes.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
+        let (d, inner) = (Arc::clone(self), Arc::clone(inner));
+        inner
+            .handle
+            .clone()
+            .spawn_blocking(move || d.finish(&inner));
+    }
+
+    /// Every lane of a fetch has ended: checks the whole shard and renames it into place, or
+    /// fetches it again, or removes its temporary file and fails it (in that order: whoever
+    /// is told of a failure found here finds no file of it); then releases its lock.
+    fn finish(self: &Arc<Self>, inner: &Arc<Inner>) {
         let complete = {
             let s = lock(&self.state);
             s.failed.is_none() && s.whole == self.parts
         };
-        if complete {
-            if let Err(f) = self.commit(inner) {
-                self.fail(f.kind, f.what);
-            } else {
-                lock(&self.state).done = true;
-                self.arrived.notify_all();
+        let failure = if complete {
+            match self.judge(inner) {
+                Ok(None) => return self.fetch_again(inner),
+                Ok(Some(checked)) => match self.rename() {
+                    Ok(()) => {
+                        if !checked {
+                            Counters::add(&inner.stats.unverified, 1);
+                        }
+                        lock(&self.state).done = true;
+                        self.whole.store(true, Ordering::Release);
+                        self.arrived.notify_all();
+                        None
+                    }
+                    Err(f) => Some(f),
+                },
+                Err(f) => Some(f),
             }
         } else if lock(&self.state).failed.is_none() {
-            self.fail(
-                RemoteErrorKind::Unavailable,
-                "the fetch stopped before the end".into(),
-            );
-        }
+            Some(Failure {
+                kind: RemoteErrorKind::Unavailable,
+                what: "the fetch stopped before the end".into(),
+            })
+        } else {
+            None
+        };
         if !lock(&self.state).done {
             self.remove_temporary();
         }
+        if let Some(f) = failure {
+            self.fail(f.kind, f.what);
+        }
         // Other processes waiting on the lock see the whole file (or take over).
         lock(&self.lock).take();
-        if let Some(inner) = self.inner.upgrade() {
-            inner.finished(&self.name, self);
+        inner.finished(&self.name, self);
+    }
+
+    /// Checks the whole shard: `Some(true)` if it passed, `Some(false)` if it has no check (or
+    /// its ETag turned out to be no hash of it), `None` to fetch it again. Failed checks are
+    /// counted once judged: those of a shard taken or refused, not those of an ETag found to
+    /// be no MD5.
+    fn judge(&self, inner: &Inner) -> std::result::Result<Option<bool>, Failure> {
+        let Some(check) = self.check else {
+            return Ok(Some(false));
+        };
+        if matches!(check, ContentCheck::Md5Etag(_)) && !inner.etags_are_md5() {
+            // Another object of the store showed that its ETags are no MD5.
+            return Ok(Some(false));
+        }
+        let got = check.digest(&self.bytes);
+        let mut s = lock(&self.state);
+        let verdict = s.fetches.judge(&check, got, inner.options.checksum_retries);
+        if verdict == Verdict::Again {
+            return Ok(None);
+        }
+        Counters::add(&inner.stats.checksum_failures, s.fetches.failures(&verdict));
+        match verdict {
+            Verdict::Good => Ok(Some(true)),
+            Verdict::NotAHash => {
+                inner.etags_are_not_md5();
+                Ok(Some(false))
+            }
+            Verdict::Refused { what } => Err(Failure {
+                kind: RemoteErrorKind::Checksum,
+                what,
+            }),
+            Verdict::Again => Ok(None),
         }
     }
 
-    fn commit(&self, inner: &Inner) -> std::result::Result<(), Failure> {
-        if let Some(c) = self.checksum {
-            let got = c.of(&self.bytes);
-            if got != c.want() {
-                Counters::add(&inner.stats.checksum_failures, 1);
-                return Err(Failure {
-                    kind: RemoteErrorKind::Checksum,
-                    what: format!(
-                        "{} of the bytes that arrived is {got:016x}, the index says {:016x}",
-                        c.name(),
-                        c.want()
-                    ),
-                });
-            }
+    /// Fetches the whole shard again, into the same temporary file: nothing of it was read
+    /// (its readers wait for it checked), so every part is written anew.
+    fn fetch_again(self: &Arc<Self>, inner: &Arc<Inner>) {
+        {
+            let mut s = lock(&self.state);
+            s.progress.fill(0);
+            s.taken.fill(false);
+            s.wanted.clear();
+            s.next = 0;
+            s.whole = 0;
         }
+        self.spawn_lanes(inner);
+    }
+
+    fn rename(&self) -> std::result::Result<(), Failure> {
         std::fs::rename(&self.temp, &self.final_path).map_err(|e| Failure {
             kind: RemoteErrorKind::CacheFull,
             what: format!("rename {} into place: {e}", self.temp.display()),
@@ -520,13 +629,15 @@ impl Download {
         self.wait_until(|s| s.done, &[])
     }
 
+    /// Waits until `ready`, asking for parts `want` first; a failure is seen before
+    /// readiness, so that no range of a fetch that failed is read.
     fn wait_until(&self, ready: impl Fn(&State) -> bool, want: &[usize]) -> Result<()> {
         let mut s = lock(&self.state);
-        if ready(&s) {
-            return Ok(());
-        }
         if let Some(f) = &s.failed {
             return Err(f.error(&self.url));
+        }
+        if ready(&s) {
+            return Ok(());
         }
         let started = Instant::now();
         for &p in want.iter().rev() {
@@ -536,11 +647,11 @@ impl Download {
         }
         s.waiters += 1;
         let result = loop {
-            if ready(&s) {
-                break Ok(());
-            }
             if let Some(f) = &s.failed {
                 break Err(f.error(&self.url));
+            }
+            if ready(&s) {
+                break Ok(());
             }
             s = self
                 .arrived
@@ -561,7 +672,16 @@ impl Download {
 }
 
 impl ShardArrival for Download {
+    /// Returns once `range` has arrived, or, for a shard with a check, once the whole shard
+    /// has passed it; an error if the fetch failed (even where `range` had arrived).
     fn wait_for(&self, range: Range<u64>) -> Result<()> {
+        if self.whole.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if self.check.is_some() {
+            let all: Vec<usize> = (0..self.parts).collect();
+            return self.wait_until(|s| s.done, &all);
+        }
         if range.start >= range.end {
             return Ok(());
         }

@@ -17,19 +17,43 @@
 //!   retry is counted ([`StoreStats::retries`]). A missing object, a missing bucket and refused
 //!   credentials are not retried: they are [`Error::Remote`] with their
 //!   [`RemoteErrorKind`], naming the shard's URL.
-//! - **Checksums**: where the index has one (a packed index's `xxh3_64`, an MDS index's
-//!   `xxh3_64` or `xxh64`), the whole shard is hashed once it has arrived, before it enters the
-//!   cache; a mismatch fails the shard ([`RemoteErrorKind::Checksum`](crate::RemoteErrorKind))
-//!   and the file is discarded. Samples served from a shard while it arrived were read before
-//!   that check: a dataset that must never see an unchecked byte uses packed shards (read
-//!   whole) or [`ShardOptions::verify`](super::ShardOptions).
+//! - **Checks**: once a shard has all arrived, and before any byte of it is read or it is
+//!   renamed into the cache, it is checked against the index's checksum where the index has
+//!   one this store computes (a packed index's `xxh3_64`; an MDS index's `xxh3_64` or
+//!   `xxh64`), else, from S3, against its ETag where that is the MD5 of its bytes (an object
+//!   uploaded in one part). A shard that fails is fetched again, at most `checksum_retries`
+//!   times; one that fails every time, or gives the same wrong bytes twice (the object is not
+//!   the one the index describes), is [`RemoteErrorKind::Checksum`](crate::RemoteErrorKind)
+//!   naming its URL (and the loader's error names the sample), is never read, is not cached,
+//!   and is refused again, without a fetch, for as long as the store lives. Every fetch that
+//!   failed is counted ([`StoreStats::checksum_failures`]). Readers of a shard with a check
+//!   therefore wait for the whole shard; a shard with none is read range by range as it
+//!   arrives. Every part's answer must be of the object's size, and of the ETag (`If-Match`)
+//!   the object had when listed or looked at, so that no shard is put together from two
+//!   versions of an object.
+//!
+//!   What is checked end to end (from the writer to the reader): packed shards, and MDS
+//!   shards whose index has `xxh3_64` or `xxh64` hashes. From the store to the reader only:
+//!   MDS shards without those hashes and WebDataset tar shards (and `index.json` itself) from
+//!   S3 when their ETag is an MD5. Their size only (counted as
+//!   [`StoreStats::unverified`]): the same from S3 when uploaded in several parts (the ETag
+//!   is the MD5 of the parts' MD5s, which cannot be checked without each part's size), or
+//!   encrypted with SSE-KMS or SSE-C, or from a server whose ETags are not MD5s (found out
+//!   when two fetches give the same bytes and not the ETag's MD5: the store then checks no
+//!   ETag, so such a bucket costs one shard fetched twice), and everything from GCS, Azure,
+//!   HTTP servers and `file://`. S3's own `x-amz-checksum-*` values are not used:
+//!   `object_store` hands out no response header but the ETag, size, time and version.
+//!   Listings (the sizes and ETags of tar shards) carry no checksum. With `verify_checksums`
+//!   off, nothing but sizes is checked, and shards are read as they arrive.
 //! - **Prefetch**: the loader announces the samples of the next `read_ahead_batches` batches
 //!   ([`Dataset::read_ahead`](crate::Dataset::read_ahead)); the store starts fetching their
 //!   shards in that order, at most `prefetch_shards` at once, on a thread of its own.
 //! - **The cache** (see [`cache`]) is a directory shared by every process of the machine
 //!   (ranks, data loader processes): a shard is downloaded once per machine, the others wait
 //!   for it; files are whole or absent (temporary name, then rename); a byte limit is kept by
-//!   removing the least recently used shards.
+//!   removing the least recently used shards. A process that dies mid-fetch (`kill -9`, or a
+//!   `SIGTERM` or `SIGINT` it has no handler for) leaves its temporary file, never a shard
+//!   that reads as whole; the next store opened on the cache removes it.
 //! - **Changes between epochs** are not looked for:
 //!   [`Dataset::check_unchanged`](crate::Dataset::check_unchanged) passes for a dataset of this
 //!   store ([`ShardStore::files_may_change`] is false). Its local files are the cache's copies,
@@ -49,6 +73,7 @@
 //! `file://` needs `remote` only.
 
 pub mod cache;
+mod check;
 mod download;
 mod url;
 
@@ -60,7 +85,7 @@ use std::time::{Duration, Instant};
 
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::mds::MdsDataset;
+use super::mds::{MdsDataset, MdsShards};
 use super::packed::{PACKED_INDEX_FORMAT, PackedShards};
 use super::webdataset::{WebDataset, WebDatasetOptions};
 use super::{
@@ -68,6 +93,7 @@ use super::{
 };
 use crate::error::{Error, RemoteErrorKind, Result};
 use cache::DiskCache;
+use check::ContentCheck;
 use download::Download;
 
 /// Settings of a [`RemoteStore`].
@@ -97,8 +123,13 @@ pub struct RemoteOptions {
     pub request_timeout: Duration,
     /// Connecting takes at most this long.
     pub connect_timeout: Duration,
-    /// Check the index's checksums when a shard has arrived.
+    /// Check each shard once it has arrived, before any of it is read or cached: against the
+    /// index's checksum, else (S3) against its ETag where that is an MD5 (see the
+    /// [module](self) documentation). False: shards are read as they arrive, with their sizes
+    /// checked only.
     pub verify_checksums: bool,
+    /// Times a shard whose bytes fail their check is fetched again before it is an error.
+    pub checksum_retries: u32,
     /// Threads of the store's runtime (network and writes into the cache).
     pub runtime_threads: usize,
     /// Settings of the store's client by their `object_store` names (`aws_endpoint`,
@@ -123,6 +154,7 @@ impl Default for RemoteOptions {
             request_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             verify_checksums: true,
+            checksum_retries: 2,
             runtime_threads: 2,
             settings: Vec::new(),
         }
@@ -229,6 +261,7 @@ pub(crate) struct Counters {
     pub cache_evictions: AtomicU64,
     pub cache_full: AtomicU64,
     pub checksum_failures: AtomicU64,
+    pub unverified: AtomicU64,
     pub prefetched: AtomicU64,
     pub waited_nanos: AtomicU64,
 }
@@ -250,6 +283,7 @@ impl Counters {
             cache_evictions: get(&self.cache_evictions),
             cache_full: get(&self.cache_full),
             checksum_failures: get(&self.checksum_failures),
+            unverified: get(&self.unverified),
             prefetched: get(&self.prefetched),
             waited: Duration::from_nanos(get(&self.waited_nanos)),
         }
@@ -268,7 +302,13 @@ pub(crate) struct Inner {
     pub cache: DiskCache,
     pub requests: Arc<tokio::sync::Semaphore>,
     pub stats: Counters,
+    /// The store's ETags of 32 hex digits are MD5s of the objects' bytes ([`url::Target`]),
+    /// until an object shows otherwise (two fetches with the same bytes, not the ETag's).
+    md5_etags: AtomicBool,
     expected: Mutex<HashMap<String, Expected>>,
+    /// Shards refused for bytes that are not the object's (failed checks, another size or
+    /// version than expected): a later read is told so again, without another fetch.
+    refused: Mutex<HashMap<String, download::Failure>>,
     /// What the store said of each shard it was asked about or listed: size, modification
     /// time, ETag (from a HEAD request, or the listing of tar shards).
     heads: Mutex<HashMap<String, ShardStat>>,
@@ -320,7 +360,11 @@ impl RemoteStore {
             .build()
             .map_err(|e| Error::spawn("runtime_threads", "the store's threads", e))?;
         let cache = DiskCache::new(options.cache_root(), options.cache_limit, &target.base)?;
+        // Fetches of processes that died (killed, or stopped by a signal with no handler) left
+        // their temporary files: this run removes them before it adds its own.
+        cache.remove_abandoned();
         let inner = Arc::new(Inner {
+            md5_etags: AtomicBool::new(target.md5_etags && options.verify_checksums),
             base: target.base,
             store: target.store,
             prefix: target.prefix,
@@ -330,6 +374,7 @@ impl RemoteStore {
             cache,
             stats: Counters::default(),
             expected: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
             heads: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
             fetched: Mutex::new(HashSet::new()),
@@ -422,6 +467,18 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What a shard is in the store now, as far as this store knows.
+struct Version {
+    /// Its size.
+    bytes: u64,
+    /// What names its copy in the cache: the index's checksum, else a hash of the object's
+    /// ETag (or modification time) and size.
+    key: String,
+    /// The object's ETag, where the store gave one (not asked for when the index has a
+    /// checksum).
+    etag: Option<String>,
+}
+
 /// Where a shard is now.
 enum Entry {
     /// Whole, in the cache, at this path.
@@ -453,13 +510,17 @@ impl Inner {
         self.handle.block_on(f)
     }
 
-    /// The shard's size and a version that keys its cache file: the index's checksum, else
-    /// the object's ETag (or modification time) and size, from a HEAD request made once.
-    fn version(&self, name: &str) -> Result<(u64, String)> {
+    /// What the shard is now, from the index (a checksum and a size) or else from a HEAD
+    /// request made once (or the listing): see [`Version`].
+    fn version(&self, name: &str) -> Result<Version> {
         if let Some(e) = lock(&self.expected).get(name)
             && let Some(c) = e.checksum
         {
-            return Ok((e.bytes, format!("{:016x}", c.want())));
+            return Ok(Version {
+                bytes: e.bytes,
+                key: format!("{:016x}", c.want()),
+                etag: None,
+            });
         }
         let stat = self.head(name)?;
         let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -472,7 +533,50 @@ impl Inner {
             h.update(&t.to_le_bytes());
         }
         h.update(&stat.bytes.to_le_bytes());
-        Ok((stat.bytes, format!("{:016x}", h.digest())))
+        if self.md5_etag(stat.tag.as_deref()).is_some() {
+            // Copies cached before ETags were checked get other names: not trusted.
+            h.update(b"md5-etag");
+        }
+        Ok(Version {
+            bytes: stat.bytes,
+            key: format!("{:016x}", h.digest()),
+            etag: stat.tag,
+        })
+    }
+
+    /// The MD5 the ETag `tag` gives, where this store's ETags are MD5s (see
+    /// [`check::md5_of_etag`]).
+    fn md5_etag(&self, tag: Option<&str>) -> Option<u128> {
+        tag.filter(|_| self.etags_are_md5())
+            .and_then(check::md5_of_etag)
+    }
+
+    /// Whether ETags of 32 hex digits are still taken for MD5s (see `Inner::md5_etags`).
+    pub(crate) fn etags_are_md5(&self) -> bool {
+        self.md5_etags.load(Ordering::Relaxed)
+    }
+
+    /// An object's ETag of 32 hex digits was not the MD5 of its bytes (an encrypted object's,
+    /// a server's own kind): this store checks no ETag from now on; its shards without a
+    /// checksum in their index are checked by size only.
+    pub(crate) fn etags_are_not_md5(&self) {
+        self.md5_etags.store(false, Ordering::Relaxed);
+    }
+
+    /// What shard `name` is checked against once it has all arrived: the index's checksum,
+    /// else its MD5 ETag, unless checks are off.
+    fn content_check(
+        &self,
+        expected: Option<&Expected>,
+        etag: Option<&str>,
+    ) -> Option<ContentCheck> {
+        if !self.options.verify_checksums {
+            return None;
+        }
+        match expected.and_then(|e| e.checksum) {
+            Some(c) => Some(ContentCheck::Index(c)),
+            None => self.md5_etag(etag).map(ContentCheck::Md5Etag),
+        }
     }
 
     fn head(&self, name: &str) -> Result<ShardStat> {
@@ -494,18 +598,53 @@ impl Inner {
         Ok(stat)
     }
 
+    /// The whole object `name`, fetched again while its body is short (a request failure,
+    /// retried as one) or does not match its MD5 ETag (at most `checksum_retries` times, as a
+    /// shard is).
     fn fetch_small(&self, name: &str) -> Result<Vec<u8>> {
         let key = self.key_of(name);
         let url = self.url_of(name);
-        let bytes = self.block_on(download::with_retries(self, &url, || {
-            let key = key.clone();
-            async move {
-                let got = self.store.get(&key).await?;
-                got.bytes().await
+        let mut fetches = check::Fetches::default();
+        loop {
+            let (bytes, etag) = self.block_on(download::with_retries(self, &url, || {
+                let key = key.clone();
+                async move {
+                    let got = self.store.get(&key).await?;
+                    let (size, etag) = (got.meta.size, got.meta.e_tag.clone());
+                    let bytes = got.bytes().await?;
+                    if bytes.len() as u64 != size {
+                        return Err(object_store::Error::Generic {
+                            store: "gpufeed",
+                            source: format!("the body is {} bytes, the object {size}", bytes.len())
+                                .into(),
+                        });
+                    }
+                    Ok((bytes, etag))
+                }
+            }))?;
+            Counters::add(&self.stats.bytes_fetched, bytes.len() as u64);
+            let Some(check) = self.content_check(None, etag.as_deref()) else {
+                return Ok(bytes.to_vec());
+            };
+            let verdict =
+                fetches.judge(&check, check.digest(&bytes), self.options.checksum_retries);
+            if verdict == check::Verdict::Again {
+                continue;
             }
-        }))?;
-        Counters::add(&self.stats.bytes_fetched, bytes.len() as u64);
-        Ok(bytes.to_vec())
+            Counters::add(&self.stats.checksum_failures, fetches.failures(&verdict));
+            match verdict {
+                check::Verdict::Refused { what } => {
+                    return Err(Error::Remote {
+                        shard: url,
+                        kind: RemoteErrorKind::Checksum,
+                        what,
+                    });
+                }
+                check::Verdict::NotAHash => self.etags_are_not_md5(),
+                check::Verdict::Good | check::Verdict::Again => {}
+            }
+            return Ok(bytes.to_vec());
+        }
     }
 
     fn list(&self, suffix: &str) -> Result<Vec<String>> {
@@ -553,8 +692,12 @@ impl Inner {
         {
             return Ok(Entry::Arriving(Arc::clone(d)));
         }
-        let (bytes, version) = self.version(name)?;
-        let path = self.cache.path_for(name, &version);
+        if let Some(e) = self.refusal(name) {
+            return Err(e);
+        }
+        let version = self.version(name)?;
+        let bytes = version.bytes;
+        let path = self.cache.path_for(name, &version.key);
         let mut waited_since: Option<Instant> = None;
         loop {
             if self.cache.touch_if_whole(&path) {
@@ -578,6 +721,10 @@ impl Inner {
                     if self.cache.touch_if_whole(&path) {
                         drop(guard);
                         continue;
+                    }
+                    // Refused by a fetch of this store that ended since the first look.
+                    if let Some(e) = self.refusal(name) {
+                        return Err(e);
                     }
                     let url = self.url_of(name);
                     let expected = lock(&self.expected).get(name).cloned();
@@ -607,10 +754,10 @@ impl Inner {
                     Counters::add(&self.stats.cache_evictions, evicted);
                     Counters::add(&self.stats.cache_misses, 1);
                     lock(&self.fetched).insert(name.to_owned());
-                    let checksum = expected
-                        .and_then(|e| e.checksum)
-                        .filter(|_| self.options.verify_checksums);
-                    let d = Download::start(self, name, url, bytes, path, checksum, guard)?;
+                    let check = self.content_check(expected.as_ref(), version.etag.as_deref());
+                    // A weak ETag may not match a strong `If-Match`: sent only strong.
+                    let if_match = version.etag.filter(|t| !t.starts_with("W/"));
+                    let d = Download::start(self, name, url, bytes, path, check, if_match, guard)?;
                     inflight.insert(name.to_owned(), Arc::clone(&d));
                     return Ok(Entry::Arriving(d));
                 }
@@ -631,6 +778,18 @@ impl Inner {
     }
 
     /// A fetch has ended (whole or failed): it leaves the set of fetches in flight.
+    /// Shard `name` is refused for its bytes: every later look at it says so, with no fetch.
+    pub(crate) fn refuse(&self, name: &str, failure: &download::Failure) {
+        lock(&self.refused).insert(name.to_owned(), failure.clone());
+    }
+
+    /// The error of a shard refused for its bytes, if it was.
+    fn refusal(&self, name: &str) -> Option<Error> {
+        lock(&self.refused)
+            .get(name)
+            .map(|f| f.error(&self.url_of(name)))
+    }
+
     pub(crate) fn finished(&self, name: &str, d: &Download) {
         let mut inflight = lock(&self.inflight);
         if inflight.get(name).is_some_and(|x| std::ptr::eq(&**x, d)) {
@@ -882,40 +1041,29 @@ pub fn open_url_with(
                 )?));
             }
             if value.get("shards").is_some() {
-                #[derive(serde::Deserialize)]
-                struct MdsEntry {
-                    raw_data: super::mds::MdsFileInfo,
-                }
-                #[derive(serde::Deserialize)]
-                struct MdsIndex {
-                    shards: Vec<MdsEntry>,
-                }
-                // Sizes and hashes for the store; the format reader checks the rest.
-                if let Ok(index) = serde_json::from_slice::<MdsIndex>(&text) {
-                    for s in index.shards {
-                        let raw = s.raw_data;
-                        let hash = |name: &str| {
-                            raw.hashes
-                                .get(name)
-                                .and_then(|h| u64::from_str_radix(h, 16).ok())
-                        };
-                        let checksum = hash("xxh3_64")
-                            .map(Checksum::Xxh3_64)
-                            .or_else(|| hash("xxh64").map(Checksum::Xxh64));
-                        store.expect(
-                            &raw.basename,
-                            Expected {
-                                bytes: raw.bytes,
-                                checksum,
-                            },
-                        );
-                    }
+                let index = MdsShards::read_index(&index_url, &text)?;
+                // Sizes and hashes for the store (the one parse of the index).
+                for (k, (name, _)) in index.shards.iter().enumerate() {
+                    let Some(file) = index.format.file(k) else {
+                        continue;
+                    };
+                    let checksum = file
+                        .hashes
+                        .xxh3_64
+                        .map(Checksum::Xxh3_64)
+                        .or_else(|| file.hashes.xxh64.map(Checksum::Xxh64));
+                    store.expect(
+                        name,
+                        Expected {
+                            bytes: file.bytes,
+                            checksum,
+                        },
+                    );
                 }
                 let shards = mapped_within_cache(&store, &options.shards);
-                return Ok(Box::new(MdsDataset::from_index(
+                return Ok(Box::new(MdsDataset::from_read_index(
+                    index,
                     Arc::new(store),
-                    &index_url,
-                    &text,
                     shards,
                 )?));
             }

@@ -17,6 +17,10 @@ pub(crate) struct Target {
     pub prefix: String,
     /// The URL, without a trailing `/`.
     pub base: String,
+    /// Whether an ETag of 32 hex digits is the MD5 of the object's bytes (S3: for an object
+    /// uploaded in one part, not encrypted with SSE-KMS or SSE-C); other stores' ETags are
+    /// versions, not hashes.
+    pub md5_etags: bool,
 }
 
 fn config(url: &str, what: impl Into<String>) -> Error {
@@ -89,6 +93,7 @@ pub(crate) fn parse(url: &str, options: &RemoteOptions) -> Result<Target> {
                 store: Arc::new(store),
                 prefix: String::new(),
                 base,
+                md5_etags: false,
             });
         }
         "s3" | "s3a" => {
@@ -202,6 +207,7 @@ pub(crate) fn parse(url: &str, options: &RemoteOptions) -> Result<Target> {
         store,
         prefix,
         base,
+        md5_etags: matches!(scheme.as_str(), "s3" | "s3a"),
     })
 }
 
