@@ -22,6 +22,7 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use memmap2::Mmap;
+use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::file::FileIdentity;
@@ -104,7 +105,9 @@ pub trait ShardStore: Send + Sync {
 }
 
 /// What a store that downloads has done: the counts behind its throughput and its cache.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+///
+/// Serialized (serde) with `waited` as `waited_s`, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct StoreStats {
     /// Bytes received from the object store (retried bytes included).
     pub bytes_fetched: u64,
@@ -134,7 +137,16 @@ pub struct StoreStats {
     /// Shards whose fetch was started ahead of the readers ([`ShardStore::prefetch`]).
     pub prefetched: u64,
     /// Time readers spent waiting for bytes to arrive, over all threads.
+    #[serde(rename = "waited_s", serialize_with = "seconds")]
     pub waited: std::time::Duration,
+}
+
+/// A duration as seconds (`f64`), as reports give times.
+fn seconds<S: serde::Serializer>(
+    d: &std::time::Duration,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
 }
 
 impl std::fmt::Display for StoreStats {
