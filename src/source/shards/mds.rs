@@ -45,7 +45,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::{
-    LocalDir, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset, check_shard_name,
+    IndexedFormat, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
+    check_shard_name,
 };
 use crate::error::{Error, Result};
 use crate::format::{Codec, DType, Field, FieldKind, Schema};
@@ -446,22 +447,10 @@ pub struct MdsShard {
     data_start: u64,
 }
 
-impl ShardedDataset<MdsShards> {
-    /// Opens the MDS directory `dir` (its `index.json`); opens no shard.
-    pub fn open(dir: impl AsRef<Path>) -> Result<MdsDataset> {
-        MdsDataset::open_with(dir, ShardOptions::default())
-    }
+impl IndexedFormat for MdsShards {
+    const INDEX_FILE: &'static str = MDS_INDEX_FILE;
 
-    /// Opens the MDS directory `dir` with these settings.
-    pub fn open_with(dir: impl AsRef<Path>, options: ShardOptions) -> Result<MdsDataset> {
-        let dir = dir.as_ref();
-        let path = dir.join(MDS_INDEX_FILE);
-        let text = std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?;
-        MdsDataset::from_index(Arc::new(LocalDir::new(dir)), &path, &text, options)
-    }
-
-    /// A dataset whose index (read from `index_path`) is `text`, with its shards in `store`.
-    pub fn from_index(
+    fn dataset(
         store: Arc<dyn ShardStore>,
         index_path: &Path,
         text: &[u8],
@@ -469,7 +458,9 @@ impl ShardedDataset<MdsShards> {
     ) -> Result<MdsDataset> {
         MdsDataset::from_read_index(MdsShards::read_index(index_path, text)?, store, options)
     }
+}
 
+impl ShardedDataset<MdsShards> {
     /// A dataset of what [`MdsShards::read_index`] read, with its shards in `store`.
     pub(crate) fn from_read_index(
         index: ReadIndex,

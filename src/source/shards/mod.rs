@@ -54,7 +54,7 @@ mod store;
 pub mod tar;
 pub mod webdataset;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use lru::OpenShardStats;
@@ -157,6 +157,49 @@ pub trait ShardFormat: Send + Sync + 'static {
     fn check_unchanged(&self, shard: &Self::Shard) -> Result<()> {
         let _ = shard;
         Ok(())
+    }
+}
+
+/// A shard format whose directory is described by one index file (gpufeed's packed shards,
+/// MosaicML's MDS): [`ShardedDataset::open`] reads it, [`ShardedDataset::from_index`] takes it
+/// from anywhere (object storage, a test).
+pub trait IndexedFormat: ShardFormat + Sized {
+    /// The index's file name in the directory (`index.json`).
+    const INDEX_FILE: &'static str;
+
+    /// A dataset whose index (read from `index_path`) is `text`, with its shards in `store`;
+    /// opens no shard.
+    fn dataset(
+        store: Arc<dyn ShardStore>,
+        index_path: &Path,
+        text: &[u8],
+        options: ShardOptions,
+    ) -> Result<ShardedDataset<Self>>;
+}
+
+impl<F: IndexedFormat> ShardedDataset<F> {
+    /// Opens the shard directory `dir` (its index file); opens no shard.
+    pub fn open(dir: impl AsRef<Path>) -> Result<ShardedDataset<F>> {
+        Self::open_with(dir, ShardOptions::default())
+    }
+
+    /// Opens the shard directory `dir` with these settings.
+    pub fn open_with(dir: impl AsRef<Path>, options: ShardOptions) -> Result<ShardedDataset<F>> {
+        let dir = dir.as_ref();
+        let path = dir.join(F::INDEX_FILE);
+        let text = std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?;
+        Self::from_index(Arc::new(LocalDir::new(dir)), &path, &text, options)
+    }
+
+    /// A dataset whose index (read from `index_path`) is `text`, with its shards in `store`;
+    /// opens no shard.
+    pub fn from_index(
+        store: Arc<dyn ShardStore>,
+        index_path: &Path,
+        text: &[u8],
+        options: ShardOptions,
+    ) -> Result<ShardedDataset<F>> {
+        F::dataset(store, index_path, text, options)
     }
 }
 

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    LocalDir, ShardFormat, ShardOptions, ShardStore, ShardedDataset, check_shard_name,
+    IndexedFormat, ShardFormat, ShardOptions, ShardStore, ShardedDataset, check_shard_name,
     write_atomically, xxh3_hex,
 };
 use crate::error::{Error, Result};
@@ -128,23 +128,10 @@ pub struct Packed {
 /// A dataset of packed shards.
 pub type PackedShards = ShardedDataset<Packed>;
 
-impl ShardedDataset<Packed> {
-    /// Opens the shard directory `dir` (its `index.json`); opens no shard.
-    pub fn open(dir: impl AsRef<Path>) -> Result<PackedShards> {
-        PackedShards::open_with(dir, ShardOptions::default())
-    }
+impl IndexedFormat for Packed {
+    const INDEX_FILE: &'static str = INDEX_FILE;
 
-    /// Opens the shard directory `dir` with these settings.
-    pub fn open_with(dir: impl AsRef<Path>, options: ShardOptions) -> Result<PackedShards> {
-        let dir = dir.as_ref();
-        let path = dir.join(INDEX_FILE);
-        let text = std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?;
-        PackedShards::from_index(Arc::new(LocalDir::new(dir)), &path, &text, options)
-    }
-
-    /// A dataset whose index (read from `index_path`) is `text` and whose shards are in
-    /// `store`; opens no shard.
-    pub fn from_index(
+    fn dataset(
         store: Arc<dyn ShardStore>,
         index_path: &Path,
         text: &[u8],
@@ -680,6 +667,7 @@ mod tests {
     use super::*;
     use crate::format::{Codec, DType};
     use crate::source::Dataset;
+    use crate::source::shards::LocalDir;
 
     fn schema() -> Schema {
         Schema::new(vec![
