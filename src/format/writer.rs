@@ -67,7 +67,8 @@ pub struct RecordWriter {
 }
 
 impl RecordWriter {
-    /// Starts a packed file at `path`, with records aligned as [`default_record_align`] chooses.
+    /// Starts a packed file at `path`, with records aligned to 64 bytes when they are 4 KiB or
+    /// more, else to the schema's largest element size (at least 8).
     /// [`finish`](Self::finish) replaces whatever regular file `path` names then.
     pub fn create(path: impl AsRef<Path>, schema: Schema) -> Result<RecordWriter> {
         let align = default_record_align(&schema);

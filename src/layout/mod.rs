@@ -5,7 +5,7 @@
 //! This is the vocabulary that sources (typed sample views), transforms (what they write), the
 //! loader (how it lays out and hands on batches) and the GPU path (device views) share; it
 //! depends on nothing above [`format`](crate::format) (dtypes and schemas). A batch's fields
-//! live back to back in one buffer, each at a [`FIELD_ALIGN`]-byte aligned offset, so a whole
+//! live back to back in one buffer, each at a 256-byte aligned offset, so a whole
 //! batch is one host-to-device copy.
 
 mod element;

@@ -231,7 +231,7 @@ impl<'a> Slots<'a> {
     /// `T` must be the field's element type (`u8` also views `bool`, `u16` also views `f16`
     /// and `bf16`); an unknown name or another type is an [`Error::Mismatch`] naming the field.
     /// Slots are always aligned for their element type: batch fields start at multiples of
-    /// [`FIELD_ALIGN`](super::FIELD_ALIGN) and each sample's slot at a multiple of
+    /// 256 bytes and each sample's slot at a multiple of
     /// its element size, in buffers the pool aligns (a buffer that is not, from a
     /// [`Backing`](crate::memory::Backing) that breaks its contract, is an error, never a
     /// misaligned slice).

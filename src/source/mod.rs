@@ -548,7 +548,7 @@ impl<'a> Sample<'a> {
 
     /// Copies field `k` into `dst`, which must be exactly the field's size (a batch slot).
     ///
-    /// From a mapping or bytes in memory this is one copy ([`copy_to_batch`](crate::memory::copy_to_batch):
+    /// From a mapping or bytes in memory this is one copy (
     /// streaming stores for large fields). For a fixed-size record of a file opened with
     /// [`ReadMode::Pread`] that no accessor has read yet, it is one `pread` of the field
     /// straight into `dst`: no intermediate buffer, no allocation. [`CopyFields`](crate::CopyFields)

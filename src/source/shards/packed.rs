@@ -328,7 +328,7 @@ pub struct ShardWriterOptions {
     pub shard_bytes: u64,
     /// Shard files are named `{prefix}-{k:06}.gfd`.
     pub prefix: String,
-    /// Record alignment; `None` for [`default_record_align`].
+    /// Record alignment; `None` for the writer's default ([`RecordWriter::create`](crate::format::RecordWriter::create)).
     pub record_align: Option<usize>,
 }
 

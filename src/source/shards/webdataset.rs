@@ -10,7 +10,7 @@
 //!   is one matching `__[^/]*__($|/)` at its start;
 //! - a name splits into key and extension by `^((?:.*/|)[^.]+)[.]([^/]*)$`: the key is the path
 //!   up to the first dot of the file name (directories kept), the extension the rest,
-//!   lower-cased ([`split_key`] implements that regular expression exactly, backtracking
+//!   lower-cased (gpufeed implements that regular expression exactly, backtracking
 //!   included: `dir/.hidden` has key `dir/` and extension `hidden`);
 //! - a member whose name does not match (no extension, or a file name starting with a dot in a
 //!   directory whose name has a dot) is skipped by webdataset without a word: here it is
