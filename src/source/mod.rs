@@ -548,8 +548,8 @@ impl<'a> Sample<'a> {
 
     /// Copies field `k` into `dst`, which must be exactly the field's size (a batch slot).
     ///
-    /// From a mapping or bytes in memory this is one copy (
-    /// streaming stores for large fields). For a fixed-size record of a file opened with
+    /// From a mapping or bytes in memory this is one copy (with streaming stores for large
+    /// fields). For a fixed-size record of a file opened with
     /// [`ReadMode::Pread`] that no accessor has read yet, it is one `pread` of the field
     /// straight into `dst`: no intermediate buffer, no allocation. [`CopyFields`](crate::CopyFields)
     /// writes every field this way.
