@@ -384,7 +384,7 @@ impl<F: ShardFormat> ShardedDataset<F> {
             .format
             .sample(&shard, k, index, &self.schema, &self.options);
         if let Err(e) = &sample
-            && matches!(e.kind(), crate::ErrorKind::Remote | crate::ErrorKind::Io)
+            && matches!(e.kind(), crate::error::ErrorKind::Remote | crate::error::ErrorKind::Io)
         {
             self.open.close(k, &shard);
         }
