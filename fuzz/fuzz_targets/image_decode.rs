@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use gpufeed::Error;
 use gpufeed::format::DType;
 use gpufeed::transform::SampleContext;
-use gpufeed::transform::image::decode::{DecodeLimits, decode_rgb8, probe};
+use gpufeed::codec::{DecodeLimits, decode_rgb8, probe};
 use gpufeed::transform::image::{ImageTransform, Normalize};
 use libfuzzer_sys::fuzz_target;
 

@@ -57,8 +57,10 @@ fuzz_target!(|data: &[u8]| {
         };
         let n = d.len();
         for i in (0..n.min(64)).chain([n, u64::MAX]) {
-            if let Ok(s) = d.get(i) {
-                let span = s.bytes().as_ptr_range();
+            if let Ok(s) = d.get(i)
+                && let Ok(bytes) = s.bytes()
+            {
+                let span = bytes.as_ptr_range();
                 for k in 0..=s.schema().fields().len() {
                     if let Some(v) = s.field(k) {
                         let r = v.as_ptr_range();

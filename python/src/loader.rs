@@ -38,13 +38,13 @@ use std::time::Duration;
 use gpufeed::format::FieldKind;
 use gpufeed::source::{self, Dataset, ImageFolder};
 use gpufeed::transform::image::{ImageStats, ImageTransform, Layout, Normalize, OnBadImage};
-use gpufeed::{CopyFields, DType, Error, Loader, LoaderState, NextBatch};
+use gpufeed::{Batch, BatchStream, CopyFields, DType, Error, Loader, LoaderState};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 #[cfg(feature = "cuda")]
-use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions, NextDeviceBatch};
+use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions};
 use gpufeed::sampler::OrderSpec;
 
 use crate::dlpack::{Array, HeldBatch, dtype_name};
@@ -59,14 +59,7 @@ pub const MASK_KEY: &str = "__mask__";
 /// The reserved key of the sample indices (`indices=True`).
 pub const INDEX_KEY: &str = "__index__";
 
-/// The loader: host batches, or device batches.
-enum Inner {
-    Host(Box<Loader>),
-    #[cfg(feature = "cuda")]
-    Device(Box<DeviceLoader>),
-}
-
-/// What [`Inner::next_timeout`] found.
+/// What [`Feed::next_timeout`] found.
 enum Next {
     /// The next batch, taken from the loader (or kept from a failed hand-over).
     Batch(Taken),
@@ -87,96 +80,138 @@ enum Taken {
     Device(Arc<crate::dlpack::HeldDeviceBatch>),
 }
 
-impl Inner {
+/// A loader's figures, as its kind has them.
+enum Figures {
+    Host(Box<gpufeed::LoaderStats>),
+    #[cfg(feature = "cuda")]
+    Device(Box<gpufeed::cuda::DeviceStats>, String),
+}
+
+/// What `LoaderCore` needs of a loader, whatever its batches: the library's [`BatchStream`],
+/// with each batch taken for its hand-over to Python. Implemented once, below, for every
+/// loader the binding knows how to hand over ([`Handed`]).
+trait Feed: Send {
+    fn next_timeout(&mut self, timeout: Duration) -> Next;
+    fn epoch(&self) -> u64;
+    fn batches_per_epoch(&self) -> u64;
+    fn order_spec(&self) -> &OrderSpec;
+    fn state(&self) -> LoaderState;
+    fn load_state(&mut self, state: LoaderState) -> gpufeed::Result<()>;
+    fn set_epoch(&mut self, epoch: u64);
+    fn next_epoch(&mut self);
+    /// Every field of the batches, in order (device batches: the mask and indices last).
+    fn fields(&self) -> Vec<(String, DType, Vec<usize>)>;
+    fn figures(&self) -> Figures;
+}
+
+/// A loader whose batches the binding hands to Python: what differs between kinds of loader.
+trait Handed: BatchStream + Send {
+    /// The batch taken from the loader (or the loader's error, said as the binding says it).
+    fn taken(&self, result: gpufeed::Result<Self::Batch>) -> Next;
+    fn fields(&self) -> Vec<(String, DType, Vec<usize>)>;
+    fn figures(&self) -> Figures;
+}
+
+impl<L: Handed> Feed for L {
     fn next_timeout(&mut self, timeout: Duration) -> Next {
-        match self {
-            Inner::Host(l) => match l.next_timeout(timeout) {
-                NextBatch::Ready(Ok(b)) => Next::Batch(Taken::Host(HeldBatch::new(b))),
-                // The budget's error (another `pool_budget` error, a failed allocation, is a
-                // batch's, while the caller holds fewer).
-                NextBatch::Ready(Err(Error::InvalidConfig {
-                    setting: "pool_budget",
-                    ..
-                })) if l.held_batches() >= l.budget_batches() => Next::Budget {
-                    batches: l.budget_batches(),
-                    batch_bytes: gpufeed::HostPool::block_size(l.layout().total_bytes()),
-                },
-                NextBatch::Ready(Err(e)) => Next::Failed(e),
-                NextBatch::Pending => Next::Pending,
-                NextBatch::EndOfEpoch => Next::End,
-            },
-            #[cfg(feature = "cuda")]
-            Inner::Device(l) => match l.next_timeout(timeout) {
-                NextDeviceBatch::Ready(Ok(b)) => {
-                    Next::Batch(Taken::Device(crate::dlpack::HeldDeviceBatch::new(b)))
-                }
-                NextDeviceBatch::Ready(Err(e)) => Next::Failed(e),
-                NextDeviceBatch::Pending => Next::Pending,
-                NextDeviceBatch::EndOfEpoch => Next::End,
-            },
-        }
-    }
-
-    fn batches_per_epoch(&self) -> u64 {
-        match self {
-            Inner::Host(l) => l.batches_per_epoch(),
-            #[cfg(feature = "cuda")]
-            Inner::Device(l) => l.batches_per_epoch(),
-        }
-    }
-
-    fn state(&self) -> LoaderState {
-        match self {
-            Inner::Host(l) => l.state(),
-            #[cfg(feature = "cuda")]
-            Inner::Device(l) => l.state(),
-        }
-    }
-
-    fn load_state(&mut self, state: LoaderState) -> gpufeed::Result<()> {
-        match self {
-            Inner::Host(l) => l.load_state(state),
-            #[cfg(feature = "cuda")]
-            Inner::Device(l) => l.load_state(state),
-        }
-    }
-
-    fn set_epoch(&mut self, epoch: u64) {
-        match self {
-            Inner::Host(l) => l.set_epoch(epoch),
-            #[cfg(feature = "cuda")]
-            Inner::Device(l) => l.set_epoch(epoch),
-        }
-    }
-
-    fn next_epoch(&mut self) {
-        match self {
-            Inner::Host(l) => l.next_epoch(),
-            #[cfg(feature = "cuda")]
-            Inner::Device(l) => l.next_epoch(),
+        match BatchStream::next_timeout(self, timeout) {
+            gpufeed::Next::Ready(result) => self.taken(result),
+            gpufeed::Next::Pending => Next::Pending,
+            gpufeed::Next::EndOfEpoch => Next::End,
         }
     }
 
     fn epoch(&self) -> u64 {
-        match self {
-            Inner::Host(l) => l.epoch(),
-            #[cfg(feature = "cuda")]
-            Inner::Device(l) => l.epoch(),
-        }
+        BatchStream::epoch(self)
+    }
+
+    fn batches_per_epoch(&self) -> u64 {
+        BatchStream::batches_per_epoch(self)
     }
 
     fn order_spec(&self) -> &OrderSpec {
-        match self {
-            Inner::Host(l) => l.order_spec(),
-            #[cfg(feature = "cuda")]
-            Inner::Device(l) => l.order_spec(),
+        BatchStream::order_spec(self)
+    }
+
+    fn state(&self) -> LoaderState {
+        BatchStream::state(self)
+    }
+
+    fn load_state(&mut self, state: LoaderState) -> gpufeed::Result<()> {
+        BatchStream::load_state(self, state)
+    }
+
+    fn set_epoch(&mut self, epoch: u64) {
+        BatchStream::set_epoch(self, epoch)
+    }
+
+    fn next_epoch(&mut self) {
+        BatchStream::next_epoch(self)
+    }
+
+    fn fields(&self) -> Vec<(String, DType, Vec<usize>)> {
+        Handed::fields(self)
+    }
+
+    fn figures(&self) -> Figures {
+        Handed::figures(self)
+    }
+}
+
+impl Handed for Loader {
+    fn taken(&self, result: gpufeed::Result<Batch>) -> Next {
+        match result {
+            Ok(b) => Next::Batch(Taken::Host(HeldBatch::new(b))),
+            // The budget's error (another `pool_budget` error, a failed allocation, is a
+            // batch's, while the caller holds fewer).
+            Err(Error::InvalidConfig {
+                setting: "pool_budget",
+                ..
+            }) if self.held_batches() >= self.budget_batches() => Next::Budget {
+                batches: self.budget_batches(),
+                batch_bytes: gpufeed::HostPool::block_size(self.layout().total_bytes()),
+            },
+            Err(e) => Next::Failed(e),
         }
+    }
+
+    fn fields(&self) -> Vec<(String, DType, Vec<usize>)> {
+        self.layout()
+            .fields()
+            .iter()
+            .map(|f| (f.name.clone(), f.dtype, f.shape.clone()))
+            .collect()
+    }
+
+    fn figures(&self) -> Figures {
+        Figures::Host(Box::new(self.stats()))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Handed for DeviceLoader {
+    fn taken(&self, result: gpufeed::Result<gpufeed::cuda::DeviceBatch>) -> Next {
+        match result {
+            Ok(b) => Next::Batch(Taken::Device(crate::dlpack::HeldDeviceBatch::new(b))),
+            Err(e) => Next::Failed(e),
+        }
+    }
+
+    fn fields(&self) -> Vec<(String, DType, Vec<usize>)> {
+        DeviceLoader::fields(self)
+            .into_iter()
+            .map(|f| (f.name, f.dtype, f.shape))
+            .collect()
+    }
+
+    fn figures(&self) -> Figures {
+        Figures::Device(Box::new(self.stats()), self.device().name().to_owned())
     }
 }
 
 struct Core {
     /// None once closed.
-    loader: Option<Inner>,
+    loader: Option<Box<dyn Feed>>,
     place: Place,
 }
 
@@ -205,7 +240,7 @@ struct Prior {
 
 impl Place {
     /// The loader's state, less the batch kept for the next call.
-    fn state(&self, loader: &Inner) -> LoaderState {
+    fn state(&self, loader: &dyn Feed) -> LoaderState {
         let mut state = loader.state();
         if self.pending.is_some() {
             state.next_batch -= 1;
@@ -517,7 +552,10 @@ fn check_reserved(s: &Settings, loader: &Loader) -> Result<(), BuildError> {
     Ok(())
 }
 
-fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
+/// A loader built from the arguments, and its image pipeline's figures (with `images=`).
+type Built = (Box<dyn Feed>, Option<Arc<ImageStats>>);
+
+fn build(s: Settings) -> Result<Built, BuildError> {
     let on_device = s.device.is_some();
     // The image options first: they are wrong whatever the data.
     let transform = s
@@ -602,7 +640,7 @@ fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
         None => {
             let loader = builder.build()?;
             check_reserved(&s, &loader)?;
-            Ok((Inner::Host(Box::new(loader)), stats))
+            Ok((Box::new(loader), stats))
         }
         #[cfg(feature = "cuda")]
         Some(ordinal) => {
@@ -622,7 +660,7 @@ fn build(s: Settings) -> Result<(Inner, Option<Arc<ImageStats>>), BuildError> {
                 opts = opts.indices(INDEX_KEY);
             }
             let loader = DeviceLoader::new(loader, &device, opts)?;
-            Ok((Inner::Device(Box::new(loader)), stats))
+            Ok((Box::new(loader), stats))
         }
         #[cfg(not(feature = "cuda"))]
         Some(_) => Err(BuildError::Argument(
@@ -675,14 +713,14 @@ impl LoaderCore {
     fn with_loader<T: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut Place, &mut Inner) -> gpufeed::Result<T> + Send,
+        f: impl FnOnce(&mut Place, &mut dyn Feed) -> gpufeed::Result<T> + Send,
     ) -> PyResult<T> {
         self.check_process()?;
         let caught: Caught<Option<gpufeed::Result<T>>> = py.detach(|| {
             catch(|| {
                 let mut guard = lock(&self.core);
                 let Core { loader, place } = &mut *guard;
-                Some(f(place, loader.as_mut()?))
+                Some(f(place, loader.as_deref_mut()?))
             })
         });
         let defaults = Defaults(&self.defaults);
@@ -837,20 +875,7 @@ impl LoaderCore {
             Err(payload) => return Err(errors::panicked(py, payload.as_ref())),
         };
         // Every field of the batches, in order (device batches: the mask and indices last).
-        let all: Vec<(String, DType, Vec<usize>)> = match &loader {
-            Inner::Host(l) => l
-                .layout()
-                .fields()
-                .iter()
-                .map(|f| (f.name.clone(), f.dtype, f.shape.clone()))
-                .collect(),
-            #[cfg(feature = "cuda")]
-            Inner::Device(l) => l
-                .fields()
-                .into_iter()
-                .map(|f| (f.name, f.dtype, f.shape))
-                .collect(),
-        };
+        let all = loader.fields();
         let names = all
             .iter()
             .map(|(n, _, _)| PyString::intern(py, n).unbind())
@@ -982,23 +1007,11 @@ impl LoaderCore {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        #[cfg(feature = "cuda")]
-        {
-            let device = self.with_loader(py, |_, l| {
-                Ok(match l {
-                    Inner::Device(l) => Some((l.stats(), l.device().name().to_owned())),
-                    Inner::Host(_) => None,
-                })
-            })?;
-            if let Some((s, name)) = device {
-                return self.device_stats(py, s, name);
-            }
-        }
-        let s = self.with_loader(py, |_, l| match l {
-            Inner::Host(l) => Ok(l.stats()),
+        let s = match self.with_loader(py, |_, l| Ok(l.figures()))? {
+            Figures::Host(s) => *s,
             #[cfg(feature = "cuda")]
-            Inner::Device(_) => Err(Error::Shutdown),
-        })?;
+            Figures::Device(s, name) => return self.device_stats(py, *s, name),
+        };
         let d = PyDict::new(py);
         d.set_item("batches", s.batches)?;
         d.set_item("samples", s.samples)?;
@@ -1165,7 +1178,7 @@ impl LoaderCore {
 /// Drops `loader` with the GIL released, since its workers may take a while to stop (up to
 /// [`gpufeed::loader::SHUTDOWN_WAIT`] for one stuck in a read that does not return), and warns
 /// (`RuntimeWarning`) if it left any running.
-fn stop(py: Python<'_>, loader: Option<Inner>) -> PyResult<()> {
+fn stop(py: Python<'_>, loader: Option<Box<dyn Feed>>) -> PyResult<()> {
     if loader.is_none() {
         return Ok(());
     }

@@ -16,7 +16,7 @@ import pytest
 import gpufeed
 
 FIXTURES = (
-    Path(__file__).resolve().parents[2] / "crates" / "gpufeed" / "tests" / "fixtures" / "streaming"
+    Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "streaming"
 )
 
 

@@ -3,6 +3,7 @@
 //!
 //! `cargo bench --bench loader`
 
+use gpufeed::BatchStream;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};

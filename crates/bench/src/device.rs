@@ -2,9 +2,10 @@
 //! --device N`) and [`bench_images_device`] (the image pipeline, `gpufeed bench --images
 //! --device N`). Both synchronise the host: they are measurements, not the hot path.
 
+use gpufeed::BatchStream;
 use std::sync::Arc;
 
-use gpufeed::cuda::cudarc_driver::CudaStream;
+use gpufeed::cuda::CudaStream;
 use gpufeed::cuda::{
     Convert, Device, DeviceLoader, DeviceLoaderOptions, PinnedBacking, pinned_copy_ceiling,
 };

@@ -2,6 +2,7 @@
 //! `gpufeed bench --images --device N` runs the same through the GPU path,
 //! `cuda::bench_images_device`).
 
+use gpufeed::BatchStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -338,7 +339,7 @@ impl ImageBenchReport {
                 what: format!("{}: no image to read", path.display()),
             });
         }
-        let steady = gpufeed::loader::steady_rate(&times.rates);
+        let steady = crate::steady_rate(&times.rates);
         let rate = times.images as f64 / times.seconds.max(1e-9);
         Ok(ImageBenchReport {
             source: path.display().to_string(),

@@ -1,9 +1,9 @@
 //! The device benches on a GPU (feature `cuda`), under the GPU tests' harness: ignored, not
 //! passed, without a GPU; failed with `GPUFEED_REQUIRE_GPU=1` and no GPU.
 
-#[path = "../../gpufeed/tests/cuda_common/mod.rs"]
+#[path = "../../../tests/cuda_common/mod.rs"]
 mod cuda_common;
-#[path = "../../gpufeed/tests/image_common/mod.rs"]
+#[path = "../../../tests/image_common/mod.rs"]
 mod image_common;
 
 mod device {

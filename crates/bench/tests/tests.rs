@@ -1,6 +1,6 @@
 //! gpufeed-bench's tests (the GPU ones are `tests/cuda.rs`).
 
-#[path = "../../gpufeed/tests/image_common/mod.rs"]
+#[path = "../../../tests/image_common/mod.rs"]
 mod image_common;
 
 mod baseline;

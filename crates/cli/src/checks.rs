@@ -2,7 +2,7 @@
 //! impossible `--batch-size`, `--prefetch` or `--workers` fails at once with the flag's name
 //! instead of aborting on a huge allocation or starting thousands of threads.
 
-use crate::messages::human_bytes;
+use gpufeed::memory::human_bytes;
 use gpufeed::{Error, Result};
 
 /// The most worker threads the command starts.

@@ -12,12 +12,14 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use gpufeed::format::{FieldKind, ReadMode, ReadOptions, RecordFile, Schema};
+use gpufeed::codec::probe;
+use gpufeed::format::{FieldKind, ReadMode, ReadOptions, RecordFile};
 use gpufeed::source::ImageFolder;
-use gpufeed::transform::image::decode::probe;
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
+
+use crate::messages::{fields_json, fields_text};
 
 /// Arguments of `gpufeed inspect`.
 #[derive(clap::Args)]
@@ -171,7 +173,7 @@ fn inspect_image_folder(path: &Path, verify: bool, as_json: bool) -> Result<()> 
     );
     let mut fault = None;
     if verify {
-        let bar = crate::bench::progress(folder.len(), "verify", as_json);
+        let bar = crate::messages::progress(folder.len(), "verify", as_json);
         let mut bytes = 0u64;
         let result = (0..folder.len()).try_for_each(|i| {
             let image = folder.read(i)?;
@@ -217,43 +219,6 @@ fn io(path: &Path, op: &'static str, source: std::io::Error) -> Error {
         op,
         source,
     }
-}
-
-/// The fields of a schema, as `--json` prints them.
-pub fn fields_json(schema: &Schema) -> Value {
-    let fields: Vec<Value> = schema
-        .fields()
-        .iter()
-        .enumerate()
-        .map(|(k, f)| match &f.kind {
-            FieldKind::Tensor { dtype, shape } => json!({
-                "name": f.name,
-                "kind": "tensor",
-                "dtype": dtype.name(),
-                "shape": shape,
-                "bytes": schema.fixed_range(k).map_or(0, |r| r.len()),
-            }),
-            FieldKind::Bytes { codec } => json!({
-                "name": f.name,
-                "kind": "bytes",
-                "codec": codec.name(),
-            }),
-        })
-        .collect();
-    Value::Array(fields)
-}
-
-/// The fields of a schema, one a line, as the text report prints them.
-pub fn fields_text(schema: &Schema) -> String {
-    let mut out = String::new();
-    for f in schema.fields() {
-        let what = match &f.kind {
-            FieldKind::Tensor { dtype, shape } => format!("{dtype} {shape:?}"),
-            FieldKind::Bytes { codec } => format!("bytes, codec {}", codec.name()),
-        };
-        out.push_str(&format!("  {:<16} {what}\n", f.name));
-    }
-    out
 }
 
 fn inspect_npy(path: &Path, verify: bool, mode: ReadMode) -> Result<Report> {

@@ -1,8 +1,6 @@
 //! The `gpufeed` command: pack data sets, inspect packed files, measure the loader.
 
 mod bench;
-#[cfg(feature = "cuda")]
-mod bench_cuda;
 mod checks;
 mod cleanup;
 mod images;

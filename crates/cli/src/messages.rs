@@ -1,24 +1,14 @@
 //! The command's errors, in the user's words: the library names its settings as Rust does
 //! (`batch_size`, `pool_budget`) and gives advice in its API (`CopyFields::named`,
 //! `image_field()`); the command speaks of the flags the user typed and the choices it offers.
+//! And the progress bar of long work.
+
+use std::io::IsTerminal;
 
 use gpufeed::Error;
-
-/// Formats a byte count with a binary unit (`1.5 MiB`), as the library's reports do.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
+use gpufeed::format::{FieldKind, Schema};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
 
 /// The flag (or flags) of the command that set the library's setting `setting`, if any.
 pub fn flag_of(setting: &str) -> Option<&'static str> {
@@ -109,4 +99,55 @@ pub fn describe(e: &Error) -> String {
         );
     }
     text
+}
+
+/// A progress bar on stderr, hidden for `--json` or when stderr is not a terminal.
+pub fn progress(len: u64, message: &'static str, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({per_sec}, {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(message);
+    bar
+}
+
+/// The fields of a schema, as `--json` prints them.
+pub fn fields_json(schema: &Schema) -> Value {
+    let fields: Vec<Value> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(k, f)| match &f.kind {
+            FieldKind::Tensor { dtype, shape } => json!({
+                "name": f.name,
+                "kind": "tensor",
+                "dtype": dtype.name(),
+                "shape": shape,
+                "bytes": schema.fixed_range(k).map_or(0, |r| r.len()),
+            }),
+            FieldKind::Bytes { codec } => json!({
+                "name": f.name,
+                "kind": "bytes",
+                "codec": codec.name(),
+            }),
+        })
+        .collect();
+    Value::Array(fields)
+}
+
+/// The fields of a schema, one a line, as the text report prints them.
+pub fn fields_text(schema: &Schema) -> String {
+    let mut out = String::new();
+    for f in schema.fields() {
+        let what = match &f.kind {
+            FieldKind::Tensor { dtype, shape } => format!("{dtype} {shape:?}"),
+            FieldKind::Bytes { codec } => format!("bytes, codec {}", codec.name()),
+        };
+        out.push_str(&format!("  {:<16} {what}\n", f.name));
+    }
+    out
 }

@@ -23,10 +23,10 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::messages::human_bytes;
 use gpufeed::format::{
     DType, Field, PackSummary, RecordSink, RecordWriter, Schema, pack_raw_records,
 };
+use gpufeed::memory::human_bytes;
 use gpufeed::memory::{human_rate, significant};
 use gpufeed::source::shards::packed::{ShardWriter, ShardWriterOptions, parse_byte_size};
 

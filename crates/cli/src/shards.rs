@@ -86,50 +86,21 @@ fn open_url(spec: &str, _cache: &CacheFlags) -> Result<Arc<dyn ShardedSource>> {
     Ok(Arc::from(shards::open(spec)?))
 }
 
-/// A store's counts in a report.
-#[derive(Serialize, Debug, Default, Clone)]
+/// A store's counts in a report: every figure of [`StoreStats`], and the same as one line of
+/// text.
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct StoreReport {
-    /// Bytes received from the object store.
-    pub bytes_fetched: u64,
-    /// Requests sent, retries included.
-    pub requests: u64,
-    /// Requests sent again after a failure.
-    pub retries: u64,
-    /// Shards found whole in the cache.
-    pub cache_hits: u64,
-    /// Shards fetched.
-    pub cache_misses: u64,
-    /// Shards another process fetched while this one waited.
-    pub shared_downloads: u64,
-    /// Shards removed from the cache to keep its limit.
-    pub cache_evictions: u64,
-    /// Shards that did not fit in the cache.
-    pub cache_full: u64,
-    /// Shards whose checksum did not match on arrival.
-    pub checksum_failures: u64,
-    /// Shards fetched ahead of the readers.
-    pub prefetched: u64,
-    /// Seconds readers waited for bytes, over all threads.
-    pub waited_s: f64,
-    /// The same, as one line of text.
+    #[serde(flatten)]
+    pub stats: StoreStats,
+    /// The counts as one line of text.
     pub summary: String,
 }
 
 impl From<StoreStats> for StoreReport {
-    fn from(s: StoreStats) -> StoreReport {
+    fn from(stats: StoreStats) -> StoreReport {
         StoreReport {
-            bytes_fetched: s.bytes_fetched,
-            requests: s.requests,
-            retries: s.retries,
-            cache_hits: s.cache_hits,
-            cache_misses: s.cache_misses,
-            shared_downloads: s.shared_downloads,
-            cache_evictions: s.cache_evictions,
-            cache_full: s.cache_full,
-            checksum_failures: s.checksum_failures,
-            prefetched: s.prefetched,
-            waited_s: s.waited.as_secs_f64(),
-            summary: s.to_string(),
+            summary: stats.to_string(),
+            stats,
         }
     }
 }
@@ -154,7 +125,7 @@ pub fn inspect(path: &Path, verify: bool, as_json: bool) -> Result<()> {
         "format": data.format_name(),
         "shards": names.len(),
         "samples": data.len(),
-        "fields": crate::inspect::fields_json(data.schema()),
+        "fields": crate::messages::fields_json(data.schema()),
         "samples_per_shard": {"min": min, "mean": mean, "max": max},
         "first_shard": names.first(),
         "last_shard": names.last(),
@@ -169,10 +140,10 @@ pub fn inspect(path: &Path, verify: bool, as_json: bool) -> Result<()> {
         names.last().map_or("", String::as_str),
         data.len(),
     );
-    text.push_str(&crate::inspect::fields_text(data.schema()));
+    text.push_str(&crate::messages::fields_text(data.schema()));
     let mut fault = None;
     if verify {
-        let bar = crate::bench::progress(names.len() as u64, "verify", as_json);
+        let bar = crate::messages::progress(names.len() as u64, "verify", as_json);
         let result = data.verify(&mut |n| bar.set_position(n as u64));
         bar.finish_and_clear();
         report["verified"] = Value::Bool(result.is_ok());

@@ -2,7 +2,7 @@
 //! named by `GPUFEED_BIN`, as on the GPU machine), in one test binary.
 
 mod cli_common;
-#[path = "../../gpufeed/tests/image_common/mod.rs"]
+#[path = "../../../tests/image_common/mod.rs"]
 mod image_common;
 
 mod cli_bench;
@@ -11,5 +11,5 @@ mod cli_pack_safety;
 mod cli_remote;
 mod cli_shards;
 #[cfg(feature = "s3")]
-#[path = "../../gpufeed/tests/s3_common/mod.rs"]
+#[path = "../../../tests/s3_common/mod.rs"]
 mod s3_common;

@@ -1,0 +1,289 @@
+//! `gpufeed bench`'s flags, and the checks that refuse what does not apply to a run.
+
+use std::path::PathBuf;
+
+use gpufeed::format::Schema;
+use gpufeed::transform::CopyFields;
+use gpufeed::{Error, Result};
+
+/// Arguments of `gpufeed bench`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A packed record file or a .npy array, or a sharded data set (a directory of shards, a
+    /// `.tar` file or brace pattern, an s3:// URL); without it, an embedded default is
+    /// generated. (For an ImageFolder directory or a packed file of images: --images.)
+    pub dataset: Option<PathBuf>,
+    /// A .npy array of one label per sample of DATASET (the same number of rows), read beside
+    /// it as its field `label` (a .npy DATASET's own field is `data`): no packing needed.
+    #[arg(long, value_name = "LABELS.npy")]
+    pub labels: Option<PathBuf>,
+    /// Records in the generated default data set [default: 8192].
+    #[arg(long)]
+    pub records: Option<u64>,
+    /// Bytes of each generated record's data field [default: 150528 = 3x224x224].
+    #[arg(long)]
+    pub record_bytes: Option<u64>,
+    /// The fields to batch, by name, comma-separated (default: every field; they must be
+    /// tensors, for encoded images use --images).
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+    pub fields: Option<Vec<String>>,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 256)]
+    pub batch_size: usize,
+    /// Worker threads (default: the available parallelism, at most 16; two fewer with --device,
+    /// for the copy thread and the consumer).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Batches in flight (default: --workers + 2, more for small batches; for batches made in
+    /// parts, 2 + twice --workers / --batch-parts; never more than an epoch's batches).
+    #[arg(long)]
+    pub prefetch: Option<usize>,
+    /// Make each batch in N parts, written by N workers at once (default: one per worker for
+    /// batches of 4 MiB or more, else 1: each batch by one worker).
+    #[arg(long, value_name = "N")]
+    pub batch_parts: Option<usize>,
+    /// Shuffle seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Epochs to run (each over the whole data set), at least 1.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: u64,
+    /// Sequential order instead of a seeded shuffle.
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Stop each epoch after this many batches (for quick runs over huge data sets).
+    #[arg(long)]
+    pub max_batches: Option<u64>,
+    /// Drop the last short batch.
+    #[arg(long)]
+    pub drop_last: bool,
+    /// Read one rank's share: `RANK/WORLD` (e.g. `1/4`), or `env` for torchrun's RANK and
+    /// WORLD_SIZE (else Slurm's). Without it, the whole data set.
+    #[arg(long, value_name = "RANK/WORLD|env")]
+    pub shard: Option<String>,
+    /// Evaluation order: every sample once across ranks, padding slots masked.
+    #[arg(long)]
+    pub evaluation: bool,
+    /// Measure a plain memcpy gather of the same records, in the same order, with as many
+    /// threads as workers, and report the loader's share of it (the default for host runs over
+    /// records; kept for scripts).
+    #[arg(long, conflicts_with = "no_baseline")]
+    pub baseline: bool,
+    /// Skip the plain memcpy gather that the report compares the loader with.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Copy each batch to this GPU (needs the `cuda` feature) and measure the pinned-copy ceiling.
+    #[arg(long)]
+    pub device: Option<usize>,
+    /// Run the image pipeline (decode + RandomResizedCrop + flip) over an ImageFolder
+    /// directory or a packed file of images, instead of raw records.
+    #[arg(long, value_name = "DIR|PACKED")]
+    pub images: Option<PathBuf>,
+    /// Output side of the image pipeline's crops [default: 224] (with --images).
+    #[arg(long)]
+    pub image_size: Option<u32>,
+    /// Output dtype of the image pipeline: u8, f16, bf16 or f32 (normalised with ImageNet's
+    /// mean and std unless u8) [default: u8] (with --images).
+    #[arg(long)]
+    pub image_dtype: Option<String>,
+    /// The field of a packed file that holds the encoded images [default: image] (with --images).
+    #[arg(long, value_name = "NAME")]
+    pub image_field: Option<String>,
+    /// Skip images that cannot be decoded (counted in the report) instead of failing (with
+    /// --images).
+    #[arg(long)]
+    pub skip_bad_images: bool,
+    /// Stop the image pipeline after this many images (all epochs together) (with --images).
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// Also print the loader's internals: its own stage table, queues, batch pool.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+    /// Print one JSON object instead of text (the same keys for every kind of run).
+    #[arg(long)]
+    pub json: bool,
+    /// Check every record of a packed file against its stored checksum as it is read (a record
+    /// whose bytes changed is an error, never data); measures what verification costs.
+    #[arg(long)]
+    pub verify: bool,
+    /// How DATASET (a packed file or a .npy array, and --labels) is read.
+    #[command(flatten)]
+    pub read: crate::read_mode::ReadFlags,
+    /// Shards whose samples are shuffled together (a sharded data set's two-level shuffle)
+    /// [default: 8].
+    #[arg(long, value_name = "SHARDS")]
+    pub shuffle_window: Option<u64>,
+    /// Consecutive samples read as one run in the two-level shuffle [default: 64].
+    #[arg(long, value_name = "SAMPLES")]
+    pub shuffle_block: Option<u64>,
+    /// The cache of shards downloaded from a URL.
+    #[command(flatten)]
+    pub cache: crate::shards::CacheFlags,
+}
+
+/// `RANK/WORLD` as two whole numbers.
+pub(super) fn parse_shard(v: &str) -> Result<(u64, u64)> {
+    let parsed = v
+        .split_once('/')
+        .and_then(|(r, w)| Some((r.trim().parse().ok()?, w.trim().parse().ok()?)));
+    parsed.ok_or_else(|| Error::InvalidConfig {
+        setting: "--shard",
+        what: format!("{v:?} is not RANK/WORLD (like 0/2) or env"),
+    })
+}
+
+/// The rank and world size of `--shard` (`env`: torchrun's or Slurm's variables); the whole
+/// data set without it.
+pub(super) fn shard_of(args: &Args) -> Result<(u64, u64)> {
+    match args.shard.as_deref() {
+        None => Ok((0, 1)),
+        Some("env") => gpufeed::loader::rank_from_env(),
+        Some(v) => parse_shard(v),
+    }
+}
+
+/// The samples one batch of the run holds (`--batch-size`, or all that the rank reads in an
+/// epoch of `len` samples if that is fewer, as the loader sizes its buffers:
+/// [`OrderSpec::batch_capacity`](gpufeed::sampler::OrderSpec::batch_capacity)) and the batches
+/// of an epoch. The order's settings are checked as the loader checks them (a `--drop-last` run
+/// with a batch larger than the rank's share is refused here, before anything is written or
+/// allocated).
+pub(super) fn batch_sizes(args: &Args, len: u64, rank: u64, world: u64) -> Result<(usize, u64)> {
+    let spec = gpufeed::sampler::OrderSpec {
+        len,
+        batch_size: args.batch_size as u64,
+        shuffle: None,
+        rank,
+        world,
+        remainder: gpufeed::sampler::Remainder::of(args.drop_last, args.evaluation)?,
+        blocks: None,
+    };
+    spec.validate()?;
+    let capacity = usize::try_from(spec.batch_capacity()).unwrap_or(args.batch_size);
+    Ok((capacity, spec.batches()))
+}
+
+pub(super) fn refuse(flag: &'static str, what: impl Into<String>) -> Error {
+    Error::InvalidConfig {
+        setting: flag,
+        what: what.into(),
+    }
+}
+
+/// Refuses settings that cannot work and flags that do not apply to this kind of run.
+pub(super) fn check_flags(args: &Args) -> Result<()> {
+    if args.epochs == 0 {
+        return Err(refuse("--epochs", "must be at least 1"));
+    }
+    if args.max_batches == Some(0) {
+        return Err(refuse("--max-batches", "must be at least 1"));
+    }
+    if args.limit == Some(0) {
+        return Err(refuse("--limit", "must be at least 1"));
+    }
+    if args.device.is_some() && !cfg!(feature = "cuda") {
+        return Err(Error::NoGpu {
+            what: "this gpufeed was built without the `cuda` feature (cargo build --release --features cuda); \
+                   run without --device for the host-only figures"
+                .into(),
+        });
+    }
+    let only_images = [
+        ("--image-size", args.image_size.is_some()),
+        ("--image-dtype", args.image_dtype.is_some()),
+        ("--image-field", args.image_field.is_some()),
+        ("--skip-bad-images", args.skip_bad_images),
+        ("--limit", args.limit.is_some()),
+    ];
+    if args.images.is_some() {
+        if args.dataset.is_some() {
+            return Err(refuse(
+                "--images",
+                "names the data set of an image run: give no other DATASET",
+            ));
+        }
+        for (flag, given) in [
+            ("--records", args.records.is_some()),
+            ("--record-bytes", args.record_bytes.is_some()),
+            ("--fields", args.fields.is_some()),
+            ("--labels", args.labels.is_some()),
+            ("--baseline", args.baseline),
+            ("--no-baseline", args.no_baseline),
+        ] {
+            if given {
+                return Err(refuse(
+                    flag,
+                    "does not apply to --images (the image pipeline has no plain-copy baseline, \
+                     and reads the encoded image field: see --image-field)",
+                ));
+            }
+        }
+        return Ok(());
+    }
+    for (flag, given) in only_images {
+        if given {
+            return Err(refuse(
+                flag,
+                "applies to the image pipeline only (--images DIR|PACKED)",
+            ));
+        }
+    }
+    if args.labels.is_some() && args.dataset.is_none() {
+        return Err(refuse(
+            "--labels",
+            "labels a named DATASET (gpufeed bench X.npy --labels Y.npy); the generated default has its own",
+        ));
+    }
+    if args.dataset.is_some() {
+        for (flag, given) in [
+            ("--records", args.records.is_some()),
+            ("--record-bytes", args.record_bytes.is_some()),
+        ] {
+            if given {
+                return Err(refuse(
+                    flag,
+                    "sizes the generated default data set; it does not apply to a named DATASET",
+                ));
+            }
+        }
+    }
+    if args.device.is_some() && (args.baseline || args.no_baseline) {
+        return Err(refuse(
+            if args.baseline {
+                "--baseline"
+            } else {
+                "--no-baseline"
+            },
+            "does not apply to --device: a device run compares with the pinned-copy ceiling it measures",
+        ));
+    }
+    if args.records == Some(0) {
+        return Err(refuse("--records", "must be at least 1"));
+    }
+    if args.record_bytes == Some(0) {
+        return Err(refuse("--record-bytes", "must be at least 1"));
+    }
+    Ok(())
+}
+
+/// The workers a run uses: `--workers`, or the library's default (one per CPU, at most 16; two
+/// CPUs fewer with `--device`).
+pub(super) fn workers(args: &Args) -> usize {
+    args.workers
+        .unwrap_or_else(|| gpufeed::loader::default_workers(args.device.is_some()))
+}
+
+/// The positions of `--fields` in `schema` (`None` for every field), for the baseline to copy
+/// what the loader batches. The names were checked against the schema with the transform.
+pub(super) fn field_positions(args: &Args, schema: &Schema) -> Option<Vec<usize>> {
+    let names = args.fields.as_ref()?;
+    Some(names.iter().filter_map(|n| schema.index_of(n)).collect())
+}
+
+/// The transform of a records run: every field, or those of `--fields`.
+pub(super) fn copy_fields(args: &Args) -> CopyFields {
+    match &args.fields {
+        Some(names) => CopyFields::named(names.iter().cloned()),
+        None => CopyFields::all(),
+    }
+}

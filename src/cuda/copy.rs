@@ -1,0 +1,602 @@
+//! The copy stage: the thread behind a [`DeviceLoader`](super::DeviceLoader) that turns a
+//! [`Loader`]'s host batches into [`DeviceBatch`]es.
+//!
+//! A copy thread owns the loader. For each host batch it takes a buffer from a [`DevicePool`],
+//! enqueues on the device's copy stream one `cuMemcpyHtoDAsync` of the whole batch buffer (every
+//! field lives in it, at [`BatchLayout::field_offset`](crate::layout::BatchLayout::field_offset)),
+//! then the optional conversion kernels, and records fences: the host buffer is released behind
+//! the copy's (so that the pinned buffer returns to its pool only once the copy has read it),
+//! the device buffer behind the batch's `ready` fence (after the conversions). The device batch
+//! goes to the consumer through a bounded channel of `depth` batches: copies of the next batches
+//! are in flight while the consumer computes on this one. Nothing on this path waits for the
+//! device. If enqueueing fails half way, the copy thread synchronises the copy stream before it
+//! lets go of either buffer.
+//!
+//! The mask and the sample indices, when asked for, are written into a small pinned staging
+//! buffer and copied with the batch.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use cudarc::driver::{CudaEvent, CudaStream, result, sys};
+
+use super::batch::FieldSpec;
+use super::cuda_err;
+use super::fence::EventFence;
+use super::{
+    Convert, Converter, Device, DeviceBatch, DeviceBuffer, DeviceLoaderOptions, DevicePool,
+    PinnedBacking,
+};
+use crate::error::{Error, Result};
+use crate::format::DType;
+use crate::layout::FIELD_ALIGN;
+use crate::loader::{Batch, BatchStream, Loader, LoaderState, LoaderStats};
+use crate::memory::HostPool;
+
+/// Bytes of device batches the default depth aims to keep copied ahead.
+const DEPTH_BYTES: usize = 32 << 20;
+
+/// The copy thread refreshes the loader figures it shares every this many batches (and at
+/// each epoch's end): reading them walks the pool's pending fences.
+const STATS_EVERY: u64 = 64;
+
+/// Timing events kept for reuse (creating an event is a driver call per batch otherwise).
+const SPARE_EVENTS: usize = 64;
+
+/// Where the mask and indices fields live: a region of the device buffer, staged on the host in
+/// a pinned buffer laid out the same way, copied in one piece.
+struct ExtrasPlan {
+    /// The region's offset in the device buffer.
+    offset: usize,
+    /// Its bytes.
+    bytes: usize,
+    /// The mask's offset in the region (`batch_size` bytes), if asked for.
+    mask: Option<usize>,
+    /// The indices' offset in the region (`8 * batch_size` bytes), if asked for.
+    indices: Option<usize>,
+}
+
+/// Where each field of a device batch lives, computed once.
+struct Plan {
+    host_bytes: usize,
+    device_bytes: usize,
+    /// The output fields, shared by every device batch.
+    fields: Arc<[FieldSpec]>,
+    /// Conversions with their input and output offsets.
+    converts: Vec<(Converter, usize, usize)>,
+    /// The mask and indices, if asked for.
+    extras: Option<ExtrasPlan>,
+}
+
+impl Plan {
+    fn new(loader: &Loader, device: &Device, opts: &DeviceLoaderOptions) -> Result<Plan> {
+        let converts = &opts.convert;
+        let layout = loader.layout();
+        let host_bytes = layout.total_bytes();
+        let mut device_bytes = host_bytes.next_multiple_of(FIELD_ALIGN);
+        let mut fields = Vec::new();
+        let mut prepared = Vec::new();
+        for (k, f) in layout.fields().iter().enumerate() {
+            let offset = layout.field_offset(k).unwrap_or(0);
+            let convert: Vec<&Convert> = converts.iter().filter(|c| c.field == f.name).collect();
+            match convert.as_slice() {
+                [] => fields.push(FieldSpec {
+                    name: f.name.clone(),
+                    dtype: f.dtype,
+                    shape: f.shape.clone(),
+                    offset,
+                    sample_bytes: f.sample_bytes(),
+                }),
+                [c] => {
+                    if f.dtype != DType::U8 {
+                        return Err(Error::config(
+                            "convert",
+                            format!("field `{}` is {}, not u8", f.name, f.dtype),
+                        ));
+                    }
+                    let conv = Converter::new(device, (*c).clone(), &f.shape)?;
+                    let out = device_bytes;
+                    let out_bytes = conv.output_bytes(layout.batch_size());
+                    device_bytes = (device_bytes + out_bytes).next_multiple_of(FIELD_ALIGN);
+                    fields.push(FieldSpec {
+                        name: f.name.clone(),
+                        dtype: c.dtype,
+                        shape: conv.output_shape(),
+                        offset: out,
+                        sample_bytes: conv.output_bytes(1),
+                    });
+                    prepared.push((conv, offset, out));
+                }
+                _ => {
+                    return Err(Error::config(
+                        "convert",
+                        format!("field `{}` is converted more than once", f.name),
+                    ));
+                }
+            }
+        }
+        if let Some(c) = converts
+            .iter()
+            .find(|c| layout.index_of(&c.field).is_none())
+        {
+            let names: Vec<&str> = layout.fields().iter().map(|f| f.name.as_str()).collect();
+            return Err(Error::config(
+                "convert",
+                format!(
+                    "no batch field `{}` to convert (fields: {names:?})",
+                    c.field
+                ),
+            ));
+        }
+        let extras = Plan::extras(opts, layout.batch_size(), device_bytes, &mut fields)?;
+        if let Some(e) = &extras {
+            device_bytes = (e.offset + e.bytes).next_multiple_of(FIELD_ALIGN);
+        }
+        Ok(Plan {
+            host_bytes,
+            device_bytes,
+            fields: fields.into(),
+            converts: prepared,
+            extras,
+        })
+    }
+
+    /// Places the mask and indices fields (if asked for) in a region from `offset` on, and adds
+    /// their specs to `fields`.
+    fn extras(
+        opts: &DeviceLoaderOptions,
+        batch_size: usize,
+        offset: usize,
+        fields: &mut Vec<FieldSpec>,
+    ) -> Result<Option<ExtrasPlan>> {
+        let mut bytes = 0;
+        let mut place = |setting: &'static str,
+                         name: &Option<String>,
+                         dtype: DType,
+                         fields: &mut Vec<FieldSpec>|
+         -> Result<Option<usize>> {
+            let Some(name) = name else { return Ok(None) };
+            if fields.iter().any(|f| &f.name == name) {
+                return Err(Error::config(
+                    setting,
+                    format!("the batches already have a field `{name}`: choose another name"),
+                ));
+            }
+            let at = bytes;
+            let sample_bytes = dtype.size();
+            bytes = (bytes + sample_bytes * batch_size).next_multiple_of(FIELD_ALIGN);
+            fields.push(FieldSpec {
+                name: name.clone(),
+                dtype,
+                shape: Vec::new(),
+                offset: offset + at,
+                sample_bytes,
+            });
+            Ok(Some(at))
+        };
+        let mask = place("mask", &opts.mask, DType::Bool, fields)?;
+        let indices = place("indices", &opts.indices, DType::I64, fields)?;
+        Ok((bytes > 0).then_some(ExtrasPlan {
+            offset,
+            bytes,
+            mask,
+            indices,
+        }))
+    }
+}
+
+pub(super) enum Message {
+    /// A batch (or its error) of a generation; `advanced` when it moved the host loader's
+    /// position (a batch's own error does; a loader's error does not).
+    Batch {
+        generation: u64,
+        result: Result<DeviceBatch>,
+        advanced: bool,
+    },
+    End(u64),
+}
+
+pub(super) enum Control {
+    SetEpoch { epoch: u64, generation: u64 },
+    Load { state: LoaderState, generation: u64 },
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub h2d_bytes: u64,
+    pub h2d_copies: u64,
+    pub h2d_timed_bytes: u64,
+    pub h2d_busy: Duration,
+    pub enqueue: Duration,
+    pub blocked: Duration,
+    pub loader: Option<LoaderStats>,
+}
+
+pub(super) struct Shared {
+    pub stop: AtomicBool,
+    pub counters: Mutex<Counters>,
+}
+
+impl Shared {
+    pub(super) fn counters(&self) -> std::sync::MutexGuard<'_, Counters> {
+        self.counters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The consumer's ends of a running copy thread.
+pub(super) struct CopyStage {
+    /// Device batches, in order, and the ends of epochs.
+    pub rx: Receiver<Message>,
+    /// Epoch changes and resumes.
+    pub control: Sender<Control>,
+    pub thread: JoinHandle<()>,
+    /// The stop flag and the copy stage's counters.
+    pub shared: Arc<Shared>,
+    /// The device batches' fields.
+    pub fields: Arc<[FieldSpec]>,
+}
+
+impl CopyStage {
+    /// Starts the copy thread on `loader`'s batches, into buffers of `pool`.
+    pub(super) fn start(
+        loader: Loader,
+        device: &Device,
+        pool: &DevicePool,
+        opts: &DeviceLoaderOptions,
+    ) -> Result<CopyStage> {
+        let plan = Plan::new(&loader, device, opts)?;
+        let depth = opts
+            .depth
+            .unwrap_or_else(|| (DEPTH_BYTES / plan.device_bytes.max(1)).clamp(2, 16));
+        // Copies in flight hold a staging buffer each until they complete: a few dozen.
+        let extras = plan.extras.as_ref().map(|e| {
+            HostPool::with_backing(
+                PinnedBacking::small(device),
+                ((depth + 32) * HostPool::block_size(e.bytes)) as u64,
+            )
+        });
+        let fields = Arc::clone(&plan.fields);
+        let (tx, rx) = crossbeam_channel::bounded(depth);
+        let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            counters: Mutex::new(Counters::default()),
+        });
+        let worker = CopyThread {
+            loader,
+            device: device.clone(),
+            plan,
+            pool: pool.clone(),
+            extras,
+            poison: opts.poison,
+            tx,
+            control: ctl_rx,
+            shared: Arc::clone(&shared),
+            timing: VecDeque::new(),
+            spare: Vec::new(),
+            last_end: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("gpufeed-copy-{}", device.ordinal()))
+            .spawn(move || worker.run())
+            .map_err(|e| Error::spawn("device", "the copy thread", e))?;
+        Ok(CopyStage {
+            rx,
+            control: ctl_tx,
+            thread,
+            shared,
+            fields,
+        })
+    }
+}
+
+/// The copy thread's state.
+struct CopyThread {
+    loader: Loader,
+    device: Device,
+    plan: Plan,
+    pool: DevicePool,
+    /// Pinned staging buffers of the mask and indices, if asked for.
+    extras: Option<HostPool>,
+    poison: Option<u8>,
+    tx: Sender<Message>,
+    control: Receiver<Control>,
+    shared: Arc<Shared>,
+    /// Copies whose timing events have not been read: (start, end, bytes).
+    timing: VecDeque<(CudaEvent, EventFence, usize)>,
+    /// Start events already read, to record again.
+    spare: Vec<CudaEvent>,
+    /// The end event of the last copy timed, to count time shared with the next one once.
+    last_end: Option<EventFence>,
+}
+
+impl CopyThread {
+    fn run(mut self) {
+        if let Err(e) = self.device.bind() {
+            let _ = self.tx.send(Message::Batch {
+                generation: 0,
+                result: Err(e),
+                advanced: false,
+            });
+            return;
+        }
+        let mut generation = 0u64;
+        let mut ended = false;
+        let mut sent = 0u64;
+        loop {
+            if self.shared.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let control = if ended {
+                match self.control.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                }
+            } else {
+                match self.control.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(crossbeam_channel::TryRecvError::Empty) => None,
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => return,
+                }
+            };
+            match control {
+                Some(Control::SetEpoch {
+                    epoch,
+                    generation: g,
+                }) => {
+                    // The consumer restarts `epoch` from its first batch: the host loader must
+                    // too, also when it stands at that epoch's start or was resumed.
+                    self.loader.restart_epoch(epoch);
+                    generation = g;
+                    ended = false;
+                }
+                Some(Control::Load {
+                    state,
+                    generation: g,
+                }) => {
+                    generation = g;
+                    ended = false;
+                    // Checked by the consumer against the same order settings.
+                    if let Err(e) = self.loader.load_state(state) {
+                        let message = Message::Batch {
+                            generation,
+                            result: Err(e),
+                            advanced: false,
+                        };
+                        if self.tx.send(message).is_err() {
+                            return;
+                        }
+                        ended = true;
+                        continue;
+                    }
+                }
+                None => {}
+            }
+            self.read_timings(false);
+            let before = self.loader.position().next_batch();
+            let message = match self.loader.next() {
+                None => {
+                    ended = true;
+                    self.read_timings(true);
+                    Message::End(generation)
+                }
+                Some(Err(e)) => Message::Batch {
+                    generation,
+                    result: Err(e),
+                    advanced: self.loader.position().next_batch() != before,
+                },
+                Some(Ok(batch)) => {
+                    let t0 = Instant::now();
+                    let result = self.copy(batch);
+                    self.shared.counters().enqueue += t0.elapsed();
+                    Message::Batch {
+                        generation,
+                        result,
+                        advanced: true,
+                    }
+                }
+            };
+            sent += 1;
+            if ended || sent % STATS_EVERY == 1 {
+                self.shared.counters().loader = Some(self.loader.stats());
+            }
+            let t0 = Instant::now();
+            if self.tx.send(message).is_err() {
+                return;
+            }
+            self.shared.counters().blocked += t0.elapsed();
+        }
+    }
+
+    /// Enqueues the copy (and conversions) of one host batch; never waits for the device.
+    fn copy(&mut self, mut batch: Batch) -> Result<DeviceBatch> {
+        let stream = Arc::clone(self.device.copy_stream());
+        let mut buffer = self.pool.alloc(self.plan.device_bytes)?;
+        match self.enqueue(&mut batch, &mut buffer, &stream) {
+            Ok(ready) => Ok(DeviceBatch::new(
+                buffer,
+                Arc::clone(&self.plan.fields),
+                batch.info().clone(),
+                ready,
+                stream,
+            )),
+            Err(e) => {
+                // Work that reads the host buffer or writes the device buffer may be on the copy
+                // stream without its fence: wait for it before both are dropped (if this fails
+                // too, the context is broken and runs nothing more).
+                let _ = stream.synchronize();
+                Err(e)
+            }
+        }
+        // `batch` drops here: its pinned buffer waits in the pool behind the copy.
+    }
+
+    /// Enqueues the copy of `batch` into `buffer` and the conversions on `stream`, fences both
+    /// buffers (and the converters' coefficients), and returns the fence of the whole.
+    fn enqueue(
+        &mut self,
+        batch: &mut Batch,
+        buffer: &mut DeviceBuffer,
+        stream: &Arc<CudaStream>,
+    ) -> Result<EventFence> {
+        let plan = &self.plan;
+        if let Some(byte) = self.poison {
+            buffer.fill_async(stream, 0, plan.device_bytes, byte)?;
+        }
+        let host = batch.buffer().as_slice();
+        let n = host.len().min(plan.host_bytes);
+        let start = match self.spare.pop() {
+            Some(e) => e,
+            None => self
+                .device
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("create an event"))?,
+        };
+        start
+            .record(stream)
+            .map_err(cuda_err("record an event (cuEventRecord)"))?;
+        // SAFETY: `host[..n]` is the batch's pinned host buffer, released behind `copied` (just
+        // below) before the batch can drop; the destination is this device buffer of at least
+        // `device_bytes >= n` bytes, fenced behind `ready` (recorded after the copy on this
+        // stream) before this function returns. On an error in between, `copy` synchronises
+        // the stream before either buffer drops.
+        unsafe { result::memcpy_htod_async(buffer.addr(), &host[..n], stream.cu_stream()) }
+            .map_err(cuda_err("copy a batch to the device (cuMemcpyHtoDAsync)"))?;
+        let staged = match (&plan.extras, &self.extras) {
+            (Some(e), Some(pool)) => Some(stage_extras(e, pool, batch, buffer, stream)?),
+            _ => None,
+        };
+        let copied = EventFence::record_timed(stream)?;
+        batch.buffer_mut().release_after(Box::new(copied.clone()));
+        if let Some(mut staged) = staged {
+            staged.release_after(Box::new(copied.clone()));
+        }
+        let len = batch.len();
+        for (conv, src, dst) in &plan.converts {
+            // SAFETY: the plan placed the input field at `src` and the output at `dst` inside
+            // a device buffer of `device_bytes` (computed for a full batch; `len` is at most
+            // that), the two ranges do not overlap (outputs follow the host image), and the
+            // buffer and the coefficients are fenced behind `ready`, recorded after this kernel
+            // on this stream (or `copy` synchronises the stream).
+            unsafe {
+                conv.launch_raw(
+                    stream,
+                    buffer.addr() + *src as u64,
+                    buffer.addr() + *dst as u64,
+                    len,
+                )?
+            };
+        }
+        let ready = if plan.converts.is_empty() {
+            copied.clone()
+        } else {
+            EventFence::record(stream)?
+        };
+        buffer.add_use(stream, ready.clone());
+        for (conv, _, _) in &plan.converts {
+            conv.fence_coefficients(stream, ready.clone());
+        }
+        {
+            let mut c = self.shared.counters();
+            c.h2d_bytes += n as u64;
+            c.h2d_copies += 1;
+        }
+        if self.timing.len() < 4096 {
+            self.timing.push_back((start, copied, n));
+        }
+        Ok(ready)
+    }
+
+    /// Reads the device time of completed copies; with `all`, waits for every pending one
+    /// (at the end of an epoch only).
+    fn read_timings(&mut self, all: bool) {
+        let mut timed_bytes = 0u64;
+        let mut busy = Duration::ZERO;
+        while let Some((start, end, bytes)) = self.timing.front() {
+            let done = end.event().try_is_complete().unwrap_or(true);
+            if !done && (!all || end.event().synchronize().is_err()) {
+                break;
+            }
+            // SAFETY: both events are live, were recorded on the copy stream, and `end` has
+            // completed, so the elapsed time is defined and the call does not wait.
+            let elapsed =
+                unsafe { result::event::elapsed(start.cu_event(), end.event().cu_event()) };
+            if let Ok(ms) = elapsed {
+                // Busy time is the union of the copies' intervals: a start event can be stamped
+                // before the previous copy has ended (copies queued back to back), so the part
+                // of this interval before the previous end is not counted twice.
+                let overlap = match &self.last_end {
+                    Some(prev) => {
+                        // SAFETY: as above; the previous end event has completed too.
+                        let gap = unsafe {
+                            result::event::elapsed(start.cu_event(), prev.event().cu_event())
+                        };
+                        gap.map_or(0.0, |o| o.clamp(0.0, ms.max(0.0)))
+                    }
+                    None => 0.0,
+                };
+                busy += Duration::from_secs_f64(f64::from((ms - overlap).max(0.0)) / 1e3);
+                timed_bytes += *bytes as u64;
+            }
+            self.last_end = Some(end.clone());
+            if let Some((start, _, _)) = self.timing.pop_front()
+                && self.spare.len() < SPARE_EVENTS
+            {
+                // Read and complete: nothing refers to it, it can be recorded again.
+                self.spare.push(start);
+            }
+        }
+        if timed_bytes > 0 {
+            let mut c = self.shared.counters();
+            c.h2d_timed_bytes += timed_bytes;
+            c.h2d_busy += busy;
+        }
+    }
+}
+
+/// Writes `batch`'s mask and indices into a pinned staging buffer laid out as the extras region,
+/// and enqueues its copy into `buffer` on `stream`. The caller fences the staging buffer behind
+/// the copy (`release_after`) and `buffer` behind the batch's `ready` fence, or, on an error,
+/// synchronises the stream before either drops.
+fn stage_extras(
+    plan: &ExtrasPlan,
+    pool: &HostPool,
+    batch: &Batch,
+    buffer: &DeviceBuffer,
+    stream: &CudaStream,
+) -> Result<crate::memory::HostBuffer> {
+    let mut staged = pool.acquire(plan.bytes)?;
+    let bytes = staged.as_mut_slice();
+    bytes.fill(0);
+    if let Some(at) = plan.mask {
+        for (slot, real) in bytes[at..].iter_mut().zip(batch.mask()) {
+            *slot = u8::from(real);
+        }
+    }
+    if let Some(at) = plan.indices {
+        for (slot, &index) in bytes[at..].chunks_exact_mut(8).zip(batch.indices()) {
+            let index = i64::try_from(index).unwrap_or(i64::MAX);
+            slot.copy_from_slice(&index.to_le_bytes());
+        }
+    }
+    // SAFETY: the staging buffer is pinned host memory of `plan.bytes` bytes, released behind
+    // the copy's fence by the caller before it can be reused; the destination is the extras
+    // region of this device buffer (`plan.offset + plan.bytes <= device_bytes`, the plan's
+    // layout), fenced behind `ready` (or the stream synchronised on an error) by the caller.
+    unsafe {
+        result::memcpy_htod_async(
+            buffer.addr() + plan.offset as u64,
+            &staged.as_slice()[..plan.bytes],
+            stream.cu_stream(),
+        )
+    }
+    .map_err(cuda_err(
+        "copy a batch's mask and indices (cuMemcpyHtoDAsync)",
+    ))?;
+    Ok(staged)
+}

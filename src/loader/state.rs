@@ -1,0 +1,229 @@
+//! Where a loader stands, and the one set of rules that moves it: [`LoaderState`] (what a
+//! checkpoint saves) and `Position` (what every loader keeps of its caller's place: the epoch,
+//! the batches delivered in it, and whether it was just resumed).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::sampler::{Order, OrderSpec};
+
+/// Where a loader stands: enough to resume after a crash with exactly the batches not yet
+/// delivered. Small and serializable (serde).
+///
+/// `next_batch` counts the batches delivered in `epoch`, including those the caller still
+/// holds: take the state after the step that used the last batch (as with torchdata's
+/// `StatefulDataLoader`). At the end of an epoch, `next_batch` is the epoch's batch count.
+///
+/// A state resumes under another world size too (an elastic restart): the ranks of the new
+/// run share the positions of the epoch that the old run had not reached, provided every
+/// old rank had delivered the same number of batches (as data-parallel training does), and
+/// batch numbers start again from 0 for the rest of that epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// A training loop that resumes: save the state with each checkpoint, build the loader with
+/// [`resume`](super::LoaderBuilder::resume), and run the same loop from the state's epoch. Its
+/// first `set_epoch` keeps the position, so the rest of that epoch comes next:
+///
+/// ```
+/// # use gpufeed::{DType, Dataset};
+/// # use gpufeed::source::{npy_header, Zip};
+/// # fn data() -> gpufeed::Result<(tempfile::TempDir, Zip<gpufeed::NpyArray>)> {
+/// #     let dir = tempfile::tempdir().map_err(gpufeed::Error::user)?;
+/// #     let (x, y) = (dir.path().join("x.npy"), dir.path().join("y.npy"));
+/// #     let mut b = npy_header(DType::F32, &[100, 4])?;
+/// #     b.extend((0..400).flat_map(|i| (i as f32).to_le_bytes()));
+/// #     std::fs::write(&x, b).map_err(gpufeed::Error::user)?;
+/// #     let mut b = npy_header(DType::U32, &[100])?;
+/// #     b.extend((0..100u32).flat_map(|i| (i % 10).to_le_bytes()));
+/// #     std::fs::write(&y, b).map_err(gpufeed::Error::user)?;
+/// #     let zip = Zip::npy([("x", &x), ("label", &y)])?;
+/// #     Ok((dir, zip))
+/// # }
+/// # fn main() -> gpufeed::Result<()> {
+/// # let (_dir, dataset) = data()?;
+/// use std::sync::Arc;
+/// use gpufeed::{BatchStream, Dataset, Loader, LoaderState};
+///
+/// let dataset: Arc<dyn Dataset> = Arc::new(dataset); // shared by both runs below
+/// let loader = |resume: Option<LoaderState>| {
+///     let builder = Loader::builder_shared(Arc::clone(&dataset)).batch_size(10).shuffle(3);
+///     match resume {
+///         Some(state) => builder.resume(state),
+///         None => builder,
+///     }
+///     .build()
+/// };
+///
+/// // A run that stops after 13 batches, the checkpoint written after the 13th step.
+/// let (mut first, mut checkpoint, mut seen) = (loader(None)?, None, Vec::new());
+/// 'run: for epoch in 0..3 {
+///     first.set_epoch(epoch);
+///     while let Some(batch) = first.next() {
+///         seen.extend_from_slice(batch?.indices());
+///         checkpoint = Some(serde_json::to_string(&first.state()).map_err(gpufeed::Error::user)?);
+///         if seen.len() == 130 {
+///             break 'run; // a crash
+///         }
+///     }
+/// }
+/// drop(first);
+///
+/// // The restart: the same loop, from the saved epoch.
+/// let state: LoaderState = serde_json::from_str(&checkpoint.unwrap()).map_err(gpufeed::Error::user)?;
+/// let (start, mut resumed) = (state.epoch, loader(Some(state))?);
+/// for epoch in start..3 {
+///     resumed.set_epoch(epoch);
+///     for batch in resumed.by_ref() {
+///         seen.extend_from_slice(batch?.indices());
+///     }
+/// }
+/// // Every sample of every epoch exactly once: none repeated, none lost.
+/// assert_eq!(seen.len(), 300);
+/// for epoch in seen.chunks(100) {
+///     let mut e = epoch.to_vec();
+///     e.sort();
+///     assert!(e.iter().copied().eq(0..100));
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct LoaderState {
+    /// The epoch.
+    pub epoch: u64,
+    /// The next batch to deliver in that epoch.
+    pub next_batch: u64,
+    /// Positions of the epoch consumed before this run's first batch of it (after an elastic
+    /// restart; 0 otherwise).
+    #[serde(default)]
+    pub start: u64,
+    /// The settings that decide the order; a resumed loader must have the same data, batch
+    /// size, shuffle and remainder policy.
+    pub order: OrderSpec,
+}
+
+impl LoaderState {
+    /// The order and next batch that resume this state under `spec`.
+    pub(crate) fn position(&self, spec: &OrderSpec) -> Result<(Order, u64)> {
+        if !self.order.same_sequence(spec) {
+            return Err(Error::mismatch(format!(
+                "cannot resume: the state was saved with order settings {:?}, this loader has {:?}",
+                self.order, spec
+            )));
+        }
+        let saved = self.order.epoch_from(self.epoch, self.start);
+        if self.next_batch > saved.batches() {
+            return Err(Error::mismatch(format!(
+                "cannot resume: the state's next batch {} is past the epoch's {} batches",
+                self.next_batch,
+                saved.batches()
+            )));
+        }
+        if self.order.world == spec.world {
+            return Ok((spec.epoch_from(self.epoch, self.start), self.next_batch));
+        }
+        // Another world size: every old rank took `next_batch` batches, that is the epoch's
+        // positions `start .. start + next_batch * batch_size * world`.
+        let consumed = self
+            .next_batch
+            .saturating_mul(self.order.batch_size)
+            .saturating_mul(self.order.world);
+        let start = self.start.saturating_add(consumed).min(spec.len);
+        Ok((spec.epoch_from(self.epoch, start), 0))
+    }
+}
+
+/// The caller's place in its loader's epochs, and the rules that move it, shared by every
+/// loader (see [`BatchStream`](super::BatchStream)): a state is taken from it, a resume and
+/// `set_epoch` decide from it whether the position is kept, and each batch delivered moves it
+/// on.
+#[derive(Clone, Debug)]
+pub(crate) struct Position {
+    spec: OrderSpec,
+    epoch: u64,
+    /// Positions of the epoch consumed before this run's first batch of it (an elastic restart).
+    start: u64,
+    /// Batches of `epoch` delivered to the caller.
+    next_batch: u64,
+    /// Set by a resume, until the next batch or `set_epoch`: a `set_epoch` of the same epoch
+    /// then keeps the position.
+    resumed: bool,
+}
+
+impl Position {
+    /// At the start of `order` (a new loader), or `next_batch` into it and marked resumed.
+    pub(crate) fn new(spec: OrderSpec, order: &Order, next_batch: u64, resumed: bool) -> Position {
+        Position {
+            spec,
+            epoch: order.epoch(),
+            start: order.start(),
+            next_batch,
+            resumed,
+        }
+    }
+
+    /// The settings that decide the order.
+    pub(crate) fn spec(&self) -> &OrderSpec {
+        &self.spec
+    }
+
+    /// The epoch being delivered.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches of the epoch delivered.
+    pub(crate) fn next_batch(&self) -> u64 {
+        self.next_batch
+    }
+
+    /// What resuming from here yields: the batches not yet delivered.
+    pub(crate) fn state(&self) -> LoaderState {
+        LoaderState {
+            epoch: self.epoch,
+            next_batch: self.next_batch,
+            start: self.start,
+            order: self.spec.clone(),
+        }
+    }
+
+    /// The order and next batch that resume `state` under this loader's settings; moves
+    /// nothing (a state that does not fit is an error and leaves the position as it was).
+    pub(crate) fn resolve(&self, state: &LoaderState) -> Result<(Order, u64)> {
+        state.position(&self.spec)
+    }
+
+    /// Moves to a resolved state (see [`resolve`](Self::resolve)), marked resumed.
+    pub(crate) fn resume_at(&mut self, order: &Order, next_batch: u64) {
+        self.epoch = order.epoch();
+        self.start = order.start();
+        self.next_batch = next_batch;
+        self.resumed = true;
+    }
+
+    /// Whether `set_epoch(epoch)` keeps the position: right after a resume into `epoch`, or at
+    /// the start of `epoch` (nothing of it delivered). Ends the resume either way.
+    pub(crate) fn keeps(&mut self, epoch: u64) -> bool {
+        let resumed = std::mem::take(&mut self.resumed);
+        let at_start = self.next_batch == 0 && self.start == 0;
+        epoch == self.epoch && (resumed || at_start)
+    }
+
+    /// Ends the resume without moving (a consumer that has already decided not to keep it).
+    pub(crate) fn end_resume(&mut self) {
+        self.resumed = false;
+    }
+
+    /// Moves to the first batch of `epoch`.
+    pub(crate) fn restart(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.start = 0;
+        self.next_batch = 0;
+        self.resumed = false;
+    }
+
+    /// One more batch delivered to the caller.
+    pub(crate) fn advance(&mut self) {
+        self.next_batch += 1;
+        self.resumed = false;
+    }
+}

@@ -1,0 +1,767 @@
+//! Where samples come from: every source is a map-style [`Dataset`] of zero-copy [`Sample`]s.
+//!
+//! - [`RecordFile`]: a packed record file;
+//! - [`NpyArray`]: a `.npy` array, memory-mapped in place, one row a sample;
+//! - [`ImageFolder`]: a directory of class subdirectories of JPEG/PNG files (torchvision's);
+//! - [`Concat`]: several sources of one schema as one dataset (a few files, all opened);
+//! - [`Zip`]: several sources of one length as one dataset whose fields are theirs together
+//!   (`images.npy` and `labels.npy`, say), sharded where they are;
+//! - [`shards`]: sharded datasets (packed shards, WebDataset tar shards, MosaicML MDS), each
+//!   shard opened on first use, a bounded number open at once;
+//! - [`open`]: whichever of these a path names.
+//!
+//! A source never copies a sample: [`Dataset::get`] returns a view into its mapping, and the
+//! loader copies it once, into its slot of the batch buffer. Sources are `Send + Sync` and are
+//! shared by reference among worker threads; none holds per-thread state.
+//!
+//! # Mappings, and files that change while they are read
+//!
+//! [`RecordFile`] and [`NpyArray`] read their file through a shared memory mapping by default
+//! ([`ReadMode::Map`]): fast, but the file must not change while it is open. Truncating it
+//! (`np.save` to the same path, for one) kills the process with `SIGBUS` at the next read past
+//! its new end; bytes written in place are read as they change, silently. Replacing it (write a
+//! new file, rename it over the old one, as [`RecordWriter`](crate::format::RecordWriter) does)
+//! is safe: the open source keeps reading the old file.
+//!
+//! What a user must guarantee, or choose instead:
+//!
+//! - keep data files unchanged while they are open, and replace them only by renaming a new
+//!   file into place; or
+//! - open with [`ReadMode::Pread`] (for [`RecordFile`], [`ReadOptions::mode`]; for [`NpyArray`],
+//!   [`NpyArray::open_with`]; for any path, [`open_with`]), which reads with `pread` and never
+//!   maps: on a network file system, or for files that may be truncated, a short read is a
+//!   typed [`Error::FileChanged`] instead of a signal;
+//! - for packed files, turn on [`ReadOptions::verify_checksums`] to check every record read
+//!   against its stored checksum, so that bytes rewritten in place are an error
+//!   ([`Error::ChecksumMismatch`]) and not data.
+//!
+//! Every file-backed source also remembers what its file was at open (device, inode, size,
+//! modification time): [`Dataset::check_unchanged`] compares that with the path now, and the
+//! loader calls it at the start of each epoch. Sharded datasets of local files do so for each
+//! shard open at that moment (see [`shards`](shards#shard-files-that-change)); shards
+//! downloaded into a cache are not checked.
+
+mod concat;
+mod image_folder;
+mod npy;
+mod packed;
+pub mod shards;
+mod zip;
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+pub use crate::file::ReadMode;
+pub use concat::Concat;
+pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
+pub use npy::{NpyArray, npy_header};
+pub use zip::Zip;
+
+use crate::file::RecordBuf;
+
+use crate::error::{Error, Result};
+use crate::format::{DType, FieldKind, ReadOptions, RecordFile, Schema};
+use crate::layout::{Element, cast_slice};
+
+/// A map-style dataset: a length, a schema, and samples by index.
+///
+/// Implementations must be cheap to call from many threads at once: `get` is on the hot path.
+pub trait Dataset: Send + Sync {
+    /// The number of samples.
+    fn len(&self) -> u64;
+
+    /// True when there is no sample.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The fields every sample has.
+    fn schema(&self) -> &Schema;
+
+    /// Sample `index`, or an error naming the file and record at fault.
+    fn get(&self, index: u64) -> Result<Sample<'_>>;
+
+    /// Samples per shard, in order, for a data set made of shards (files, objects) that are
+    /// best read a few at a time; `None` (the default) for one undivided data set. The
+    /// loader's [`shuffle_blocks`](crate::LoaderBuilder::shuffle_blocks) needs it.
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// How many batches ahead of those being made the loader should announce with
+    /// [`read_ahead`](Dataset::read_ahead); 0 (the default) for data sets that read on demand
+    /// well enough (a mapping). Sources that fetch from slow storage say how far ahead they
+    /// want to start fetching.
+    fn read_ahead_batches(&self) -> usize {
+        0
+    }
+
+    /// The loader will ask for these samples soon, in this order (one batch's indices, batch
+    /// after batch, up to [`read_ahead_batches`](Dataset::read_ahead_batches) batches ahead of
+    /// the workers), from the moment an epoch's first batch is delivered: the batches made
+    /// before that are read by the workers on demand, so that the first batch never waits
+    /// behind reads for later ones. A hint: called from the loader's thread, it must not block; it never
+    /// changes what `get` returns. Default: nothing.
+    fn read_ahead(&self, indices: &[u64]) {
+        let _ = indices;
+    }
+
+    /// Checks that the files this dataset reads are still the ones it opened: that each path
+    /// names the same file (device and inode) with the same size and modification time.
+    ///
+    /// Returns [`Error::FileChanged`] naming the first file that was replaced, removed,
+    /// truncated, extended or written since it was opened, and what changed; an
+    /// [`Error::Io`] if a path cannot be looked at. Costs one `stat` per file and reads no
+    /// data; safe to call from any thread, at any time, any number of times.
+    ///
+    /// The loader calls it at the start of every epoch, so that a data file changed under a
+    /// running job fails the epoch with this error instead of being read (or, for a mapping
+    /// that was truncated, killing the process). It is a check between epochs, not a guard
+    /// on every read: see the [module's section on mappings](self) for what a file changed
+    /// during an epoch does.
+    ///
+    /// The default returns `Ok(())`, for datasets that hold no open file (in memory, or read
+    /// whole at every `get`, as [`ImageFolder`]). Wrappers forward it to what they wrap.
+    fn check_unchanged(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<D: Dataset + ?Sized> Dataset for Arc<D> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+    fn schema(&self) -> &Schema {
+        (**self).schema()
+    }
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        (**self).get(index)
+    }
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        (**self).shard_sizes()
+    }
+    fn read_ahead_batches(&self) -> usize {
+        (**self).read_ahead_batches()
+    }
+    fn read_ahead(&self, indices: &[u64]) {
+        (**self).read_ahead(indices)
+    }
+    fn check_unchanged(&self) -> Result<()> {
+        (**self).check_unchanged()
+    }
+}
+
+impl<D: Dataset + ?Sized> Dataset for Box<D> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+    fn schema(&self) -> &Schema {
+        (**self).schema()
+    }
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        (**self).get(index)
+    }
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        (**self).shard_sizes()
+    }
+    fn read_ahead_batches(&self) -> usize {
+        (**self).read_ahead_batches()
+    }
+    fn read_ahead(&self, indices: &[u64]) {
+        (**self).read_ahead(indices)
+    }
+    fn check_unchanged(&self) -> Result<()> {
+        (**self).check_unchanged()
+    }
+}
+
+/// One sample: a record's bytes and the schema that says where its fields are.
+///
+/// Sources that map their data hand out views into the mapping (no copy); sources that must
+/// read (an image file, a decoded archive member) hand out bytes they own. A fixed-size record
+/// of a file opened with [`ReadMode::Pread`] is not read by `get` at all: the sample holds the
+/// record's place in the file, [`Sample::copy_field_into`] reads each field straight into its
+/// batch slot, and the accessors that return bytes ([`Sample::bytes`], [`Sample::field`]) read
+/// the whole record on first use.
+#[derive(Clone)]
+pub struct Sample<'a> {
+    bytes: SampleBytes<'a>,
+    schema: &'a Schema,
+}
+
+#[derive(Clone)]
+enum SampleBytes<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+    /// One range of `data` per field, in schema order; `data` keeps its buffer (a shard's
+    /// mapping) alive, so the sample outlives the shard's place in a cache of open shards.
+    Shared {
+        data: bytes::Bytes,
+        fields: Vec<std::ops::Range<usize>>,
+    },
+    /// Read from a file into a reusable per-thread buffer.
+    Read(RecordBuf),
+    /// A fixed-size record of a file, read when asked for.
+    Unread(UnreadRecord<'a>),
+    /// Fields gathered from samples of several datasets ([`Zip`]): field `k` is field
+    /// `fields[k].1` of `parts[fields[k].0]`. The record of the zipped schema is laid out on
+    /// first use of [`Sample::bytes`] only.
+    Zipped {
+        parts: Vec<Sample<'a>>,
+        fields: &'a [(usize, usize)],
+        record: OnceLock<Vec<u8>>,
+    },
+}
+
+/// Where a fixed-size record lies in a file opened with [`ReadMode::Pread`].
+#[derive(Clone)]
+struct UnreadRecord<'a> {
+    file: &'a std::fs::File,
+    path: &'a Path,
+    /// The file's size at open.
+    file_len: u64,
+    at: u64,
+    len: usize,
+    /// The whole record, once an accessor asked for bytes.
+    loaded: OnceLock<RecordBuf>,
+}
+
+impl UnreadRecord<'_> {
+    fn read(&self, within: std::ops::Range<usize>, dst: &mut [u8]) -> Result<()> {
+        crate::file::pread_exact(
+            self.file,
+            self.path,
+            self.at + within.start as u64,
+            dst,
+            self.file_len,
+        )
+    }
+
+    fn load(&self) -> Result<&[u8]> {
+        if let Some(b) = self.loaded.get() {
+            return Ok(b.as_slice());
+        }
+        let mut buf = RecordBuf::with_len(self.len);
+        self.read(0..self.len, buf.as_mut_slice())?;
+        // Another thread sharing this sample may have loaded it meanwhile: either copy will do.
+        Ok(self.loaded.get_or_init(|| buf).as_slice())
+    }
+}
+
+impl<'a> Sample<'a> {
+    /// A sample over `bytes`, which `schema.check_record` accepted.
+    pub(crate) fn new(bytes: &'a [u8], schema: &'a Schema) -> Sample<'a> {
+        Sample {
+            bytes: SampleBytes::Borrowed(bytes),
+            schema,
+        }
+    }
+
+    /// A sample over a record read into `buf`, which `schema.check_record` accepted.
+    pub(crate) fn read(buf: RecordBuf, schema: &'a Schema) -> Sample<'a> {
+        Sample {
+            bytes: SampleBytes::Read(buf),
+            schema,
+        }
+    }
+
+    /// The record of `len` bytes at `at` in `file` (`file_len` bytes at open), read when asked
+    /// for. `schema` must be fixed-size and its minimum must fit in `len` (the caller checked).
+    pub(crate) fn unread(
+        file: &'a std::fs::File,
+        path: &'a Path,
+        file_len: u64,
+        at: u64,
+        len: usize,
+        schema: &'a Schema,
+    ) -> Sample<'a> {
+        debug_assert!(schema.is_fixed() && schema.min_record_bytes() <= len);
+        Sample {
+            bytes: SampleBytes::Unread(UnreadRecord {
+                file,
+                path,
+                file_len,
+                at,
+                len,
+                loaded: OnceLock::new(),
+            }),
+            schema,
+        }
+    }
+
+    /// A sample whose field `k` is field `fields[k].1` of `parts[fields[k].0]` ([`Zip`]);
+    /// the caller checked that `fields` indexes `parts` and agrees with `schema`.
+    pub(crate) fn zipped(
+        parts: Vec<Sample<'a>>,
+        fields: &'a [(usize, usize)],
+        schema: &'a Schema,
+    ) -> Sample<'a> {
+        Sample {
+            bytes: SampleBytes::Zipped {
+                parts,
+                fields,
+                record: OnceLock::new(),
+            },
+            schema,
+        }
+    }
+
+    /// A sample that borrows its record bytes (laid out as `schema` says); checked here.
+    /// For sources that keep their data in memory they own.
+    pub fn borrowed(bytes: &'a [u8], schema: &'a Schema) -> Result<Sample<'a>> {
+        schema
+            .record_end(bytes)
+            .map_err(|e| Error::mismatch(format!("record does not fit its schema: {e}")))?;
+        Ok(Sample::new(bytes, schema))
+    }
+
+    /// A sample that owns its record bytes, laid out as `schema` says (see
+    /// [`Schema::record_bytes`] and `docs/FORMAT.md`, "Record"); checked here.
+    pub fn owned(bytes: Vec<u8>, schema: &'a Schema) -> Result<Sample<'a>> {
+        schema
+            .record_end(&bytes)
+            .map_err(|e| Error::mismatch(format!("record does not fit its schema: {e}")))?;
+        Ok(Sample {
+            bytes: SampleBytes::Owned(bytes),
+            schema,
+        })
+    }
+
+    /// A sample whose fields are separate ranges of one shared buffer: `fields[k]` is field
+    /// `k`'s bytes within `data` (in schema order). No byte is copied: `data` is a reference
+    /// counted view (of a shard's mapping, say) that the sample keeps alive.
+    ///
+    /// For containers whose fields are not laid out as a packed record (tar members, MDS
+    /// columns). Checked here: one range per field, each inside `data`, and each tensor
+    /// field's range exactly its schema's size. Tensor fields need not be aligned in memory.
+    pub fn shared_fields(
+        data: bytes::Bytes,
+        fields: Vec<std::ops::Range<usize>>,
+        schema: &'a Schema,
+    ) -> Result<Sample<'a>> {
+        if fields.len() != schema.fields().len() {
+            return Err(Error::mismatch(format!(
+                "{} field ranges for a schema of {} fields",
+                fields.len(),
+                schema.fields().len()
+            )));
+        }
+        for (k, (range, field)) in fields.iter().zip(schema.fields()).enumerate() {
+            if range.start > range.end || range.end > data.len() {
+                return Err(Error::mismatch(format!(
+                    "field `{}`: range {}..{} is outside the sample's {} bytes",
+                    field.name,
+                    range.start,
+                    range.end,
+                    data.len()
+                )));
+            }
+            if let Some(want) = schema.fixed_range(k).map(|r| r.len())
+                && range.len() != want
+            {
+                return Err(Error::mismatch(format!(
+                    "field `{}` has {} bytes, its schema says {want}",
+                    field.name,
+                    range.len()
+                )));
+            }
+        }
+        Ok(Sample {
+            bytes: SampleBytes::Shared { data, fields },
+            schema,
+        })
+    }
+
+    /// The bytes of field `k` (in schema order), or `None` if there is no such field.
+    ///
+    /// For a sample of a file opened with [`ReadMode::Pread`], the first call reads the record;
+    /// if that read fails this is `None` too: [`Sample::try_field`] returns the error.
+    pub fn field(&self, k: usize) -> Option<&[u8]> {
+        match &self.bytes {
+            SampleBytes::Shared { data, fields } => data.get(fields.get(k)?.clone()),
+            SampleBytes::Zipped { parts, fields, .. } => {
+                let &(part, j) = fields.get(k)?;
+                parts.get(part)?.field(j)
+            }
+            _ => self.schema.field_in(self.bytes().ok()?, k),
+        }
+    }
+
+    /// The bytes of field `k`, or an error: no such field, or (for a sample of a file opened
+    /// with [`ReadMode::Pread`]) the read failed.
+    pub fn try_field(&self, k: usize) -> Result<&[u8]> {
+        if let SampleBytes::Shared { data, fields } = &self.bytes {
+            return fields
+                .get(k)
+                .and_then(|r| data.get(r.clone()))
+                .ok_or_else(|| {
+                    Error::mismatch(format!(
+                        "no field {k} in a sample of schema [{}]",
+                        self.schema
+                    ))
+                });
+        }
+        if let SampleBytes::Zipped { parts, fields, .. } = &self.bytes {
+            let &(part, j) = fields.get(k).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "no field {k} in a sample of schema [{}]",
+                    self.schema
+                ))
+            })?;
+            return parts[part].try_field(j);
+        }
+        let bytes = self.bytes()?;
+        self.schema.field_in(bytes, k).ok_or_else(|| {
+            Error::mismatch(format!(
+                "no field {k} in a sample of schema [{}]",
+                self.schema
+            ))
+        })
+    }
+
+    /// The bytes of the field called `name`.
+    pub fn field_named(&self, name: &str) -> Option<&[u8]> {
+        self.field(self.schema.index_of(name)?)
+    }
+
+    /// The field called `name` as elements of `T`: a tensor field's values, or (with `T =
+    /// u8`) a bytes field's bytes.
+    ///
+    /// `T` must be the field's element type (`u8` also views `bool`, `u16` also views `f16`
+    /// and `bf16`); an unknown name or another type is an [`Error::Mismatch`] naming the field
+    /// and the sample's fields. Inside a transform the loader adds the sample's index and
+    /// batch to any error ([`Error::Sample`]).
+    ///
+    /// Borrowed, without a copy, when the field's bytes are aligned for `T`: tensor fields of
+    /// packed record files and of `.npy` arrays written by NumPy are. Bytes that are not
+    /// (a tensor inside a tar member, an array whose header leaves its data unaligned) are
+    /// copied into an owned vector: this never returns a misaligned slice.
+    ///
+    /// ```
+    /// use gpufeed::{DType, Field, Sample, Schema};
+    ///
+    /// let schema = Schema::new(vec![
+    ///     Field::tensor("x", DType::F32, &[2]),
+    ///     Field::tensor("label", DType::U32, &[]),
+    /// ])
+    /// .unwrap();
+    /// let mut record = Vec::new();
+    /// schema
+    ///     .build_record(&[&[0, 0, 128, 63, 0, 0, 0, 64], &7u32.to_le_bytes()], &mut record)
+    ///     .unwrap();
+    /// let sample = Sample::owned(record, &schema)?;
+    /// assert_eq!(*sample.field_as::<f32>("x")?, [1.0, 2.0]);
+    /// assert_eq!(*sample.field_as::<u32>("label")?, [7]);
+    /// assert!(sample.field_as::<f64>("x").is_err()); // x is f32
+    /// assert!(sample.field_as::<u32>("y").is_err()); // no such field
+    /// # Ok::<(), gpufeed::Error>(())
+    /// ```
+    pub fn field_as<T: Element>(&self, name: &str) -> Result<Cow<'_, [T]>> {
+        let k = self.schema.index_of(name).ok_or_else(|| {
+            let names: Vec<&str> = self
+                .schema
+                .fields()
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect();
+            Error::mismatch(format!(
+                "the sample has no field `{name}` (its fields: {names:?})"
+            ))
+        })?;
+        let what = match &self.schema.fields()[k].kind {
+            FieldKind::Tensor { dtype, .. } if T::matches(*dtype) => None,
+            FieldKind::Tensor { dtype, .. } => Some(dtype.to_string()),
+            FieldKind::Bytes { .. } if T::matches(DType::U8) => None,
+            FieldKind::Bytes { codec } => Some(format!("{} bytes (read them as u8)", codec.name())),
+        };
+        if let Some(what) = what {
+            return Err(Error::mismatch(format!(
+                "field `{name}` is {what}, not {}",
+                crate::layout::element_name::<T>()
+            )));
+        }
+        let bytes = self.try_field(k)?;
+        if let Some(typed) = cast_slice::<T>(bytes) {
+            return Ok(Cow::Borrowed(typed));
+        }
+        if !bytes.len().is_multiple_of(std::mem::size_of::<T>()) {
+            return Err(Error::mismatch(format!(
+                "field `{name}` has {} bytes, not a whole number of {}",
+                bytes.len(),
+                crate::layout::element_name::<T>()
+            )));
+        }
+        Ok(Cow::Owned(copy_to_vec(bytes)))
+    }
+
+    /// The record's bytes as stored (fields, length table, padding). A sample of a file
+    /// opened with [`ReadMode::Pread`] reads them on first use, which can fail. For a sample
+    /// made by [`Sample::shared_fields`], the bytes that hold it in its container (its fields
+    /// and whatever the container puts between them, such as tar headers).
+    pub fn bytes(&self) -> Result<&[u8]> {
+        match &self.bytes {
+            SampleBytes::Borrowed(b) => Ok(b),
+            SampleBytes::Owned(v) => Ok(v),
+            SampleBytes::Shared { data, .. } => Ok(data),
+            SampleBytes::Read(b) => Ok(b.as_slice()),
+            SampleBytes::Unread(u) => u.load(),
+            SampleBytes::Zipped { record, .. } => {
+                if let Some(r) = record.get() {
+                    return Ok(r);
+                }
+                let values = (0..self.schema.fields().len())
+                    .map(|k| self.try_field(k))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut out = Vec::new();
+                self.schema
+                    .build_record(&values, &mut out)
+                    .map_err(|e| Error::mismatch(format!("zipped sample: {e}")))?;
+                Ok(record.get_or_init(|| out))
+            }
+        }
+    }
+
+    /// The record's length in bytes (padding included), known without reading it.
+    pub fn len(&self) -> usize {
+        match &self.bytes {
+            SampleBytes::Borrowed(b) => b.len(),
+            SampleBytes::Owned(v) => v.len(),
+            SampleBytes::Shared { data, .. } => data.len(),
+            SampleBytes::Read(b) => b.as_slice().len(),
+            SampleBytes::Unread(u) => u.len,
+            SampleBytes::Zipped { record, .. } => match record.get() {
+                Some(r) => r.len(),
+                None => self.schema.record_bytes(
+                    (0..self.schema.fields().len())
+                        .filter(|&k| self.schema.fixed_range(k).is_none())
+                        .map(|k| self.field(k).map_or(0, <[u8]>::len)),
+                ),
+            },
+        }
+    }
+
+    /// True when the record has no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies field `k` into `dst`, which must be exactly the field's size (a batch slot).
+    ///
+    /// From a mapping or bytes in memory this is one copy (with streaming stores for large
+    /// fields). For a fixed-size record of a file opened with
+    /// [`ReadMode::Pread`] that no accessor has read yet, it is one `pread` of the field
+    /// straight into `dst`: no intermediate buffer, no allocation. [`CopyFields`](crate::CopyFields)
+    /// writes every field this way.
+    pub fn copy_field_into(&self, k: usize, dst: &mut [u8]) -> Result<()> {
+        if let SampleBytes::Zipped { parts, fields, .. } = &self.bytes {
+            let &(part, j) = fields.get(k).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "no field {k} in a sample of schema [{}]",
+                    self.schema
+                ))
+            })?;
+            return parts[part].copy_field_into(j, dst);
+        }
+        if let SampleBytes::Unread(u) = &self.bytes
+            && u.loaded.get().is_none()
+        {
+            let range = self.schema.fixed_range(k).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "no field {k} in a sample of schema [{}]",
+                    self.schema
+                ))
+            })?;
+            if range.len() != dst.len() {
+                return Err(size_mismatch(k, range.len(), dst.len()));
+            }
+            return u.read(range, dst);
+        }
+        let src = self.try_field(k)?;
+        if src.len() != dst.len() {
+            return Err(size_mismatch(k, src.len(), dst.len()));
+        }
+        crate::memory::copy_to_batch(dst, src);
+        Ok(())
+    }
+
+    /// The schema of this sample.
+    pub fn schema(&self) -> &'a Schema {
+        self.schema
+    }
+}
+
+/// `bytes` (a whole number of `T`s, at any alignment) copied into a vector of `T`.
+fn copy_to_vec<T: Element>(bytes: &[u8]) -> Vec<T> {
+    let size = std::mem::size_of::<T>();
+    let n = bytes.len() / size;
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    // SAFETY: `out` has room for `n` elements, `n * size` bytes, and `bytes` holds at least as
+    // many; a fresh vector does not overlap `bytes`. Every one of the `n` elements is written in
+    // full before `set_len`, and `T: Element` (sealed) has no padding and is valid for every
+    // bit pattern, so they are initialised values of `T`. A byte copy needs no alignment of
+    // the source.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), n * size);
+        out.set_len(n);
+    }
+    out
+}
+
+fn size_mismatch(k: usize, field: usize, slot: usize) -> Error {
+    Error::mismatch(format!(
+        "field {k} has {field} bytes, its batch slot {slot}"
+    ))
+}
+
+impl std::fmt::Debug for Sample<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = match &self.bytes {
+            SampleBytes::Borrowed(_) => "borrowed",
+            SampleBytes::Owned(_) => "owned",
+            SampleBytes::Shared { .. } => "shared",
+            SampleBytes::Read(_) => "read",
+            SampleBytes::Unread(_) => "unread",
+            SampleBytes::Zipped { .. } => "zipped",
+        };
+        f.debug_struct("Sample")
+            .field("bytes", &self.len())
+            .field("how", &how)
+            .field("schema", &self.schema.to_string())
+            .finish()
+    }
+}
+
+/// Any source a path can name, behind one type.
+pub type AnySource = Box<dyn Dataset>;
+
+/// Opens `path` as a dataset: a shard directory, `.tar` file or brace pattern of them (see
+/// [`shards::open`]), a `.npy` array (by its magic bytes) or a packed record file.
+pub fn open(path: impl AsRef<Path>) -> Result<AnySource> {
+    open_with(path, ReadOptions::default())
+}
+
+/// Opens `path` as [`open`] does, reading it as `options` say: [`ReadOptions::mode`] for
+/// either kind of file; [`ReadOptions::verify_checksums`] for packed files, and an
+/// [`Error::InvalidConfig`] for a `.npy` array, which has no checksums to verify.
+pub fn open_with(path: impl AsRef<Path>, options: ReadOptions) -> Result<AnySource> {
+    let path = path.as_ref();
+    if let Some(spec) = path.to_str()
+        && shards::is_shard_spec(spec)
+    {
+        let sharded: Box<dyn Dataset> = shards::open(spec)?;
+        return Ok(sharded);
+    }
+    let mut magic = [0u8; 8];
+    {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
+        let mut got = 0;
+        while got < magic.len() {
+            match f.read(&mut magic[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(path, "read", e)),
+            }
+        }
+    }
+    if magic.starts_with(npy::NPY_MAGIC) {
+        if options.verify_checksums {
+            return Err(Error::config(
+                "verify_checksums",
+                format!(
+                    "{} is a .npy array, which has no checksums to verify (packed record files do)",
+                    path.display()
+                ),
+            ));
+        }
+        Ok(Box::new(NpyArray::open_with(
+            path,
+            NpyArray::FIELD,
+            options.mode,
+        )?))
+    } else {
+        Ok(Box::new(RecordFile::open_with(path, options)?))
+    }
+}
+
+/// Opens many files (shards) as one dataset; all must have the same schema.
+pub fn open_shards<P: AsRef<Path>>(paths: &[P]) -> Result<Concat<AnySource>> {
+    open_shards_with(paths, ReadOptions::default())
+}
+
+/// Opens many files (shards) as one dataset, each as [`open_with`] does with `options`.
+pub fn open_shards_with<P: AsRef<Path>>(
+    paths: &[P],
+    options: ReadOptions,
+) -> Result<Concat<AnySource>> {
+    let parts = paths
+        .iter()
+        .map(|p| open_with(p, options))
+        .collect::<Result<Vec<_>>>()?;
+    Concat::new(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Codec, Field};
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::tensor("x", DType::F32, &[2]),
+            Field::tensor("half", DType::F16, &[]),
+            Field::bytes("name", Codec::Utf8),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn field_as_reads_fields_by_name_and_type() {
+        let schema = schema();
+        let mut record = Vec::new();
+        let x = [1.5f32, -2.0].map(f32::to_le_bytes).concat();
+        let h = half::f16::from_f32(0.25).to_le_bytes();
+        schema.build_record(&[&x, &h, b"cat"], &mut record).unwrap();
+        let s = Sample::owned(record, &schema).unwrap();
+        assert_eq!(*s.field_as::<f32>("x").unwrap(), [1.5, -2.0]);
+        assert_eq!(
+            *s.field_as::<half::f16>("half").unwrap(),
+            [half::f16::from_f32(0.25)]
+        );
+        assert_eq!(s.field_as::<u16>("half").unwrap().len(), 1);
+        assert_eq!(*s.field_as::<u8>("name").unwrap(), *b"cat");
+        for (e, want) in [
+            (s.field_as::<f64>("x").unwrap_err(), "`x` is f32, not f64"),
+            (
+                s.field_as::<half::bf16>("half").unwrap_err(),
+                "`half` is f16, not bf16",
+            ),
+            (s.field_as::<i8>("name").unwrap_err(), "read them as u8"),
+            (s.field_as::<u8>("nope").unwrap_err(), "no field `nope`"),
+        ] {
+            assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+            assert!(e.to_string().contains(want), "`{want}` not in: {e}");
+        }
+    }
+
+    #[test]
+    fn field_as_borrows_aligned_bytes_and_copies_the_others() {
+        let schema = Schema::new(vec![Field::tensor("v", DType::U32, &[3])]).unwrap();
+        let values = [7u32, 8, 9].map(u32::to_le_bytes).concat();
+        // The same 12 bytes at offset 4 (aligned) and at offset 1 (not) of one buffer.
+        for at in [4usize, 1] {
+            let mut data = vec![0u8; 20];
+            data[at..at + 12].copy_from_slice(&values);
+            let data = bytes::Bytes::from(data);
+            let base = data.as_ptr() as usize;
+            let ranges: Vec<_> = std::iter::once(at..at + 12).collect();
+            let s = Sample::shared_fields(data, ranges, &schema).unwrap();
+            let v = s.field_as::<u32>("v").unwrap();
+            assert_eq!(*v, [7, 8, 9]);
+            let aligned = (base + at).is_multiple_of(4);
+            assert_eq!(matches!(v, Cow::Borrowed(_)), aligned, "offset {at}");
+        }
+    }
+}

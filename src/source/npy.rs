@@ -1,0 +1,649 @@
+//! [`NpyArray`]: a `.npy` file read in place (memory-mapped, or with `pread`); row `i` (along the
+//! first axis) is sample `i`.
+//!
+//! Reads format versions 1.0, 2.0 and 3.0. The dtype and shape come from the header; the array
+//! must be C-ordered (a Fortran-ordered array of more than one dimension is refused, since its
+//! rows are not contiguous), little-endian (or single-byte), of a plain numeric dtype. Object,
+//! structured, string and datetime arrays are refused with an error that names the dtype, and
+//! so are rows of zero bytes (a shape such as `(2**64 - 1, 0)` would be that many empty
+//! samples from a file of a hundred bytes).
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::file::{FileData, FileIdentity, ReadMode, open_file};
+use crate::format::{DType, Field, Schema};
+use crate::source::{Dataset, Sample};
+
+pub(crate) const NPY_MAGIC: &[u8] = b"\x93NUMPY";
+
+/// The longest header read (NumPy's own reader refuses more than 10,000 bytes by default).
+const MAX_HEADER_BYTES: usize = 1 << 20;
+
+/// A `.npy` array read in place: a dataset with one tensor field, `data`.
+///
+/// By default the file is memory-mapped ([`ReadMode::Map`]) and a sample is a view into the
+/// mapping. The mapping is shared with the file: if another process truncates it while it is
+/// open (`np.save` to the same path does: it opens the file with `"wb"`), the next read past the
+/// new end kills this process with `SIGBUS`; bytes written in place are read as they change.
+/// Either guarantee that the file is not written while it is open (write a new file and rename
+/// it over the old one, which the open array ignores), or open it with [`ReadMode::Pread`]
+/// ([`NpyArray::open_with`]), which reads with `pread`: a truncated file is then an
+/// [`Error::FileChanged`]. [`Dataset::check_unchanged`] reports a file replaced, truncated,
+/// extended or written since it was opened; the loader calls it at each epoch's start.
+pub struct NpyArray {
+    path: PathBuf,
+    data: FileData,
+    identity: FileIdentity,
+    schema: Schema,
+    dtype: DType,
+    shape: Vec<u64>,
+    data_offset: usize,
+    row_bytes: usize,
+    rows: u64,
+}
+
+impl std::fmt::Debug for NpyArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NpyArray")
+            .field("path", &self.path)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("mode", &self.data.mode())
+            .finish()
+    }
+}
+
+/// What a `.npy` header says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NpyHeader {
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub data_offset: usize,
+}
+
+impl NpyArray {
+    /// The name of the one field of an `NpyArray`'s schema.
+    pub const FIELD: &'static str = "data";
+
+    /// Maps `path` and parses its header.
+    pub fn open(path: impl AsRef<Path>) -> Result<NpyArray> {
+        NpyArray::open_with(path, NpyArray::FIELD, ReadMode::Map)
+    }
+
+    /// Maps `path`, naming its field `field` (for example `label`).
+    pub fn open_as(path: impl AsRef<Path>, field: &str) -> Result<NpyArray> {
+        NpyArray::open_with(path, field, ReadMode::Map)
+    }
+
+    /// Opens `path` to be read in `mode`, naming its field `field` ([`NpyArray::FIELD`] unless
+    /// the array is, say, the labels).
+    pub fn open_with(path: impl AsRef<Path>, field: &str, mode: ReadMode) -> Result<NpyArray> {
+        let path = path.as_ref();
+        let (data, identity) = open_file(path, mode)?;
+        let len = data.len();
+        // The header's length is in its first 12 bytes; read no more than it and the file hold.
+        let prefix = data.bytes_at(path, 0, len.min(12) as usize)?;
+        let claimed = match prefix.get(6) {
+            Some(1) if prefix.len() >= 10 => {
+                10 + usize::from(u16::from_le_bytes([prefix[8], prefix[9]]))
+            }
+            Some(2 | 3) if prefix.len() >= 12 => {
+                12 + u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]) as usize
+            }
+            _ => prefix.len(),
+        };
+        if claimed > MAX_HEADER_BYTES {
+            return Err(Error::UnsupportedNpy {
+                path: path.to_path_buf(),
+                what: format!(
+                    "a header of {claimed} bytes (at most {MAX_HEADER_BYTES} are read; NumPy writes a few hundred)"
+                ),
+            });
+        }
+        let head = data.bytes_at(path, 0, (len as usize).min(claimed.max(prefix.len())))?;
+        drop(prefix);
+        let header = parse_header(&head).map_err(|e| e.at(path))?;
+        drop(head);
+        let row_shape = header.shape[1..].to_vec();
+        let row_elems = row_shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let row_bytes = row_elems
+            .and_then(|n| n.checked_mul(header.dtype.size() as u64))
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= u32::MAX as usize)
+            .ok_or_else(|| Error::UnsupportedNpy {
+                path: path.to_path_buf(),
+                what: format!("rows of shape {row_shape:?} are larger than 4 GiB"),
+            })?;
+        let rows = header.shape[0];
+        if row_bytes == 0 && rows > 0 {
+            return Err(Error::UnsupportedNpy {
+                path: path.to_path_buf(),
+                what: format!(
+                    "shape {:?}: its {rows} rows of shape {row_shape:?} hold no bytes, so there is nothing to read as samples",
+                    header.shape
+                ),
+            });
+        }
+        let need = (row_bytes as u64)
+            .checked_mul(rows)
+            .and_then(|n| n.checked_add(header.data_offset as u64));
+        if need.is_none_or(|n| n > len) {
+            return Err(Error::Malformed {
+                path: path.to_path_buf(),
+                format: "npy",
+                what: format!(
+                    "shape {:?} of {} needs {} bytes after the {}-byte header, the file has {}: it is truncated",
+                    header.shape,
+                    header.dtype,
+                    (row_bytes as u128) * rows as u128,
+                    header.data_offset,
+                    len.saturating_sub(header.data_offset as u64)
+                ),
+            });
+        }
+        let schema = Schema::validated(vec![Field::tensor(field, header.dtype, &row_shape)])
+            .map_err(|what| Error::UnsupportedNpy {
+                path: path.to_path_buf(),
+                what,
+            })?;
+        Ok(NpyArray {
+            path: path.to_path_buf(),
+            data,
+            identity,
+            schema,
+            dtype: header.dtype,
+            shape: header.shape,
+            data_offset: header.data_offset,
+            row_bytes,
+            rows,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The whole array's shape; `shape()[0]` is the number of samples.
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    /// Bytes in one row (one sample).
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// Where the data starts in the file (the header's length).
+    pub fn data_offset(&self) -> usize {
+        self.data_offset
+    }
+
+    /// How the file is read.
+    pub fn read_mode(&self) -> ReadMode {
+        self.data.mode()
+    }
+
+    /// The bytes of row `i`, borrowed from the mapping. An array opened with
+    /// [`ReadMode::Pread`] has no mapping to borrow from: [`Error::InvalidConfig`]; use
+    /// [`Dataset::get`].
+    pub fn row(&self, i: u64) -> Result<&[u8]> {
+        let start = self.row_start(i)?;
+        match &self.data {
+            FileData::Map(map) => Ok(&map[start..start + self.row_bytes]),
+            FileData::Pread { .. } => Err(Error::config(
+                "mode",
+                format!(
+                    "row borrows from the mapping, and {} was opened with ReadMode::Pread: use get",
+                    self.path.display()
+                ),
+            )),
+        }
+    }
+
+    fn row_start(&self, i: u64) -> Result<usize> {
+        if i >= self.rows {
+            return Err(Error::OutOfRange {
+                index: i,
+                len: self.rows,
+            });
+        }
+        // rows * row_bytes + data_offset <= the file's length (checked at open).
+        Ok(self.data_offset + i as usize * self.row_bytes)
+    }
+
+    /// Checks that the path still names the file opened, with the same size and modification
+    /// time; see [`Dataset::check_unchanged`].
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.identity.check(&self.path)
+    }
+}
+
+impl Dataset for NpyArray {
+    fn len(&self) -> u64 {
+        self.rows
+    }
+
+    fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    fn get(&self, index: u64) -> Result<Sample<'_>> {
+        let start = self.row_start(index)?;
+        match &self.data {
+            FileData::Map(map) => Ok(Sample::new(
+                &map[start..start + self.row_bytes],
+                &self.schema,
+            )),
+            FileData::Pread { file, len } => Ok(Sample::unread(
+                file,
+                &self.path,
+                *len,
+                start as u64,
+                self.row_bytes,
+                &self.schema,
+            )),
+        }
+    }
+
+    fn check_unchanged(&self) -> Result<()> {
+        NpyArray::check_unchanged(self)
+    }
+}
+
+/// A header fault, before the path is known.
+#[derive(Debug)]
+pub(crate) enum HeaderError {
+    Malformed(String),
+    Unsupported(String),
+}
+
+impl HeaderError {
+    fn at(self, path: &Path) -> Error {
+        match self {
+            HeaderError::Malformed(what) => Error::Malformed {
+                path: path.to_path_buf(),
+                format: "npy",
+                what,
+            },
+            HeaderError::Unsupported(what) => Error::UnsupportedNpy {
+                path: path.to_path_buf(),
+                what,
+            },
+        }
+    }
+}
+
+/// Parses the header of a `.npy` file (its first bytes).
+pub(crate) fn parse_header(b: &[u8]) -> Result<NpyHeader, HeaderError> {
+    use HeaderError::{Malformed, Unsupported};
+    if b.is_empty() {
+        return Err(Malformed("the file is empty".into()));
+    }
+    if b.len() < 10 || !b.starts_with(NPY_MAGIC) {
+        return Err(Malformed("no .npy magic (\\x93NUMPY) at the start".into()));
+    }
+    let (major, minor) = (b[6], b[7]);
+    let (len, at) = match major {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10usize),
+        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+        2 | 3 => return Err(Malformed("truncated header".into())),
+        _ => {
+            return Err(Unsupported(format!(
+                "format version {major}.{minor} (1.0 to 3.0 are read)"
+            )));
+        }
+    };
+    let end = at
+        .checked_add(len)
+        .filter(|&e| e <= b.len())
+        .ok_or_else(|| Malformed(format!("header claims {len} bytes, the file ends first")))?;
+    let text =
+        std::str::from_utf8(&b[at..end]).map_err(|_| Malformed("header is not text".into()))?;
+    let dict = match PyValue::parse(text).map_err(|e| Malformed(format!("header {text:?}: {e}")))? {
+        PyValue::Dict(d) => d,
+        _ => return Err(Malformed(format!("header {text:?} is not a dict"))),
+    };
+    let get = |key: &str| {
+        dict.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+            .ok_or_else(|| Malformed(format!("header has no '{key}'")))
+    };
+    let descr = match get("descr")? {
+        PyValue::Str(s) => s.as_str(),
+        other => return Err(Unsupported(format!("structured dtype {other:?}"))),
+    };
+    let dtype = parse_descr(descr)?;
+    let fortran = match get("fortran_order")? {
+        PyValue::Bool(f) => *f,
+        other => return Err(Malformed(format!("fortran_order is {other:?}"))),
+    };
+    let shape = match get("shape")? {
+        PyValue::Tuple(items) => items
+            .iter()
+            .map(|v| match v {
+                PyValue::Int(n) => Ok(*n),
+                other => Err(Malformed(format!(
+                    "shape entry {other:?} is not a whole number"
+                ))),
+            })
+            .collect::<Result<Vec<u64>, _>>()?,
+        other => return Err(Malformed(format!("shape is {other:?}, not a tuple"))),
+    };
+    if shape.is_empty() {
+        return Err(Unsupported(
+            "a 0-dimensional array has no rows to use as samples".into(),
+        ));
+    }
+    if fortran && shape.iter().filter(|&&d| d != 1).count() > 1 {
+        return Err(Unsupported(format!(
+            "Fortran-ordered array of shape {shape:?}: rows are not contiguous; save it with np.ascontiguousarray"
+        )));
+    }
+    Ok(NpyHeader {
+        dtype,
+        shape,
+        data_offset: end,
+    })
+}
+
+fn parse_descr(descr: &str) -> Result<DType, HeaderError> {
+    use HeaderError::Unsupported;
+    let (order, code) = match descr.chars().next() {
+        Some(c @ ('<' | '>' | '|' | '=')) => (c, &descr[1..]),
+        _ => ('=', descr),
+    };
+    let dtype = match code {
+        "u1" => DType::U8,
+        "i1" => DType::I8,
+        "b1" => DType::Bool,
+        "u2" => DType::U16,
+        "i2" => DType::I16,
+        "f2" => DType::F16,
+        "u4" => DType::U32,
+        "i4" => DType::I32,
+        "f4" => DType::F32,
+        "u8" => DType::U64,
+        "i8" => DType::I64,
+        "f8" => DType::F64,
+        _ => {
+            return Err(Unsupported(format!(
+                "dtype '{descr}' (object, string, complex, datetime and structured arrays are not numeric tensors)"
+            )));
+        }
+    };
+    let big = order == '>' || (order == '=' && cfg!(target_endian = "big"));
+    if big && dtype.size() > 1 {
+        return Err(Unsupported(format!(
+            "big-endian dtype '{descr}'; convert with arr.astype(arr.dtype.newbyteorder('<'))"
+        )));
+    }
+    Ok(dtype)
+}
+
+/// The subset of Python literals a `.npy` header uses.
+#[derive(Debug, Clone, PartialEq)]
+enum PyValue {
+    Str(String),
+    Int(u64),
+    Bool(bool),
+    Tuple(Vec<PyValue>),
+    List(Vec<PyValue>),
+    Dict(Vec<(String, PyValue)>),
+}
+
+impl PyValue {
+    fn parse(text: &str) -> Result<PyValue, String> {
+        let mut p = PyParser {
+            s: text.as_bytes(),
+            at: 0,
+            depth: 0,
+        };
+        let v = p.value()?;
+        p.ws();
+        if p.at != p.s.len() {
+            return Err(format!("unexpected text at byte {}", p.at));
+        }
+        Ok(v)
+    }
+}
+
+struct PyParser<'a> {
+    s: &'a [u8],
+    at: usize,
+    depth: usize,
+}
+
+impl PyParser<'_> {
+    fn ws(&mut self) {
+        while self.at < self.s.len() && self.s[self.at].is_ascii_whitespace() {
+            self.at += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.s.get(self.at).copied()
+    }
+
+    fn value(&mut self) -> Result<PyValue, String> {
+        self.depth += 1;
+        if self.depth > 32 {
+            return Err("nested too deeply".into());
+        }
+        let v = match self.peek() {
+            Some(q @ (b'\'' | b'"')) => {
+                self.at += 1;
+                let start = self.at;
+                while self.at < self.s.len() && self.s[self.at] != q {
+                    self.at += 1;
+                }
+                if self.at == self.s.len() {
+                    return Err("unterminated string".into());
+                }
+                let s = String::from_utf8_lossy(&self.s[start..self.at]).into_owned();
+                self.at += 1;
+                PyValue::Str(s)
+            }
+            Some(b'0'..=b'9') => {
+                let start = self.at;
+                while self.at < self.s.len() && self.s[self.at].is_ascii_digit() {
+                    self.at += 1;
+                }
+                // `3L` in headers written by Python 2.
+                if self.s.get(self.at) == Some(&b'L') {
+                    self.at += 1;
+                }
+                let digits = std::str::from_utf8(&self.s[start..self.at])
+                    .unwrap_or("")
+                    .trim_end_matches('L');
+                PyValue::Int(
+                    digits
+                        .parse()
+                        .map_err(|_| format!("number {digits} is out of range"))?,
+                )
+            }
+            Some(b'T') if self.s[self.at..].starts_with(b"True") => {
+                self.at += 4;
+                PyValue::Bool(true)
+            }
+            Some(b'F') if self.s[self.at..].starts_with(b"False") => {
+                self.at += 5;
+                PyValue::Bool(false)
+            }
+            Some(open @ (b'(' | b'[' | b'{')) => {
+                self.at += 1;
+                let close = match open {
+                    b'(' => b')',
+                    b'[' => b']',
+                    _ => b'}',
+                };
+                let mut items = Vec::new();
+                let mut entries = Vec::new();
+                loop {
+                    if self.peek() == Some(close) {
+                        self.at += 1;
+                        break;
+                    }
+                    let v = self.value()?;
+                    if open == b'{' {
+                        let PyValue::Str(k) = v else {
+                            return Err("dict key is not a string".into());
+                        };
+                        if self.peek() != Some(b':') {
+                            return Err(format!("expected ':' at byte {}", self.at));
+                        }
+                        self.at += 1;
+                        entries.push((k, self.value()?));
+                    } else {
+                        items.push(v);
+                    }
+                    match self.peek() {
+                        Some(b',') => self.at += 1,
+                        Some(c) if c == close => {}
+                        _ => return Err(format!("expected ',' at byte {}", self.at)),
+                    }
+                }
+                match open {
+                    b'(' => PyValue::Tuple(items),
+                    b'[' => PyValue::List(items),
+                    _ => PyValue::Dict(entries),
+                }
+            }
+            _ => return Err(format!("unexpected text at byte {}", self.at)),
+        };
+        self.depth -= 1;
+        Ok(v)
+    }
+}
+
+/// Writes a `.npy` (version 1.0) header for a C-ordered little-endian array; used by tests,
+/// benches and the command to make data sets. NumPy has no bf16, so that dtype is refused.
+pub fn npy_header(dtype: DType, shape: &[u64]) -> Result<Vec<u8>> {
+    let descr = match dtype {
+        DType::U8 => "|u1",
+        DType::I8 => "|i1",
+        DType::Bool => "|b1",
+        DType::U16 => "<u2",
+        DType::I16 => "<i2",
+        DType::F16 => "<f2",
+        DType::U32 => "<u4",
+        DType::I32 => "<i4",
+        DType::F32 => "<f4",
+        DType::U64 => "<u8",
+        DType::I64 => "<i8",
+        DType::F64 => "<f8",
+        DType::BF16 => {
+            return Err(Error::config(
+                "dtype",
+                "NumPy has no bf16 dtype to write a .npy header for",
+            ));
+        }
+    };
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    let total = 10 + dict.len() + 1;
+    dict.push_str(&" ".repeat(total.next_multiple_of(64) - total));
+    dict.push('\n');
+    let mut out = Vec::with_capacity(10 + dict.len());
+    out.extend_from_slice(NPY_MAGIC);
+    out.extend_from_slice(&[1, 0]);
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_what_numpy_writes() {
+        let h = npy_header(DType::F32, &[10, 3, 4]).unwrap();
+        assert_eq!(h.len() % 64, 0);
+        let p = parse_header(&h).unwrap();
+        assert_eq!(p.dtype, DType::F32);
+        assert_eq!(p.shape, vec![10, 3, 4]);
+        assert_eq!(p.data_offset, h.len());
+        let one = parse_header(&npy_header(DType::U8, &[7]).unwrap()).unwrap();
+        assert_eq!(one.shape, vec![7]);
+    }
+
+    #[test]
+    fn parses_numpy_text_verbatim() {
+        let text = "{'descr': '<i8', 'fortran_order': False, 'shape': (5,), }";
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(text.len() as u16).to_le_bytes());
+        b.extend_from_slice(text.as_bytes());
+        let p = parse_header(&b).unwrap();
+        assert_eq!((p.dtype, p.shape), (DType::I64, vec![5]));
+    }
+
+    fn header_with(text: &str) -> Vec<u8> {
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(text.len() as u16).to_le_bytes());
+        b.extend_from_slice(text.as_bytes());
+        b
+    }
+
+    #[test]
+    fn refuses_what_cannot_be_read_in_place() {
+        let cases = [
+            "{'descr': '|O', 'fortran_order': False, 'shape': (5,), }",
+            "{'descr': '<U3', 'fortran_order': False, 'shape': (5,), }",
+            "{'descr': '>f4', 'fortran_order': False, 'shape': (5,), }",
+            "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (5,), }",
+            "{'descr': '<f4', 'fortran_order': True, 'shape': (5, 3), }",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (), }",
+        ];
+        for c in cases {
+            assert!(
+                matches!(
+                    parse_header(&header_with(c)),
+                    Err(HeaderError::Unsupported(_))
+                ),
+                "{c}"
+            );
+        }
+        // A Fortran-ordered vector is the same bytes as a C-ordered one.
+        assert!(
+            parse_header(&header_with(
+                "{'descr': '<f4', 'fortran_order': True, 'shape': (5,), }"
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn malformed_headers_are_errors() {
+        for c in [
+            "{'descr': '<f4', 'shape': (5,), }",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (5,",
+            "not a dict",
+            "{'descr': '<f4', 'fortran_order': 1, 'shape': (5,), }",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,), }",
+        ] {
+            assert!(
+                matches!(
+                    parse_header(&header_with(c)),
+                    Err(HeaderError::Malformed(_))
+                ),
+                "{c}"
+            );
+        }
+        assert!(parse_header(b"").is_err());
+        assert!(parse_header(b"\x93NUMPY\x01\x00\xff\x00{").is_err());
+    }
+}

@@ -1,0 +1,896 @@
+//! MosaicML Streaming's MDS directories (`index.json` and `shard.NNNNN.mds` files), read in
+//! place: [`MdsDataset`].
+//!
+//! The layout, from mosaicml-streaming's `MDSWriter` and `MDSReader`
+//! (`streaming/base/format/mds/`):
+//!
+//! ```text
+//! index.json      {"version": 2, "shards": [{"format": "mds", "version": 2, "samples": n,
+//!                   "column_names": [...], "column_encodings": [...], "column_sizes": [...],
+//!                   "compression": null, "hashes": [...], "size_limit": ...,
+//!                   "raw_data": {"basename": "shard.00000.mds", "bytes": b, "hashes": {...}},
+//!                   "zip_data": null}, ...]}
+//! shard file      u32 n | u32 offsets[n + 1] (absolute) | the shard's config as JSON |
+//!                 samples: u32 size of each variable-size column, in column order, then
+//!                 each column's bytes, in column order
+//! ```
+//!
+//! (all integers little-endian; columns sorted by name, as the writer sorts them). Each column
+//! becomes one field of the schema:
+//!
+//! | MDS encoding | field |
+//! |---|---|
+//! | `int` | tensor i64 `[]` |
+//! | `uint8` … `int64`, `float16`, `float32`, `float64` | tensor of that dtype, `[]` |
+//! | `ndarray:DTYPE:D0,D1,...` (fixed dtype and shape) | tensor of that dtype and shape |
+//! | `bytes`, `pil`, `pkl`, `list[...]`, `jpeg_array`, `ndarray`, `ndarray:DTYPE` | bytes, raw (a variable `ndarray`'s header is kept: [`decode_ndarray`]) |
+//! | `str`, `str_int`, `str_float`, `str_decimal`, `json` | bytes, utf8 |
+//! | `jpeg`, `png` | bytes, jpeg / png (the encoded image) |
+//!
+//! Fields are views of the shard's mapping (tensor fields are not aligned in memory). A shard
+//! is checked when opened against its index entry (its size, sample count, the offset table,
+//! its own copy of the column layout) and each sample when read (its offsets, and that its
+//! column sizes fill it exactly): each fault is a typed error naming the shard (and sample).
+//! The index's hashes of a shard (`xxh64`, `xxh3_64`, `xxh3_128`/`xxh128`, `xxh32`; others
+//! are not checked) are checked under [`ShardOptions::verify`] and by
+//! [`ShardedDataset::verify`]. Compressed shards are read from their raw (decompressed) file
+//! when it is there, as Streaming leaves it in its local cache, else refused with an error
+//! naming the file.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::{
+    IndexedFormat, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
+    check_shard_name,
+};
+use crate::error::{Error, Result};
+use crate::format::{Codec, DType, Field, FieldKind, Schema};
+use crate::source::Sample;
+
+/// The index file's name in an MDS directory.
+pub const MDS_INDEX_FILE: &str = "index.json";
+
+/// A shard file's entry in an MDS index (`raw_data`, `zip_data`), as read: borrowed from the
+/// index's text where it can be, and kept only in [`ShardFile`]'s compact form.
+#[derive(Deserialize)]
+struct FileEntry<'a> {
+    #[serde(borrow)]
+    basename: Cow<'a, str>,
+    bytes: u64,
+    #[serde(default, borrow)]
+    hashes: BTreeMap<Cow<'a, str>, Cow<'a, str>>,
+}
+
+/// One shard's entry in an MDS `index.json`, as read (see [`FileEntry`]).
+#[derive(Deserialize)]
+struct ShardEntry<'a> {
+    #[serde(borrow)]
+    format: Cow<'a, str>,
+    #[serde(rename = "version")]
+    _version: u32,
+    samples: u64,
+    #[serde(borrow)]
+    column_names: Vec<Cow<'a, str>>,
+    #[serde(borrow)]
+    column_encodings: Vec<Cow<'a, str>>,
+    column_sizes: Vec<Option<u64>>,
+    #[serde(default, borrow)]
+    compression: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    raw_data: FileEntry<'a>,
+    #[serde(default, borrow)]
+    zip_data: Option<FileEntry<'a>>,
+}
+
+#[derive(Deserialize)]
+struct IndexFile {
+    version: u32,
+    shards: ShardList,
+}
+
+/// The hashes of a shard's raw file that an MDS index gives and gpufeed computes (others, such
+/// as `sha1` or `md5`, are not checked).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ShardHashes {
+    pub xxh64: Option<u64>,
+    pub xxh3_64: Option<u64>,
+    pub xxh3_128: Option<u128>,
+    pub xxh32: Option<u32>,
+}
+
+/// What a data set keeps of a shard's index entry beyond its name and sample count: its raw
+/// file's size and hashes, and for a compressed shard what to say when its raw file is
+/// missing. (The column layout is the same for every shard: kept once.)
+#[derive(Debug)]
+pub(crate) struct ShardFile {
+    pub bytes: u64,
+    pub hashes: ShardHashes,
+    /// The compressed file and its compression, for a shard that has one.
+    zip: Option<Box<(String, Option<String>)>>,
+}
+
+/// The column layout of every shard, as the index gives it.
+#[derive(Debug, Default)]
+struct Layout {
+    names: Vec<String>,
+    encodings: Vec<String>,
+    sizes: Vec<Option<u64>>,
+}
+
+/// The `shards` of an MDS index, read one entry at a time into their compact form: names,
+/// counts, [`ShardFile`]s and the one [`Layout`] (each entry's is checked against shard 0's as
+/// it is read), so that a large index costs its shards' names and sizes, not its text's
+/// strings.
+#[derive(Default)]
+struct ShardList {
+    shards: Vec<(String, u64)>,
+    files: Vec<ShardFile>,
+    layout: Layout,
+}
+
+impl ShardList {
+    /// Adds shard `k`'s entry, or says what is wrong with it.
+    fn push(&mut self, k: usize, e: ShardEntry<'_>) -> std::result::Result<(), String> {
+        if e.format != "mds" {
+            return Err(format!(
+                "shard {k}: format `{}` (this reader reads `mds`)",
+                e.format
+            ));
+        }
+        if k == 0 {
+            self.layout = Layout {
+                names: e.column_names.iter().map(|c| c.to_string()).collect(),
+                encodings: e.column_encodings.iter().map(|c| c.to_string()).collect(),
+                sizes: e.column_sizes,
+            };
+        } else {
+            let same = |a: &[Cow<'_, str>], b: &[String]| {
+                a.iter().map(|c| &**c).eq(b.iter().map(|c| &**c))
+            };
+            if !same(&e.column_names, &self.layout.names)
+                || !same(&e.column_encodings, &self.layout.encodings)
+                || e.column_sizes != self.layout.sizes
+            {
+                return Err(format!(
+                    "shard {k} ({}) has other columns than shard 0",
+                    e.raw_data.basename
+                ));
+            }
+        }
+        let mut hashes = ShardHashes::default();
+        for (algo, want) in &e.raw_data.hashes {
+            let hex = |bits: u32| {
+                u128::from_str_radix(want, 16)
+                    .ok()
+                    .filter(|v| bits == 128 || *v >> bits == 0)
+                    .ok_or_else(|| {
+                        format!("shard {k}: its {algo} `{want}` is not a {bits}-bit hex digest")
+                    })
+            };
+            match &**algo {
+                "xxh64" => hashes.xxh64 = Some(hex(64)? as u64),
+                "xxh3_64" => hashes.xxh3_64 = Some(hex(64)? as u64),
+                "xxh3_128" | "xxh128" => hashes.xxh3_128 = Some(hex(128)?),
+                "xxh32" => hashes.xxh32 = Some(hex(32)? as u32),
+                _ => {}
+            }
+        }
+        let zip = e
+            .zip_data
+            .map(|z| Box::new((z.basename.into_owned(), e.compression.map(Cow::into_owned))));
+        self.files.push(ShardFile {
+            bytes: e.raw_data.bytes,
+            hashes,
+            zip,
+        });
+        self.shards
+            .push((e.raw_data.basename.into_owned(), e.samples));
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for ShardList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = ShardList;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of shard entries")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<ShardList, A::Error> {
+                use serde::de::Error as _;
+                let mut list = ShardList::default();
+                for k in 0.. {
+                    let entry = seq.next_element::<ShardEntry<'de>>().map_err(|e| {
+                        A::Error::custom(format_args!("shard {k}: not a valid entry: {e}"))
+                    })?;
+                    let Some(entry) = entry else { break };
+                    list.push(k, entry).map_err(A::Error::custom)?;
+                }
+                Ok(list)
+            }
+        }
+        d.deserialize_seq(Entries)
+    }
+}
+
+/// The encoding of one MDS column, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MdsEncoding {
+    /// A fixed-size column: a tensor.
+    Tensor {
+        /// Its element type.
+        dtype: DType,
+        /// Its shape (`[]` for a scalar).
+        shape: Vec<u64>,
+    },
+    /// A variable-size column: bytes with this codec.
+    Bytes(Codec),
+}
+
+fn numpy_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "uint8" => DType::U8,
+        "int8" => DType::I8,
+        "uint16" => DType::U16,
+        "int16" => DType::I16,
+        "float16" => DType::F16,
+        "uint32" => DType::U32,
+        "int32" => DType::I32,
+        "float32" => DType::F32,
+        "uint64" => DType::U64,
+        "int64" => DType::I64,
+        "float64" => DType::F64,
+        _ => return None,
+    })
+}
+
+impl MdsEncoding {
+    /// Parses an MDS encoding name, as `streaming`'s `_get_coder` does; an encoding it does not
+    /// know or cannot read in place fails with [`Error::Mismatch`].
+    pub fn parse(encoding: &str) -> Result<MdsEncoding> {
+        MdsEncoding::parse_text(encoding).map_err(Error::mismatch)
+    }
+
+    fn parse_text(encoding: &str) -> std::result::Result<MdsEncoding, String> {
+        let (name, config) = match encoding.find(':') {
+            Some(i) => (&encoding[..i], Some(&encoding[i + 1..])),
+            None => (encoding, None),
+        };
+        if let Some(config) = config {
+            if name != "ndarray" {
+                return Err(format!("encoding `{encoding}` takes no arguments"));
+            }
+            let args: Vec<&str> = if config.is_empty() {
+                Vec::new()
+            } else {
+                config.split(':').collect()
+            };
+            return match args.as_slice() {
+                [] => Ok(MdsEncoding::Bytes(Codec::Raw)),
+                [dtype] => numpy_dtype(dtype)
+                    .map(|_| MdsEncoding::Bytes(Codec::Raw))
+                    .ok_or_else(|| format!("`{encoding}`: unknown dtype `{dtype}`")),
+                [dtype, shape] => {
+                    let dtype = numpy_dtype(dtype)
+                        .ok_or_else(|| format!("`{encoding}`: unknown dtype `{dtype}`"))?;
+                    let shape = shape
+                        .split(',')
+                        .map(|d| d.trim().parse::<u64>().ok().filter(|&d| d >= 1))
+                        .collect::<Option<Vec<u64>>>()
+                        .ok_or_else(|| format!("`{encoding}`: a bad shape"))?;
+                    Ok(MdsEncoding::Tensor { dtype, shape })
+                }
+                _ => Err(format!("`{encoding}`: too many arguments")),
+            };
+        }
+        if let Some(dtype) = numpy_dtype(name) {
+            return Ok(MdsEncoding::Tensor {
+                dtype,
+                shape: Vec::new(),
+            });
+        }
+        Ok(match name {
+            "int" => MdsEncoding::Tensor {
+                dtype: DType::I64,
+                shape: Vec::new(),
+            },
+            "str" | "str_int" | "str_float" | "str_decimal" | "json" => {
+                MdsEncoding::Bytes(Codec::Utf8)
+            }
+            "jpeg" => MdsEncoding::Bytes(Codec::Jpeg),
+            "png" => MdsEncoding::Bytes(Codec::Png),
+            "bytes" | "ndarray" | "pil" | "pkl" | "jpeg_array" | "jpegarray" | "list[pil]"
+            | "list[jpeg]" | "list[png]" => MdsEncoding::Bytes(Codec::Raw),
+            _ => return Err(format!("unknown MDS encoding `{encoding}`")),
+        })
+    }
+
+    /// The fixed size in bytes, `None` for a variable-size column.
+    pub fn size(&self) -> Option<u64> {
+        match self {
+            MdsEncoding::Tensor { dtype, shape } => Some(
+                shape
+                    .iter()
+                    .try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d))
+                    .unwrap_or(u64::MAX),
+            ),
+            MdsEncoding::Bytes(_) => None,
+        }
+    }
+}
+
+/// A variable-size MDS `ndarray` value, decoded in place: its dtype, its shape and its values'
+/// bytes (C order, little-endian).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NdArrayView<'a> {
+    /// The element type.
+    pub dtype: DType,
+    /// The shape.
+    pub shape: Vec<u64>,
+    /// The values.
+    pub values: &'a [u8],
+}
+
+/// Decodes a value of a column encoded `ndarray` or `ndarray:DTYPE` (streaming's `NDArray`:
+/// `[dtype code: 1 byte, if not in the encoding] [ndim << 2 | shape dtype: 1 byte]
+/// [shape: ndim uints] [values]`).
+///
+/// Bytes that do not hold such a value fail with [`Error::Mismatch`].
+pub fn decode_ndarray<'a>(encoding: &str, bytes: &'a [u8]) -> Result<NdArrayView<'a>> {
+    ndarray_view(encoding, bytes).map_err(Error::mismatch)
+}
+
+fn ndarray_view<'a>(
+    encoding: &str,
+    bytes: &'a [u8],
+) -> std::result::Result<NdArrayView<'a>, String> {
+    let fixed = match encoding.strip_prefix("ndarray") {
+        Some("") => None,
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(d) if !d.contains(':') => {
+                Some(numpy_dtype(d).ok_or_else(|| format!("unknown dtype `{d}`"))?)
+            }
+            _ => {
+                return Err(format!(
+                    "`{encoding}` is not a variable-size ndarray encoding"
+                ));
+            }
+        },
+        None => return Err(format!("`{encoding}` is not an ndarray encoding")),
+    };
+    let mut at = 0usize;
+    let byte = |at: usize| bytes.get(at).copied().ok_or("truncated ndarray header");
+    let dtype = match fixed {
+        Some(d) => d,
+        None => {
+            let code = byte(at)?;
+            at += 1;
+            match code {
+                8 => DType::U8,
+                9 => DType::I8,
+                16 => DType::U16,
+                17 => DType::I16,
+                18 => DType::F16,
+                32 => DType::U32,
+                33 => DType::I32,
+                34 => DType::F32,
+                64 => DType::U64,
+                65 => DType::I64,
+                66 => DType::F64,
+                c => return Err(format!("unknown ndarray dtype code {c}")),
+            }
+        }
+    };
+    let b = byte(at)?;
+    at += 1;
+    let ndim = (b >> 2) as usize;
+    let width = 1usize << (b & 3);
+    let mut shape = Vec::with_capacity(ndim);
+    for _ in 0..ndim {
+        let d = bytes.get(at..at + width).ok_or("truncated ndarray shape")?;
+        let mut v = [0u8; 8];
+        v[..width].copy_from_slice(d);
+        shape.push(u64::from_le_bytes(v));
+        at += width;
+    }
+    let values = &bytes[at..];
+    let want = shape
+        .iter()
+        .try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d));
+    if want != Some(values.len() as u64) {
+        return Err(format!(
+            "shape {shape:?} of {dtype} needs {want:?} bytes, the value has {}",
+            values.len()
+        ));
+    }
+    Ok(NdArrayView {
+        dtype,
+        shape,
+        values,
+    })
+}
+
+/// Reads MDS shards for [`ShardedDataset`].
+#[derive(Debug)]
+pub struct MdsShards {
+    index_path: PathBuf,
+    /// Each shard's raw file, by shard number.
+    files: Vec<ShardFile>,
+    /// Every shard's columns (their sizes: `None` for a variable one).
+    layout: Layout,
+}
+
+/// A dataset of MDS shards.
+pub type MdsDataset = ShardedDataset<MdsShards>;
+
+/// What an MDS index says: the format reader, the shards (name, samples) and the schema of
+/// their columns.
+pub(crate) struct ReadIndex {
+    pub format: MdsShards,
+    pub shards: Vec<(String, u64)>,
+    pub schema: Schema,
+}
+
+/// An open MDS shard: its bytes and where its samples start.
+pub struct MdsShard {
+    bytes: ShardBytes,
+    samples: u64,
+    data_start: u64,
+}
+
+impl IndexedFormat for MdsShards {
+    const INDEX_FILE: &'static str = MDS_INDEX_FILE;
+
+    fn dataset(
+        store: Arc<dyn ShardStore>,
+        index_path: &Path,
+        text: &[u8],
+        options: ShardOptions,
+    ) -> Result<MdsDataset> {
+        MdsDataset::from_read_index(MdsShards::read_index(index_path, text)?, store, options)
+    }
+}
+
+impl ShardedDataset<MdsShards> {
+    /// A dataset of what [`MdsShards::read_index`] read, with its shards in `store`.
+    pub(crate) fn from_read_index(
+        index: ReadIndex,
+        store: Arc<dyn ShardStore>,
+        options: ShardOptions,
+    ) -> Result<MdsDataset> {
+        let ReadIndex {
+            format,
+            shards,
+            schema,
+        } = index;
+        ShardedDataset::from_parts(format, store, shards, schema, options)?.check_empty_shards()
+    }
+}
+
+impl MdsShards {
+    /// Reads the index `text` (from `index_path`), checking every entry's name and layout.
+    pub(crate) fn read_index(index_path: &Path, text: &[u8]) -> Result<ReadIndex> {
+        let bad = |what: String| Error::Malformed {
+            path: index_path.to_path_buf(),
+            format: "MDS index",
+            what,
+        };
+        let file: IndexFile =
+            serde_json::from_slice(text).map_err(|e| bad(format!("not a valid index: {e}")))?;
+        if file.version != 2 {
+            return Err(bad(format!(
+                "version {} (this reader knows version 2)",
+                file.version
+            )));
+        }
+        let ShardList {
+            shards,
+            files,
+            layout,
+        } = file.shards;
+        if shards.is_empty() {
+            return Err(bad("no shard".into()));
+        }
+        for (name, _) in &shards {
+            check_shard_name(index_path, "MDS index", name)?;
+        }
+        for f in &files {
+            if let Some(z) = &f.zip {
+                check_shard_name(index_path, "MDS index", &z.0)?;
+            }
+        }
+        let n = layout.names.len();
+        if n == 0 || layout.encodings.len() != n || layout.sizes.len() != n {
+            return Err(bad(format!(
+                "shard 0: {} column names, {} encodings, {} sizes",
+                n,
+                layout.encodings.len(),
+                layout.sizes.len()
+            )));
+        }
+        let mut fields = Vec::with_capacity(n);
+        for ((name, enc), &size) in layout
+            .names
+            .iter()
+            .zip(&layout.encodings)
+            .zip(&layout.sizes)
+        {
+            let e = MdsEncoding::parse(enc).map_err(|e| bad(format!("column `{name}`: {e}")))?;
+            if e.size() != size {
+                return Err(bad(format!(
+                    "column `{name}` ({enc}) has size {size:?} in the index, its encoding gives {:?}",
+                    e.size()
+                )));
+            }
+            fields.push(match e {
+                MdsEncoding::Tensor { dtype, shape } => Field::tensor(name.clone(), dtype, &shape),
+                MdsEncoding::Bytes(codec) => Field::bytes(name.clone(), codec),
+            });
+        }
+        let schema = Schema::validated(fields).map_err(|e| bad(format!("columns: {e}")))?;
+        let format = MdsShards {
+            index_path: index_path.to_path_buf(),
+            files,
+            layout,
+        };
+        Ok(ReadIndex {
+            format,
+            shards,
+            schema,
+        })
+    }
+
+    /// What the index says of shard `k`'s raw file.
+    #[cfg(feature = "remote")]
+    pub(crate) fn file(&self, k: usize) -> Option<&ShardFile> {
+        self.files.get(k)
+    }
+
+    fn disagrees(&self, path: &Path, what: String) -> Error {
+        Error::Malformed {
+            path: path.to_path_buf(),
+            format: "MDS shard",
+            what: format!("{what} (index {})", self.index_path.display()),
+        }
+    }
+
+    /// Checks the hashes the index gives for the raw file that we know how to compute.
+    fn check_hashes(&self, k: usize, bytes: &ShardBytes) -> Result<()> {
+        let h = &self.files[k].hashes;
+        let all = bytes.all()?;
+        let checks = [
+            h.xxh64.map(|w| {
+                (
+                    "xxh64",
+                    u128::from(xxhash_rust::xxh64::xxh64(all, 0)),
+                    u128::from(w),
+                    16,
+                )
+            }),
+            h.xxh3_64.map(|w| {
+                (
+                    "xxh3_64",
+                    u128::from(xxhash_rust::xxh3::xxh3_64(all)),
+                    u128::from(w),
+                    16,
+                )
+            }),
+            h.xxh3_128
+                .map(|w| ("xxh3_128", xxhash_rust::xxh3::xxh3_128(all), w, 32)),
+            h.xxh32.map(|w| {
+                (
+                    "xxh32",
+                    u128::from(xxhash_rust::xxh32::xxh32(all, 0)),
+                    u128::from(w),
+                    8,
+                )
+            }),
+        ];
+        for (algo, got, want, width) in checks.into_iter().flatten() {
+            if got != want {
+                return Err(self.disagrees(
+                    bytes.path(),
+                    format!("{algo} of the file is {got:0width$x}, the index says {want:0width$x}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn u32_at(bytes: &ShardBytes, at: u64) -> Result<u32> {
+        let b = bytes.get(at..at + 4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// The byte range of sample `i` (below the shard's count), checked.
+    fn sample_range(shard: &MdsShard, i: u64) -> Result<(u64, u64)> {
+        let start = u64::from(MdsShards::u32_at(&shard.bytes, 4 + 4 * i)?);
+        let end = u64::from(MdsShards::u32_at(&shard.bytes, 8 + 4 * i)?);
+        if start < shard.data_start || start > end || end > shard.bytes.len() {
+            return Err(Error::BadRecord {
+                path: shard.bytes.path().to_path_buf(),
+                record: i,
+                what: format!(
+                    "offsets {start}..{end} are decreasing or outside the samples' bytes {}..{}",
+                    shard.data_start,
+                    shard.bytes.len()
+                ),
+            });
+        }
+        Ok((start, end))
+    }
+
+    /// Where each column of a sample lies within `sample` (its bytes), or what is wrong.
+    fn columns(&self, sample: &[u8]) -> Result<Vec<std::ops::Range<usize>>, String> {
+        let var = self.layout.sizes.iter().filter(|s| s.is_none()).count();
+        let head = 4 * var;
+        if sample.len() < head {
+            return Err(format!(
+                "{} bytes cannot hold the sizes of its {var} variable columns",
+                sample.len()
+            ));
+        }
+        let mut at = head as u64;
+        let mut v = 0;
+        let mut out = Vec::with_capacity(self.layout.sizes.len());
+        for s in &self.layout.sizes {
+            let size = match s {
+                Some(s) => *s,
+                None => {
+                    let b = &sample[4 * v..4 * v + 4];
+                    v += 1;
+                    u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                }
+            };
+            let end = at
+                .checked_add(size)
+                .filter(|&e| e <= sample.len() as u64)
+                .ok_or_else(|| {
+                    format!(
+                        "its columns run past its {} bytes (a column of {size} bytes at {at})",
+                        sample.len()
+                    )
+                })?;
+            out.push(at as usize..end as usize);
+            at = end;
+        }
+        if at != sample.len() as u64 {
+            return Err(format!(
+                "its columns take {at} bytes, the sample has {}",
+                sample.len()
+            ));
+        }
+        Ok(out)
+    }
+}
+
+impl ShardFormat for MdsShards {
+    type Shard = MdsShard;
+
+    fn name(&self) -> &'static str {
+        "MDS"
+    }
+
+    fn open_shard(
+        &self,
+        store: &dyn ShardStore,
+        k: usize,
+        name: &str,
+        samples: u64,
+        _schema: &Schema,
+        options: &ShardOptions,
+    ) -> Result<MdsShard> {
+        let file = &self.files[k];
+        let bytes = match store.open(name) {
+            Ok(b) => b,
+            Err(Error::Io { path, source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && file.zip.is_some() =>
+            {
+                let (zip, compression) = file
+                    .zip
+                    .as_deref()
+                    .map_or(("", None), |(z, c)| (z.as_str(), c.as_deref()));
+                return Err(Error::Malformed {
+                    path,
+                    format: "MDS shard",
+                    what: format!(
+                        "missing; the shard is compressed ({}) and gpufeed reads the uncompressed file: decompress {zip} first",
+                        compression.unwrap_or("?"),
+                    ),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let path = bytes.path().to_path_buf();
+        if bytes.len() != file.bytes {
+            return Err(self.disagrees(
+                &path,
+                format!(
+                    "the shard is {} bytes, the index says {}",
+                    bytes.len(),
+                    file.bytes
+                ),
+            ));
+        }
+        if options.verify {
+            self.check_hashes(k, &bytes)?;
+        }
+        let n = u64::from(MdsShards::u32_at(&bytes, 0)?);
+        if n != samples {
+            return Err(self.disagrees(
+                &path,
+                format!("the shard's header says {n} samples, the index says {samples}"),
+            ));
+        }
+        let table_end = 4 + 4 * (n + 1);
+        if table_end > bytes.len() {
+            return Err(self.disagrees(
+                &path,
+                format!(
+                    "an offset table of {} entries does not fit in {} bytes: truncated",
+                    n + 1,
+                    bytes.len()
+                ),
+            ));
+        }
+        let first = u64::from(MdsShards::u32_at(&bytes, 4)?);
+        let last = u64::from(MdsShards::u32_at(&bytes, 4 + 4 * n)?);
+        if first < table_end || first > last || last != bytes.len() {
+            return Err(self.disagrees(
+                &path,
+                format!(
+                    "samples span {first}..{last}; they must start after the offset table ({table_end}) and end at the end of the file ({})",
+                    bytes.len()
+                ),
+            ));
+        }
+        // The shard's own copy of its columns, between the table and the samples.
+        let config = bytes.get(table_end..first)?;
+        if let Ok(c) = serde_json::from_slice::<serde_json::Value>(config) {
+            let same = |key: &str, want: &serde_json::Value| c.get(key).is_none_or(|v| v == want);
+            let names = serde_json::to_value(&self.layout.names).unwrap_or_default();
+            let encs = serde_json::to_value(&self.layout.encodings).unwrap_or_default();
+            if !same("column_names", &names) || !same("column_encodings", &encs) {
+                return Err(self.disagrees(
+                    &path,
+                    "the shard's own column layout is not the index's".into(),
+                ));
+            }
+        } else if !config.is_empty() {
+            return Err(self.disagrees(
+                &path,
+                format!("bytes {table_end}..{first} (the shard's config) are not JSON: corrupt"),
+            ));
+        }
+        Ok(MdsShard {
+            bytes,
+            samples: n,
+            data_start: first,
+        })
+    }
+
+    fn sample<'s>(
+        &'s self,
+        shard: &MdsShard,
+        _k: usize,
+        index: u64,
+        schema: &'s Schema,
+        _options: &ShardOptions,
+    ) -> Result<Sample<'s>> {
+        if index >= shard.samples {
+            return Err(Error::OutOfRange {
+                index,
+                len: shard.samples,
+            });
+        }
+        let (start, end) = MdsShards::sample_range(shard, index)?;
+        let columns =
+            self.columns(shard.bytes.get(start..end)?)
+                .map_err(|what| Error::BadRecord {
+                    path: shard.bytes.path().to_path_buf(),
+                    record: index,
+                    what,
+                })?;
+        Sample::shared_fields(shard.bytes.share(start..end)?, columns, schema)
+    }
+
+    fn verify_shard(
+        &self,
+        store: &dyn ShardStore,
+        k: usize,
+        name: &str,
+        samples: u64,
+        schema: &Schema,
+    ) -> Result<()> {
+        let options = ShardOptions {
+            verify: true,
+            ..ShardOptions::default()
+        };
+        let shard = self.open_shard(store, k, name, samples, schema, &options)?;
+        for i in 0..samples {
+            let s = self.sample(&shard, k, i, schema, &options)?;
+            for (c, f) in schema.fields().iter().enumerate() {
+                let enc = &self.layout.encodings[c];
+                if let FieldKind::Bytes { .. } = f.kind
+                    && enc.starts_with("ndarray")
+                {
+                    decode_ndarray(enc, s.field(c).unwrap_or_default()).map_err(|what| {
+                        Error::BadRecord {
+                            path: shard.bytes.path().to_path_buf(),
+                            record: i,
+                            what: format!("column `{}`: {what}", f.name),
+                        }
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The shard's file against what it was when mapped ([`ShardBytes::check_unchanged`]).
+    fn check_unchanged(&self, shard: &MdsShard) -> Result<()> {
+        shard.bytes.check_unchanged()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_map_to_fields() {
+        let t = |d, s: &[u64]| MdsEncoding::Tensor {
+            dtype: d,
+            shape: s.to_vec(),
+        };
+        assert_eq!(MdsEncoding::parse("int").unwrap(), t(DType::I64, &[]));
+        assert_eq!(MdsEncoding::parse("uint16").unwrap(), t(DType::U16, &[]));
+        assert_eq!(MdsEncoding::parse("float16").unwrap(), t(DType::F16, &[]));
+        assert_eq!(
+            MdsEncoding::parse("ndarray:float32:3,4").unwrap(),
+            t(DType::F32, &[3, 4])
+        );
+        assert_eq!(
+            MdsEncoding::parse("ndarray:int8").unwrap(),
+            MdsEncoding::Bytes(Codec::Raw)
+        );
+        assert_eq!(
+            MdsEncoding::parse("str").unwrap(),
+            MdsEncoding::Bytes(Codec::Utf8)
+        );
+        assert_eq!(
+            MdsEncoding::parse("jpeg").unwrap(),
+            MdsEncoding::Bytes(Codec::Jpeg)
+        );
+        assert!(MdsEncoding::parse("ndarray:complex64").is_err());
+        assert!(MdsEncoding::parse("ndarray:uint8:0").is_err());
+        assert!(MdsEncoding::parse("str:x").is_err());
+        assert!(MdsEncoding::parse("nothing").is_err());
+        assert_eq!(t(DType::F32, &[3, 4]).size(), Some(48));
+    }
+
+    #[test]
+    fn dynamic_ndarrays_decode_in_place() {
+        // int16, shape (2, 3) in uint8 dims: code 17, (2 << 2) | 0, 2, 3, values.
+        let mut b = vec![17u8, 2 << 2, 2, 3];
+        b.extend((0..6i16).flat_map(|v| v.to_le_bytes()));
+        let v = decode_ndarray("ndarray", &b).unwrap();
+        assert_eq!(
+            (v.dtype, v.shape.clone(), v.values.len()),
+            (DType::I16, vec![2, 3], 12)
+        );
+        let v = decode_ndarray("ndarray:int16", &b[1..]).unwrap();
+        assert_eq!(v.shape, vec![2, 3]);
+        assert!(decode_ndarray("ndarray", &b[..5]).is_err());
+        assert!(decode_ndarray("ndarray:int16:2,3", &b).is_err());
+    }
+}
