@@ -2,7 +2,6 @@
 //! slot was written, output fields derived from the input, and `.npy` arrays zipped as one
 //! data set, all through the loader.
 
-use gpufeed::BatchStream;
 use gpufeed::format::{DType, Field, Schema};
 use gpufeed::source::{NpyArray, Zip, npy_header};
 use gpufeed::{
@@ -186,6 +185,7 @@ fn a_skipped_sample_need_not_write_its_slots() {
 #[cfg(debug_assertions)]
 #[test]
 fn a_transform_that_writes_too_few_bytes_fails_the_sample_in_debug_builds() {
+    use gpufeed::BatchStream;
     // Writes 15 of the 16 floats of `a`.
     let t = FnTransform::new(
         vec![OutputField::new("a", DType::F32, &[4, 4])],

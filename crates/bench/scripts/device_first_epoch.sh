@@ -6,7 +6,8 @@
 #   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols GPU_FEATURES=cuda ../shared/tools/gpu-stage
 #   cp ../shared/bench/torch_baseline.py .gpu/
 # then the device tool's `run` with carry [".gpu"] and `bash crates/bench/scripts/device_first_epoch.sh`.
-# `bash crates/bench/scripts/device_first_epoch.sh bench` skips the tests.
+# `bash crates/bench/scripts/device_first_epoch.sh bench` skips the tests; `... quick` runs the tests
+# and gpufeed's own benches only (no PyTorch, no probe), on data numpy writes if it is missing.
 set -u
 ONLY=${1:-all}
 cd "$(dirname "$0")/../../.."
@@ -23,7 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "cpus: $(nproc)"
 step() { echo; echo "== $*"; }
 
-if [ "$ONLY" = all ]; then
+if [ "$ONLY" = all ] || [ "$ONLY" = quick ]; then
   step "tests (GPUFEED_REQUIRE_GPU=1)"
   for t in "$G"/tests/*; do
     name=$(basename "$t")
@@ -40,6 +41,33 @@ if [ "$ONLY" = all ]; then
     fi
   done
   cat "$LOGS"/*.log >"$OUT/tests.log" 2>/dev/null
+fi
+
+if [ "$ONLY" = quick ]; then
+  step "data (numpy)"
+  python3 - "$DATA" <<'PY'
+import os, sys, numpy as np
+d = sys.argv[1]
+for name, rows, width in (("records.npy", 16384, 150528), ("tokens.npy", 524288, 4096)):
+    path = os.path.join(d, name)
+    if not os.path.exists(path):
+        a = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, width))
+        a[:] = np.arange(width, dtype=np.uint8)[None, :]
+        a.flush()
+PY
+  step "gpufeed, 4096-B records, batch 512: host, then to the GPU, in turn"
+  for i in 1 2 3; do
+    "$G/bin/gpufeed" bench "$DATA/tokens.npy" --epochs 5 --batch-size 512 --json | tee -a "$OUT/gpufeed.jsonl"
+    "$G/bin/gpufeed" bench "$DATA/tokens.npy" --epochs 5 --batch-size 512 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
+  done
+  step "gpufeed, 150528-B records to the GPU, 5 epochs"
+  for i in 1 2; do
+    "$G/bin/gpufeed" bench "$DATA/records.npy" --epochs 5 --device 0 --json | tee -a "$OUT/gpufeed.jsonl"
+  done
+  step "train_loop_cuda: a 10 ms step, 4 epochs, start-up included"
+  "$G/examples/train_loop_cuda" "$DATA/records.npy" --step-ms 10 --epochs 4 --workers 14 2>&1 | tail -8
+  echo "== done"
+  exit 0
 fi
 
 step "PyTorch DataLoader, 16384 x 150528-B records, batch 256, shuffled, pinned, to the GPU"
