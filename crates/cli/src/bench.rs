@@ -133,8 +133,9 @@ pub struct Args {
     /// Print one JSON object instead of text (the same keys for every kind of run).
     #[arg(long)]
     pub json: bool,
-    /// Check every record of a packed file against its stored checksum as it is read (a record
-    /// whose bytes changed is an error, never data); measures what verification costs.
+    /// Check every record of a packed file against its stored checksum as it is read, every
+    /// row of a .npy array against a checksum taken when it is opened (a record whose bytes
+    /// changed is an error, never data); measures what verification costs.
     #[arg(long)]
     pub verify: bool,
     /// Shards whose samples are shuffled together (a sharded data set's two-level shuffle)
@@ -510,7 +511,7 @@ fn open_dataset(
         return Ok(data);
     };
     let label = labels.display().to_string();
-    let labels: Box<dyn Dataset> = Box::new(NpyArray::open_with(labels, "label", options.mode)?);
+    let labels: Box<dyn Dataset> = Box::new(NpyArray::open_with(labels, "label", options)?);
     let zipped = Zip::new([(path.display().to_string(), data), (label, labels)])?;
     Ok(Box::new(zipped))
 }

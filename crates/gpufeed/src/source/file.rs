@@ -25,13 +25,17 @@
 //! The user must therefore guarantee that no process truncates or writes a file while a source
 //! maps it, or choose [`ReadMode::Pread`], which never maps: a truncated file is then a typed
 //! error ([`Error::FileChanged`]), never a signal. Bytes rewritten in place are read as they
-//! are in either mode; packed files can check every record against its stored checksum
-//! ([`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums)).
+//! are in either mode unless the source checks what it reads
+//! ([`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums)): packed
+//! files against the checksums their writer stored, `.npy` arrays against checksums taken at
+//! open.
 //!
 //! Every file-backed source records the file's device, inode, size, modification time and
-//! status-change time (`ctime`, which no call can set back) at open; [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) compares them with
+//! status-change time (`ctime`, which no call can set back) at open;
+//! [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) compares them with
 //! what the path holds now (one `stat`), so that a replaced, truncated, extended or rewritten
-//! file is reported, naming the file and what changed, at the next epoch instead of being read.
+//! file is reported, naming the file and what changed, at the next epoch instead of being read,
+//! also when its modification time was put back.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
