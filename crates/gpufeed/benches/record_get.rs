@@ -28,8 +28,9 @@
 //! - `map+verify`, `pread+verify`: opened with `ReadOptions::verify_checksums` (each row's
 //!   group of rows hashed with xxh3 and compared with the checksum taken at open);
 //!
-//! and in group `npy_open`, `NpyArray::open_with` of the 308 MB array without and with
-//! verification (which hashes the whole array once).
+//! in group `npy_labels`, the labels alone (rows of 4 bytes: a verified read hashes the 4 KiB
+//! group of 1024 rows that holds its row); and in group `npy_open`, `NpyArray::open_with` of
+//! the 308 MB array without and with verification (which hashes the whole array once).
 //!
 //! Run with `cargo bench --bench record_get`. The target: get+copy at >= 90% of memcpy.
 
@@ -239,6 +240,33 @@ fn bench(c: &mut Criterion) {
                         .expect("label");
                 }
                 black_box((&mut buf, &label));
+            })
+        });
+    }
+    g.finish();
+
+    // The labels alone: rows of 4 bytes, 1024 to a checksum group, so that each verified read
+    // hashes 4 KiB for 4 bytes (the worst case of the grouping).
+    let mut g = c.benchmark_group("npy_labels");
+    g.throughput(Throughput::Elements(BATCH as u64));
+    for (name, mode, verify_checksums) in NPY_MODES {
+        let options = ReadOptions {
+            mode,
+            verify_checksums,
+        };
+        let label_array = NpyArray::open_with(&labels, "label", options).expect("open");
+        let mut k = 0usize;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let batch = batches[k % batches.len()];
+                k += 1;
+                let mut sum = 0u64;
+                for &i in batch {
+                    let sample = label_array.get(i).expect("get");
+                    sample.copy_field_into(0, &mut label).expect("label");
+                    sum += u64::from(label[0]);
+                }
+                black_box(sum);
             })
         });
     }

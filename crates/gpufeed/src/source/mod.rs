@@ -39,7 +39,11 @@
 //!
 //! Every file-backed source also remembers what its file was at open (device, inode, size,
 //! modification and status-change times): [`Dataset::check_unchanged`] compares that with the
-//! path now, and the loader calls it at the start of each epoch. Sharded datasets of local files do so for each
+//! path now, and the loader calls it at the start of each epoch. The status-change time cannot
+//! be put back, so a file written in place is reported even when its modification time was;
+//! but it moves for metadata too (permissions, owner, a new hard link), and both times have
+//! the file system's granularity (a few milliseconds on Linux): a write within that time of
+//! the open is caught by checksums only. Sharded datasets of local files do so for each
 //! shard open at that moment (see [`shards`](shards#shard-files-that-change)); shards
 //! downloaded into a cache are not checked.
 
