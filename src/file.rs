@@ -25,13 +25,17 @@
 //! The user must therefore guarantee that no process truncates or writes a file while a source
 //! maps it, or choose [`ReadMode::Pread`], which never maps: a truncated file is then a typed
 //! error ([`Error::FileChanged`]), never a signal. Bytes rewritten in place are read as they
-//! are in either mode; packed files can check every record against its stored checksum
-//! ([`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums)).
+//! are in either mode unless the source checks what it reads
+//! ([`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums)): packed
+//! files against the checksums their writer stored, `.npy` arrays against checksums taken at
+//! open.
 //!
-//! Every file-backed source records the file's device, inode, size and modification time at
-//! open; [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) compares them with
+//! Every file-backed source records the file's device, inode, size, modification time and
+//! status-change time (`ctime`, which no call can set back) at open;
+//! [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged) compares them with
 //! what the path holds now (one `stat`), so that a replaced, truncated, extended or rewritten
-//! file is reported, naming the file and what changed, at the next epoch instead of being read.
+//! file is reported, naming the file and what changed, at the next epoch instead of being read,
+//! also when its modification time was put back.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -241,29 +245,43 @@ fn read_exact_at(_file: &File, _dst: &mut [u8], _at: u64) -> std::io::Result<()>
     ))
 }
 
-/// What a file was when it was opened: device and inode (which file the path named), size
-/// and modification time (whether it was written since).
+/// What a file was when it was opened: device and inode (which file the path named), size,
+/// modification time and status-change time (whether it was written since).
+///
+/// The status-change time (`ctime`) is what catches a file written in place whose
+/// modification time was then put back (`touch -r`, `os.utime`, `rsync --inplace`, a tool that
+/// preserves times): no system call sets it, every write and every change of the file's
+/// metadata moves it to the present. Both times have the file system's granularity (on Linux,
+/// a tick of the kernel's coarse clock, a few milliseconds): a write within the same tick as
+/// the open is not told apart by them; checksums
+/// ([`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums)) are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FileIdentity {
     /// Device and inode, where the platform has them.
     id: Option<(u64, u64)>,
     len: u64,
     modified: Option<SystemTime>,
+    /// Seconds and nanoseconds, where the platform has them.
+    changed: Option<(i64, i64)>,
 }
 
 impl FileIdentity {
     pub fn of(meta: &Metadata) -> FileIdentity {
         #[cfg(unix)]
-        let id = {
+        let (id, changed) = {
             use std::os::unix::fs::MetadataExt;
-            Some((meta.dev(), meta.ino()))
+            (
+                Some((meta.dev(), meta.ino())),
+                Some((meta.ctime(), meta.ctime_nsec())),
+            )
         };
         #[cfg(not(unix))]
-        let id = None;
+        let (id, changed) = (None, None);
         FileIdentity {
             id,
             len: meta.len(),
             modified: meta.modified().ok(),
+            changed,
         }
     }
 
@@ -318,6 +336,23 @@ impl FileIdentity {
                  samples may mix old and new bytes; {RENAME}",
                 describe_time(self.modified),
                 describe_time(now.modified)
+            ));
+        }
+        if let (Some(was), Some(is)) = (self.changed, now.changed)
+            && was != is
+        {
+            return changed(format!(
+                "its status-change time (ctime) moved from {}.{:09}s when opened to {}.{:09}s now, \
+                 with its size ({} bytes) and modification time ({}) as they were: it was written \
+                 in place and its modification time put back (touch -r, os.utime, a copy that \
+                 keeps times), or its permissions, owner or links changed; samples may mix old \
+                 and new bytes; {RENAME}",
+                was.0,
+                was.1,
+                is.0,
+                is.1,
+                self.len,
+                describe_time(self.modified)
             ));
         }
         Ok(())

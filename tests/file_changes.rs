@@ -538,3 +538,129 @@ fn open_shards_of_every_format_are_checked_and_unopened_ones_are_not() {
         assert_changed(d.as_ref(), &paths[0], "removed");
     }
 }
+
+// ---- Bytes written in place with the times put back (issue 18, item 3) ---------------------
+
+/// The status-change time of `path` (seconds, nanoseconds).
+#[cfg(unix)]
+fn ctime(path: &Path) -> (i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    (m.ctime(), m.ctime_nsec())
+}
+
+/// Waits until the file system stamps a change with a status-change time later than `path`'s,
+/// so that a change made next is told apart from what `path` was: Linux stamps files from a
+/// coarse clock (a tick of a few milliseconds), and a change within the tick of the last one
+/// keeps its time. Looks at a file of its own, changed until its time has moved.
+#[cfg(unix)]
+pub(crate) fn wait_past_ctime(path: &Path) {
+    let was = ctime(path);
+    let probe = path.with_extension("clock");
+    for _ in 0..10_000 {
+        std::fs::write(&probe, b"tick").unwrap();
+        if ctime(&probe) > was {
+            std::fs::remove_file(&probe).unwrap();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("the file system's clock did not move past {was:?} in 10 s");
+}
+
+/// Writes one byte of `path` in place at `at` (the same file, the same size: no mapping of it
+/// can fault), then puts its access and modification times back, as `touch -r`, `os.utime`,
+/// `rsync --inplace` or a careful tool does: only the status-change time, which no call can
+/// set, moves.
+#[cfg(unix)]
+pub(crate) fn rewrite_keeping_times(path: &Path, at: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let meta = std::fs::metadata(path).unwrap();
+    let (ino, len) = (inode(path), meta.len());
+    let times = std::fs::FileTimes::new()
+        .set_accessed(meta.accessed().unwrap())
+        .set_modified(meta.modified().unwrap());
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8];
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.read_exact(&mut b).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(&[!b[0]]).unwrap();
+    f.set_times(times).unwrap();
+    drop(f);
+    let now = std::fs::metadata(path).unwrap();
+    assert_eq!((inode(path), now.len()), (ino, len), "not the same file");
+    assert_eq!(now.modified().unwrap(), meta.modified().unwrap());
+}
+
+/// Issue 18, item 3: a file written in place whose modification time was put back passed the
+/// check (device, inode, size and modification time all as they were), and its new bytes were
+/// read: packed and `.npy`, mapped and `pread`. Its status-change time tells.
+#[cfg(unix)]
+#[test]
+fn bytes_rewritten_in_place_with_the_times_put_back_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    for path in files(dir.path()) {
+        let sources = open_all(&path);
+        wait_past_ctime(&path);
+        // A byte of the first record's data (packed) or of the last row (`.npy`).
+        let len = std::fs::metadata(&path).unwrap().len();
+        let at = if path.extension().is_some_and(|e| e == "npy") {
+            len - 1
+        } else {
+            64 + 5
+        };
+        let before = sources[0].get(0).unwrap().bytes().unwrap().to_vec();
+        rewrite_keeping_times(&path, at);
+        for d in &sources {
+            assert_changed(d.as_ref(), &path, "status-change time");
+            assert_changed(d.as_ref(), &path, "modification time put back");
+        }
+        if path.extension().is_some_and(|e| e == "gfd") {
+            // What the check exists for: the mapping reads the new bytes.
+            let after = sources[0].get(0).unwrap().bytes().unwrap().to_vec();
+            assert_ne!(after, before);
+        }
+    }
+}
+
+/// The same through the loader: epoch 0 runs, the file is written in place with its times put
+/// back, and epoch 1's first batch is the error, for a packed file and a `.npy` array, mapped
+/// and `pread`.
+#[cfg(unix)]
+#[test]
+fn a_file_rewritten_with_its_times_put_back_fails_the_next_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let gfd = dir.path().join("ten.gfd");
+    let npy = dir.path().join("ten.npy");
+    let good_gfd = dir.path().join("good.gfd");
+    let good_npy = dir.path().join("good.npy");
+    for mode in MODES {
+        packed(&gfd, 10, 0);
+        packed(&good_gfd, 10, 0);
+        std::fs::write(&npy, npy_bytes(10, 1)).unwrap();
+        std::fs::write(&good_npy, npy_bytes(10, 1)).unwrap();
+        let options = ReadOptions {
+            mode,
+            ..Default::default()
+        };
+        let opened = |p: &Path| -> Box<dyn Dataset> {
+            if p.extension().is_some_and(|e| e == "npy") {
+                Box::new(NpyArray::open_with(p, "data", mode).unwrap())
+            } else {
+                Box::new(RecordFile::open_with(p, options).unwrap())
+            }
+        };
+        for (path, good) in [(&gfd, &good_gfd), (&npy, &good_npy)] {
+            check_epochs_over_shards(opened(path), opened(good), 2, || {
+                wait_past_ctime(path);
+                rewrite_keeping_times(path, std::fs::metadata(path).unwrap().len() - 70);
+                path.clone()
+            });
+        }
+    }
+}

@@ -299,6 +299,50 @@ fn jpeg_declaring_more_pixels_than_its_data_can_hold_is_refused_before_decoding(
     assert_image_error(r, "65496x226");
 }
 
+/// Issue 18, item 5: two bytes, `FF 00`, inserted after SOI ended the marker walk that found
+/// the frame header, so the check of the declared size against the bytes was skipped; the
+/// decoder skips them and decoded the declared 65496x226 (7 s, 353 MB). Other bytes that are
+/// not a marker do the same, or make the decoder fail: either way nothing is allocated.
+#[test]
+fn a_jpeg_bomb_whose_markers_cannot_be_walked_is_still_refused() {
+    for junk in [
+        &[0xFF, 0x00][..],
+        &[0x00],
+        &[0x12, 0x34, 0x56],
+        &[0xFF, 0x00, 0xFF, 0x00],
+    ] {
+        let mut j = jpeg_declaring(65496, 226, 1240);
+        j.splice(2..2, junk.iter().copied());
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let r = decode_rgb8(
+            &j,
+            "test.img",
+            &DecodeLimits::default(),
+            &mut out,
+            &mut scratch,
+        );
+        assert_eq!(
+            (out.capacity(), scratch.capacity()),
+            (0, 0),
+            "{junk:?}: allocated"
+        );
+        assert!(matches!(r, Err(Error::Image { .. })), "{junk:?}: {r:?}");
+        assert!(probe(&j, "test.img").is_err(), "{junk:?}");
+    }
+    // The issue's case: the decoder reads the frame past the two bytes; the bound refuses it.
+    let mut j = jpeg_declaring(65496, 226, 1240);
+    j.splice(2..2, [0xFF, 0x00]);
+    assert_image_error(dec(&j), "65496x226");
+    assert_image_error(probe(&j, "test.img"), "65496x226");
+    // The same two bytes in a real image do not stop it from decoding.
+    let (w, h) = (48, 32);
+    let mut ok = jpeg(&smooth_rgb(w, h), w, h, E::Rgb8, 90);
+    ok.splice(2..2, [0xFF, 0x00]);
+    assert_eq!(probe(&ok, "test.img").unwrap(), (w, h));
+    let (dw, dh, _) = dec(&ok).unwrap();
+    assert_eq!((dw, dh), (w, h));
+}
+
 #[test]
 fn images_above_max_pixels_are_refused_naming_the_setting() {
     let (w, h) = (20, 20);
@@ -560,6 +604,52 @@ mod region {
         // libjpeg-turbo's own message is kept as the source.
         let cause = decoder_error(dec_region(&cut));
         assert!(cause.is::<turbojpeg::Error>(), "{cause:?}");
+    }
+
+    /// Issue 18, item 5, through libjpeg-turbo: the bomb whose markers cannot be walked is
+    /// refused before anything is allocated, and so is one libjpeg-turbo reads itself (its
+    /// frame found by the walk), with each subsampling.
+    #[test]
+    fn jpeg_bombs_are_refused_by_the_region_decoder() {
+        let mut j = jpeg_declaring(65496, 226, 1240);
+        j.splice(2..2, [0xFF, 0x00]);
+        for bomb in [j, jpeg_declaring(65496, 226, 1240)] {
+            let (mut out, mut scratch) = (Vec::new(), Vec::new());
+            let r = decode_rgb8_region(
+                &bomb,
+                "test.img",
+                region(0.0, 0.0, 224.0, 224.0),
+                1,
+                &DecodeLimits::default(),
+                &mut out,
+                &mut scratch,
+            );
+            assert_eq!((out.capacity(), scratch.capacity()), (0, 0), "allocated");
+            assert_image_error(r, "65496x226");
+        }
+        for subsamp in [
+            turbojpeg::Subsamp::None,
+            turbojpeg::Subsamp::Sub2x1,
+            turbojpeg::Subsamp::Sub2x2,
+            turbojpeg::Subsamp::Gray,
+        ] {
+            let mut b = tj_jpeg(&smooth_rgb(16, 16), 16, 16, subsamp);
+            let sof = b.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+            b[sof + 5..sof + 7].copy_from_slice(&4000u16.to_be_bytes());
+            b[sof + 7..sof + 9].copy_from_slice(&4000u16.to_be_bytes());
+            let (mut out, mut scratch) = (Vec::new(), Vec::new());
+            let r = decode_rgb8_region(
+                &b,
+                "test.img",
+                region(0.0, 0.0, 224.0, 224.0),
+                1,
+                &DecodeLimits::default(),
+                &mut out,
+                &mut scratch,
+            );
+            assert_eq!(out.capacity(), 0, "{subsamp:?}: allocated");
+            assert_image_error(r, "4000x4000");
+        }
     }
 
     /// What `dec_region` gives for `bytes`, as text: the output's length or the error.

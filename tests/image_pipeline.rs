@@ -266,7 +266,7 @@ fn builder_refuses_settings_that_cannot_work() {
     assert!(ImageTransform::train(0).build().is_err());
     assert!(ImageTransform::train(8).scale(0.5, 0.1).build().is_err());
     assert!(ImageTransform::train(8).flip(2.0).build().is_err());
-    assert!(ImageTransform::eval(224).resize(100).build().is_err());
+    assert!(ImageTransform::eval(224).resize(0).build().is_err());
     assert!(ImageTransform::train(8).dtype(DType::I32).build().is_err());
     assert!(
         ImageTransform::train(8)
@@ -456,4 +456,169 @@ fn skipped_images_are_counted_by_the_batches_that_hold_them() {
         }
     }
     assert_eq!(skipped, 3);
+}
+
+/// One image through `t`, by a loader over a folder of it: the image field's bytes.
+fn through(t: ImageTransform, px: &[u8], w: u32, h: u32) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("c")).unwrap();
+    std::fs::write(dir.path().join("c/x.png"), png(px, w, h, E::Rgb8)).unwrap();
+    let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(1)
+        .workers(1)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    batches(loader).remove(0).0
+}
+
+/// New-user report (issue 18): a centre crop that fits the resized image was refused when it
+/// was not square: `size=(400, 600), resize=400` on a 600x400 image is torchvision's
+/// `Resize(400)` (which leaves it as it is) then `CenterCrop((400, 600))`: the image itself.
+#[test]
+fn a_non_square_centre_crop_that_fits_the_resized_image_works() {
+    let (w, h) = (600, 400);
+    let px = noisy_rgb(w, h, 7);
+    let t = ImageTransform::eval(224)
+        .size(400, 600)
+        .resize(400)
+        .layout(Layout::Hwc)
+        .build()
+        .unwrap();
+    assert_eq!(through(t, &px, w, h), px);
+    // Portrait: 40 wide, 60 high; Resize(40) leaves it, CenterCrop((60, 40)) is all of it and
+    // CenterCrop((50, 40)) its rows 5..55.
+    let (w, h) = (40, 60);
+    let px = noisy_rgb(w, h, 8);
+    let eval = |ch: u32, cw: u32| {
+        ImageTransform::eval(224)
+            .size(ch, cw)
+            .resize(40)
+            .layout(Layout::Hwc)
+            .build()
+            .unwrap()
+    };
+    assert_eq!(through(eval(60, 40), &px, w, h), px);
+    let row = (w * 3) as usize;
+    assert_eq!(through(eval(50, 40), &px, w, h), px[5 * row..55 * row]);
+}
+
+/// A crop larger than the resized image along a side is padded there with zeros, as
+/// torchvision's `CenterCrop` pads (`(crop - size) // 2` before, the rest after); along a side
+/// where it fits, it is cropped as before. After normalisation the padding is what a zero
+/// pixel becomes, as in torchvision, which pads before `ToTensor` and `Normalize`.
+#[test]
+fn a_centre_crop_larger_than_the_resized_image_is_padded_as_torchvision_pads() {
+    // 48 wide, 32 high; Resize(32) leaves it.
+    let (w, h) = (48u32, 32u32);
+    let px = noisy_rgb(w, h, 9);
+    let pixel = |x: u32, y: u32| &px[((y * w + x) * 3) as usize..((y * w + x) * 3 + 3) as usize];
+    for (ch, cw) in [(40u32, 56u32), (41, 57), (40, 24), (20, 51)] {
+        let t = ImageTransform::eval(224)
+            .size(ch, cw)
+            .resize(32)
+            .layout(Layout::Hwc)
+            .build()
+            .unwrap();
+        let got = through(t, &px, w, h);
+        // Per side: padded by (c - r) // 2 when c > r, else cropped at round((r - c) / 2).
+        let side = |r: u32, c: u32| -> (i64, u32) {
+            if c > r {
+                (-i64::from((c - r) / 2), r)
+            } else {
+                (((f64::from(r - c)) / 2.0).round_ties_even() as i64, c)
+            }
+        };
+        let ((y0, _), (x0, _)) = (side(h, ch), side(w, cw));
+        for y in 0..ch {
+            for x in 0..cw {
+                let (sx, sy) = (i64::from(x) + x0, i64::from(y) + y0);
+                let at = ((y * cw + x) * 3) as usize;
+                let want: &[u8] =
+                    if (0..i64::from(w)).contains(&sx) && (0..i64::from(h)).contains(&sy) {
+                        pixel(sx as u32, sy as u32)
+                    } else {
+                        &[0, 0, 0]
+                    };
+                assert_eq!(&got[at..at + 3], want, "crop {ch}x{cw}, output ({x}, {y})");
+            }
+        }
+    }
+    // Normalised: the padding is (0 - mean) / std.
+    let t = ImageTransform::eval(224)
+        .size(36, 48)
+        .resize(32)
+        .layout(Layout::Hwc)
+        .dtype(DType::F32)
+        .normalize(Normalize::IMAGENET)
+        .build()
+        .unwrap();
+    let got = through(t, &px, w, h);
+    let values: Vec<f32> = got
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let n = Normalize::IMAGENET;
+    for c in 0..3 {
+        let want = -n.mean[c] / n.std[c];
+        assert!(
+            (values[c] - want).abs() < 1e-5,
+            "{} against {want}",
+            values[c]
+        );
+        // Row 2 (inside the image) is the image's first row.
+        let inside = values[(2 * 48) * 3 + c];
+        let want = (f32::from(pixel(0, 0)[c]) / 255.0 - n.mean[c]) / n.std[c];
+        assert!((inside - want).abs() < 1e-2, "{inside} against {want}");
+    }
+}
+
+/// The same with a JPEG, which the `turbojpeg` feature decodes in part: the padding is zero
+/// exactly, the rest is the decoded image's centre (within a tolerance, against zune-jpeg's
+/// full decode).
+#[test]
+fn a_padded_centre_crop_of_a_jpeg_is_its_decoded_image_with_zeros_around() {
+    let (w, h) = (48u32, 32u32);
+    let bytes = jpeg(&smooth_rgb(w, h), w, h, E::Rgb8, 95);
+    let (mut full, mut scratch) = (Vec::new(), Vec::new());
+    gpufeed::transform::image::decode::decode_rgb8(
+        &bytes,
+        "x",
+        &Default::default(),
+        &mut full,
+        &mut scratch,
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("a")).unwrap();
+    std::fs::write(dir.path().join("a/x.jpg"), &bytes).unwrap();
+    // Resize(32) leaves it; CenterCrop((40, 24)): 4 rows of zeros above and below, columns
+    // 12..36 of the image.
+    let t = ImageTransform::eval(224)
+        .size(40, 24)
+        .resize(32)
+        .layout(Layout::Hwc)
+        .build()
+        .unwrap();
+    let loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(1)
+        .workers(1)
+        .shard(0, 1)
+        .build()
+        .unwrap();
+    let got = &batches(loader)[0].0;
+    let row = 24 * 3;
+    assert!(got[..4 * row].iter().all(|&v| v == 0));
+    assert!(got[36 * row..].iter().all(|&v| v == 0));
+    let mut sum = 0u64;
+    for y in 0..32 {
+        for x in 0..row {
+            let want = full[(y * 48 + 12) * 3 + x];
+            sum += u64::from(got[(4 + y) * row + x].abs_diff(want));
+        }
+    }
+    let mean = sum as f64 / (32 * row) as f64;
+    assert!(mean < 1.5, "mean abs diff {mean}");
 }

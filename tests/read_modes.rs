@@ -2,7 +2,6 @@
 //! batches, the same errors; checksum verification on the loader's read path in both modes.
 
 use gpufeed::BatchStream;
-use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
 use gpufeed::format::{
@@ -94,7 +93,6 @@ fn every_sample_reads_the_same_in_both_modes() {
         let runs: Vec<Vec<Vec<Vec<u8>>>> = MODES
             .iter()
             .flat_map(|&m| [options(m, false), options(m, true)])
-            .filter(|o| !(o.verify_checksums && path == &npy))
             .map(|o| {
                 let d = source::open_with(path, o).unwrap();
                 d.check_unchanged().unwrap();
@@ -133,7 +131,7 @@ fn every_sample_reads_the_same_in_both_modes() {
 
 /// What borrows from a mapping says so, in Pread, instead of reading.
 #[test]
-fn borrowing_accessors_refuse_pread_and_npy_refuses_verification() {
+fn borrowing_accessors_refuse_pread() {
     let dir = tempfile::tempdir().unwrap();
     let (fixed, npy) = (dir.path().join("f.gfd"), dir.path().join("a.npy"));
     fixed_file(&fixed);
@@ -152,13 +150,6 @@ fn borrowing_accessors_refuse_pread_and_npy_refuses_verification() {
             ..
         })
     ));
-    let Err(e) = source::open_with(&npy, options(ReadMode::Map, true)) else {
-        panic!("a .npy array opened with verify_checksums")
-    };
-    assert!(
-        matches!(&e, Error::InvalidConfig { setting: "verify_checksums", what } if what.contains("a.npy")),
-        "{e}"
-    );
     // A slot of the wrong size is an error, from the file as from a mapping.
     for mode in MODES {
         let f = RecordFile::open_with(&fixed, options(mode, false)).unwrap();
@@ -224,40 +215,50 @@ fn loader_batches_are_the_same_in_both_modes() {
     }
 }
 
-/// Issue 9, item 5: bytes overwritten in place under a running loader were read silently. With
-/// `verify_checksums`, the batch that holds the record fails, naming the file and the record;
-/// without it, the new bytes are read (as documented).
+/// Issue 9, item 5: bytes overwritten in place under a running loader were read silently.
+/// Between epochs, the loader's check of the file now reports them, whether the modification
+/// time was put back or not (issue 18, item 3: by the status-change time). Within an epoch,
+/// after that check, only `verify_checksums` tells: the batch that holds the record fails,
+/// naming the file and the record; without it, the new bytes are read (as documented).
+#[cfg(unix)]
 #[test]
 fn bytes_overwritten_under_a_running_loader_fail_their_batch_when_verified() {
+    use crate::file_changes::{rewrite_keeping_times, wait_past_ctime};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f.gfd");
+    let at = 64 + 9 * 200 + 5;
+    let loader = |f: RecordFile| {
+        Loader::builder(f)
+            .batch_size(10)
+            .workers(1)
+            .shard(0, 1)
+            .prefetch_across_epochs(false)
+            .build()
+            .unwrap()
+    };
     for mode in MODES {
         for verify in [false, true] {
             fixed_file(&path);
             let f = RecordFile::open_with(&path, options(mode, verify)).unwrap();
             let record9 = f.get(9).unwrap().field(0).unwrap().to_vec();
-            let at = 64 + 9 * 200 + 5;
-            let mut loader = Loader::builder(f)
-                .batch_size(10)
-                .workers(1)
-                .shard(0, 1)
-                .prefetch_across_epochs(false)
-                .build()
-                .unwrap();
-            assert!(loader.by_ref().all(|b| b.is_ok()));
-            // Overwrite one byte of record 9 in place, as another process would, within the
-            // file system's timestamp granularity: the modification time stays what it was
-            // (set back here, so that the test does not depend on how fast it runs), and only
-            // the checksums can tell.
-            let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
-            let mut w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            w.seek(SeekFrom::Start(at)).unwrap();
-            w.write_all(&[!record9[5]]).unwrap();
-            w.set_modified(modified).unwrap();
-            w.sync_all().unwrap();
-            drop(w);
-            loader.set_epoch(1);
-            let results: Vec<_> = loader.by_ref().collect();
+            let mut running = loader(f);
+            assert!(running.by_ref().all(|b| b.is_ok()));
+            // Overwrite one byte of record 9 in place, as another process would, and put the
+            // modification time back.
+            wait_past_ctime(&path);
+            rewrite_keeping_times(&path, at);
+            running.set_epoch(1);
+            match running.next() {
+                Some(Err(Error::FileChanged { path: p, what })) => {
+                    assert_eq!(p, path);
+                    assert!(what.contains("status-change time"), "{what}");
+                }
+                other => panic!("expected FileChanged, got {other:?}"),
+            }
+            // The record as it now is, read by a loader that opened the file since: the check
+            // between epochs has nothing to report, the checksum does.
+            let f = RecordFile::open_with(&path, options(mode, verify)).unwrap();
+            let results: Vec<_> = loader(f).collect();
             if verify {
                 let e = results[0].as_ref().unwrap_err();
                 let Error::Sample {
@@ -276,6 +277,133 @@ fn bytes_overwritten_under_a_running_loader_fail_their_batch_when_verified() {
                 let image = b.field_bytes("image").unwrap();
                 assert_eq!(image[9 * 192 + 5], !record9[5], "{mode:?}");
             }
+        }
+    }
+}
+
+/// `rows` rows of `cols` bytes, every row distinct.
+fn npy_rows(path: &Path, rows: u64, cols: u64) {
+    let mut b = npy_header(DType::U8, &[rows, cols]).unwrap();
+    for r in 0..rows {
+        b.extend((0..cols).map(|c| (r * 31 + c * 7) as u8));
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+/// Hides a dataset's `check_unchanged` (the default says nothing changed), so that what the
+/// loader delivers after a file changed under it shows what the reads themselves catch.
+struct ReadsOnly<D>(D);
+
+impl<D: Dataset> Dataset for ReadsOnly<D> {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+    fn schema(&self) -> &gpufeed::format::Schema {
+        self.0.schema()
+    }
+    fn get(&self, index: u64) -> gpufeed::Result<gpufeed::Sample<'_>> {
+        self.0.get(index)
+    }
+}
+
+/// Issue 18, item 3: a `.npy` array could not be verified at all (`verify_checksums` was
+/// refused), so rows written in place were read as data. Opened with it, the array takes its
+/// checksums at open and refuses a row whose bytes changed since, naming the file and the row,
+/// in both modes: rows smaller than a checksum group (many to a group), larger (one a group),
+/// and a last group shorter than the others.
+#[cfg(unix)]
+#[test]
+fn npy_rows_written_in_place_are_refused_when_verified() {
+    use crate::file_changes::rewrite_keeping_times;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rows.npy");
+    // (rows, bytes a row): 256 rows to a group; 1 a group; 2 a group, the last one alone.
+    for (rows, cols) in [(300u64, 16u64), (5, 5000), (7, 1500)] {
+        for mode in MODES {
+            npy_rows(&path, rows, cols);
+            let plain = source::open_with(&path, options(mode, false)).unwrap();
+            let checked = source::open_with(&path, options(mode, true)).unwrap();
+            let want: Vec<Vec<Vec<u8>>> = (0..rows).map(|i| describe(plain.as_ref(), i)).collect();
+            let got: Vec<Vec<Vec<u8>>> = (0..rows).map(|i| describe(checked.as_ref(), i)).collect();
+            assert_eq!(got, want, "{rows}x{cols} {mode:?}");
+            let direct = NpyArray::open_with(&path, "data", options(mode, true)).unwrap();
+            assert_eq!(direct.read_options(), options(mode, true));
+            // One byte of the last row, written in place, its times put back.
+            let last = rows - 1;
+            let data_offset = direct.data_offset() as u64;
+            rewrite_keeping_times(&path, data_offset + last * cols + 3);
+            let per_group = (4096 / cols).max(1);
+            for d in [checked.as_ref(), &direct as &dyn Dataset] {
+                for i in 0..rows {
+                    let r = d.get(i);
+                    if i / per_group != last / per_group {
+                        r.unwrap();
+                        continue;
+                    }
+                    match r {
+                        Err(Error::FileChanged { path: p, what }) => {
+                            assert_eq!(p, path);
+                            assert!(
+                                what.contains(&format!("row {i} is not what the file held")),
+                                "{what}"
+                            );
+                            assert!(what.contains("written in place"), "{what}");
+                        }
+                        Err(e) => panic!("row {i}: expected FileChanged, got {e}"),
+                        Ok(_) => panic!("row {i} of {rows}x{cols} ({mode:?}) read changed bytes"),
+                    }
+                }
+            }
+            if mode == ReadMode::Map {
+                assert!(matches!(direct.row(last), Err(Error::FileChanged { .. })));
+                if last / per_group != 0 {
+                    assert_eq!(direct.row(0).unwrap(), &want[0][0][..]);
+                }
+            }
+            // Unverified, the new byte is read.
+            let s = plain.get(last).unwrap();
+            assert_eq!(s.field(0).unwrap()[3], !want[last as usize][1][3]);
+        }
+    }
+}
+
+/// Through the loader, within an epoch (after its check of the file): the batch that holds a
+/// changed row fails, naming the sample, the file and the row; the others are delivered.
+#[cfg(unix)]
+#[test]
+fn a_verified_npy_row_changed_within_an_epoch_fails_its_batch() {
+    use crate::file_changes::rewrite_keeping_times;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.npy");
+    for mode in MODES {
+        npy_rows(&path, 40, 5000);
+        let a = NpyArray::open_with(&path, "data", options(mode, true)).unwrap();
+        let at = a.data_offset() as u64 + 23 * 5000 + 17;
+        rewrite_keeping_times(&path, at);
+        let loader = Loader::builder(ReadsOnly(a))
+            .batch_size(10)
+            .workers(2)
+            .shard(0, 1)
+            .build()
+            .unwrap();
+        let results: Vec<_> = loader.collect();
+        assert_eq!(results.len(), 4);
+        for (k, r) in results.iter().enumerate() {
+            if k != 2 {
+                assert!(r.is_ok(), "batch {k}: {:?}", r.as_ref().err());
+                continue;
+            }
+            let e = r.as_ref().unwrap_err();
+            let Error::Sample {
+                index: 23, source, ..
+            } = e
+            else {
+                panic!("{e}")
+            };
+            assert!(
+                matches!(source.as_ref(), Error::FileChanged { path: p, what } if p == &path && what.contains("row 23")),
+                "{source}"
+            );
         }
     }
 }

@@ -18,7 +18,9 @@
 //! the bytes there are: a PNG's pixels must fit in what deflate can expand its bytes to (at
 //! most 1032 times), a Huffman-coded JPEG's in one bit per MCU at the least. So a small file
 //! that declares a huge image (a decompression bomb, or a corrupt header) is refused at once
-//! instead of costing gigabytes of zeroed buffers or seconds of decoding. The PNG decoder's own
+//! instead of costing gigabytes of zeroed buffers or seconds of decoding. Both checks use the
+//! size (and, for a JPEG, the sampling factors) that the decoder itself read from the header,
+//! before it decodes: bytes a decoder skips cannot hide the frame from them. The PNG decoder's own
 //! allocations (rows, ancillary chunks) are capped too.
 
 use std::io::Cursor;
@@ -251,53 +253,62 @@ impl PngHeader {
     }
 }
 
-/// The frame header of a JPEG: its SOF marker and largest sampling factors, found by walking
-/// the marker segments before the first scan; `None` when the walk finds no frame.
-fn jpeg_frame(bytes: &[u8]) -> Option<(u8, u64, u64)> {
+/// Whether the marker walk finds a frame header before the first scan: `false` for a
+/// tables-only datastream, garbage, or markers that a decoder would skip to (past bytes that
+/// are not a marker). Decides which decoder takes a JPEG (`decode_rgb8_region`), never whether
+/// its size is checked: the checks use what the decoder itself read.
+#[cfg(feature = "turbojpeg")]
+fn jpeg_frame_found(bytes: &[u8]) -> bool {
     let mut at = 2;
     loop {
-        if *bytes.get(at)? != 0xFF {
-            return None;
+        if bytes.get(at) != Some(&0xFF) {
+            return false;
         }
         while bytes.get(at) == Some(&0xFF) {
             at += 1;
         }
-        let marker = *bytes.get(at)?;
+        let Some(&marker) = bytes.get(at) else {
+            return false;
+        };
         at += 1;
         match marker {
             0x01 | 0xD0..=0xD8 => continue,
-            0xD9 | 0xDA => return None,
+            0xD9 | 0xDA => return false,
+            0xC0..=0xCF if !matches!(marker, 0xC4 | 0xC8 | 0xCC) => return true,
             _ => {}
         }
-        let len = usize::from(u16::from_be_bytes([*bytes.get(at)?, *bytes.get(at + 1)?]));
+        let len = match (bytes.get(at), bytes.get(at + 1)) {
+            (Some(&a), Some(&b)) => usize::from(u16::from_be_bytes([a, b])),
+            _ => return false,
+        };
         if len < 2 {
-            return None;
-        }
-        if (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
-            // Precision, height, width, component count, then (id, H << 4 | V, table) each.
-            let seg = bytes.get(at + 2..at + len)?;
-            let n = usize::from(*seg.get(5)?);
-            let comps = seg.get(6..6 + 3 * n)?;
-            let hmax = comps.chunks_exact(3).map(|c| c[1] >> 4).max()?;
-            let vmax = comps.chunks_exact(3).map(|c| c[1] & 15).max()?;
-            return Some((marker, u64::from(hmax.max(1)), u64::from(vmax.max(1))));
+            return false;
         }
         at += len;
     }
 }
 
-/// Refuses a Huffman-coded JPEG (baseline, extended, progressive, lossless) whose declared size
-/// needs more entropy-coded bits than the file holds: every MCU codes at least one DC (or, for
-/// lossless, one sample) Huffman symbol of at least one bit. Arithmetic-coded and
-/// hierarchical frames, and files whose markers cannot be walked, are left to the decoder.
-fn check_jpeg_data(name: &str, bytes: &[u8], width: u32, height: u32) -> Result<()> {
-    let Some((marker, hmax, vmax)) = jpeg_frame(bytes) else {
-        return Ok(());
-    };
-    if !matches!(marker, 0xC0..=0xC3) {
-        return Ok(());
-    }
-    let mcus = u64::from(width).div_ceil(8 * hmax) * u64::from(height).div_ceil(8 * vmax);
+/// Refuses a Huffman-coded JPEG whose declared `width` x `height` needs more entropy-coded
+/// bits than the file holds: every MCU codes at least one DC Huffman symbol of at least one
+/// bit. `factors` are the largest sampling factors (horizontal, vertical) the decoder reads
+/// the frame with, or the candidates when it does not say exactly which: the bound takes the
+/// fewest MCUs among them. The size and factors must be the decoder's own (read by the
+/// decoder that will decode the image), never a walk of the markers of ours: a decoder skips
+/// bytes that end such a walk (`FF 00` after SOI, issue 18) and decodes what follows.
+fn check_jpeg_data(
+    name: &str,
+    bytes: &[u8],
+    width: u32,
+    height: u32,
+    factors: &[(u64, u64)],
+) -> Result<()> {
+    let mcus = factors
+        .iter()
+        .map(|&(h, v)| {
+            u64::from(width).div_ceil(8 * h.max(1)) * u64::from(height).div_ceil(8 * v.max(1))
+        })
+        .min()
+        .unwrap_or(0);
     let least = mcus.div_ceil(8);
     if least > bytes.len() as u64 {
         return Err(image_error(
@@ -355,7 +366,17 @@ fn jpeg_header<'a>(
         u64::from(info.height),
         max_pixels,
     )?;
-    check_jpeg_data(name, bytes, w, h)?;
+    // zune-jpeg reads Huffman-coded frames only (SOF0 to SOF2; it refuses the others), and
+    // says which sampling factors it reads them with.
+    use zune_jpeg::SampleRatios;
+    let factors = match info.sample_ratio {
+        SampleRatios::None => (1, 1),
+        SampleRatios::H => (2, 1),
+        SampleRatios::V => (1, 2),
+        SampleRatios::HV => (2, 2),
+        SampleRatios::Generic(h, v) => (h as u64, v as u64),
+    };
+    check_jpeg_data(name, bytes, w, h, &[factors])?;
     Ok((d, w, h))
 }
 
@@ -530,6 +551,26 @@ pub struct DecodedRegion {
 #[cfg(feature = "turbojpeg")]
 const MCU_WIDTH: [std::ffi::c_int; 7] = [8, 16, 16, 8, 8, 32, 8];
 
+/// The largest sampling factors (horizontal, vertical) a frame can have that libjpeg-turbo
+/// reports as `subsamp` (`TJPARAM_SUBSAMP`): its `getSubsamp` also reports 4:4:4 for
+/// components that all share factors of at most 3 blocks, and 4:2:2 and 4:4:0 for a 2x2
+/// luminance with chroma at half of it in one direction. A grayscale frame is decoded one block
+/// at a time whatever its factors; an unknown one may have any, up to 4 each.
+#[cfg(feature = "turbojpeg")]
+fn tj_sampling_factors(subsamp: std::ffi::c_int) -> &'static [(u64, u64)] {
+    use turbojpeg::raw;
+    match subsamp as raw::TJSAMP {
+        raw::TJSAMP_TJSAMP_444 => &[(1, 1), (1, 2), (2, 1), (1, 3), (3, 1)],
+        raw::TJSAMP_TJSAMP_422 => &[(2, 1), (2, 2)],
+        raw::TJSAMP_TJSAMP_420 => &[(2, 2)],
+        raw::TJSAMP_TJSAMP_GRAY => &[(1, 1)],
+        raw::TJSAMP_TJSAMP_440 => &[(1, 2), (2, 2)],
+        raw::TJSAMP_TJSAMP_411 => &[(4, 1)],
+        raw::TJSAMP_TJSAMP_441 => &[(1, 4)],
+        _ => &[(4, 4)],
+    }
+}
+
 /// A libjpeg-turbo 3 decompressor handle (`tj3Init(TJINIT_DECOMPRESS)`), freed on drop.
 #[cfg(feature = "turbojpeg")]
 struct Tj3(turbojpeg::raw::tjhandle);
@@ -632,7 +673,7 @@ pub fn decode_rgb8_region(
         ));
     }
     check_jpeg_end(bytes, name)?;
-    if jpeg_frame(bytes).is_none() {
+    if !jpeg_frame_found(bytes) {
         // No frame header where the marker walk looks (a tables-only datastream, garbage, or
         // markers libjpeg-turbo would skip to with a warning): libjpeg-turbo reads no size
         // from such a header and would keep the previous image's, so the whole-image
@@ -666,8 +707,11 @@ pub fn decode_rgb8_region(
                 return Err(image_error(name, "corrupt JPEG header: no frame"));
             }
             let (w32, h32) = check_size(name, jw as u64, jh as u64, Some(limits.max_pixels))?;
-            check_jpeg_data(name, bytes, w32, h32)?;
             let subsamp = tj.get(raw::TJPARAM_TJPARAM_SUBSAMP);
+            // Arithmetic coding can spend less than a bit on an MCU: no bound from the bytes.
+            if tj.get(raw::TJPARAM_TJPARAM_ARITHMETIC) != 1 {
+                check_jpeg_data(name, bytes, w32, h32, tj_sampling_factors(subsamp))?;
+            }
             let colorspace = tj.get(raw::TJPARAM_TJPARAM_COLORSPACE);
             let usable = (0..MCU_WIDTH.len() as std::ffi::c_int).contains(&subsamp)
                 && matches!(

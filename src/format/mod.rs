@@ -24,6 +24,7 @@ mod reader;
 mod schema;
 mod writer;
 
+pub(crate) use layout::record_checksum;
 pub use layout::{FOOTER_MAGIC, MAGIC, VERSION_MAJOR, VERSION_MINOR};
 pub use raw::pack_raw_records;
 pub use reader::{ReadMode, ReadOptions, RecordFile};

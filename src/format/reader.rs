@@ -42,10 +42,25 @@ pub struct ReadOptions {
     /// record, never data. Costs one xxh3 pass over each record's bytes (`benches/RESULTS.md`);
     /// in [`ReadMode::Pread`], fields then go through a per-thread buffer instead of straight
     /// into their batch slots, since the whole record must be read to be checked.
+    ///
+    /// A `.npy` array ([`NpyArray`](crate::source::NpyArray)) has no checksums of its own: with
+    /// this set, they are taken when it is opened (one pass over the file) and each row read is
+    /// checked against them, so that a row written in place since is an
+    /// [`Error::FileChanged`] naming the file and the row, never data (see `NpyArray`).
     pub verify_checksums: bool,
     /// A shared mapping (the default) or reads at offsets; see [`ReadMode`] for what each
     /// promises when the file changes while it is open.
     pub mode: ReadMode,
+}
+
+/// A mode alone: the default options with that mode (no checksums verified).
+impl From<ReadMode> for ReadOptions {
+    fn from(mode: ReadMode) -> ReadOptions {
+        ReadOptions {
+            mode,
+            ..ReadOptions::default()
+        }
+    }
 }
 
 /// A packed record file, opened once and shared by reference among threads.
@@ -452,8 +467,8 @@ impl RecordFile {
         Ok(())
     }
 
-    /// Checks that the path still names the file opened, with the same size and modification
-    /// time; see [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged).
+    /// Checks that the path still names the file opened, with the same size, modification
+    /// time and status-change time; see [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged).
     pub fn check_unchanged(&self) -> Result<()> {
         self.identity.check(&self.path)
     }

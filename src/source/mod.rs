@@ -31,13 +31,19 @@
 //!   [`NpyArray::open_with`]; for any path, [`open_with`]), which reads with `pread` and never
 //!   maps: on a network file system, or for files that may be truncated, a short read is a
 //!   typed [`Error::FileChanged`] instead of a signal;
-//! - for packed files, turn on [`ReadOptions::verify_checksums`] to check every record read
-//!   against its stored checksum, so that bytes rewritten in place are an error
-//!   ([`Error::ChecksumMismatch`]) and not data.
+//! - turn on [`ReadOptions::verify_checksums`] to check every record read: a packed record
+//!   against the checksum its writer stored ([`Error::ChecksumMismatch`]), a `.npy` row against
+//!   the checksum the array took when it was opened ([`Error::FileChanged`]; one pass over the
+//!   file at open), so that bytes rewritten in place are an error and not data, even within
+//!   an epoch.
 //!
 //! Every file-backed source also remembers what its file was at open (device, inode, size,
-//! modification time): [`Dataset::check_unchanged`] compares that with the path now, and the
-//! loader calls it at the start of each epoch. Sharded datasets of local files do so for each
+//! modification and status-change times): [`Dataset::check_unchanged`] compares that with the
+//! path now, and the loader calls it at the start of each epoch. The status-change time cannot
+//! be put back, so a file written in place is reported even when its modification time was;
+//! but it moves for metadata too (permissions, owner, a new hard link), and both times have
+//! the file system's granularity (a few milliseconds on Linux): a write within that time of
+//! the open is caught by checksums only. Sharded datasets of local files do so for each
 //! shard open at that moment (see [`shards`](shards#shard-files-that-change)); shards
 //! downloaded into a cache are not checked.
 
@@ -108,7 +114,9 @@ pub trait Dataset: Send + Sync {
     }
 
     /// Checks that the files this dataset reads are still the ones it opened: that each path
-    /// names the same file (device and inode) with the same size and modification time.
+    /// names the same file (device and inode) with the same size, modification time and
+    /// status-change time (`ctime`, which moves when a file is written even if its
+    /// modification time is put back).
     ///
     /// Returns [`Error::FileChanged`] naming the first file that was replaced, removed,
     /// truncated, extended or written since it was opened, and what changed; an
@@ -641,9 +649,9 @@ pub fn open(path: impl AsRef<Path>) -> Result<AnySource> {
     open_with(path, ReadOptions::default())
 }
 
-/// Opens `path` as [`open`] does, reading it as `options` say: [`ReadOptions::mode`] for
-/// either kind of file; [`ReadOptions::verify_checksums`] for packed files, and an
-/// [`Error::InvalidConfig`] for a `.npy` array, which has no checksums to verify.
+/// Opens `path` as [`open`] does, reading it as `options` say: [`ReadOptions::mode`] and
+/// [`ReadOptions::verify_checksums`] for either kind of file (a `.npy` array takes its
+/// checksums at open: see [`NpyArray`]'s section on verification).
 pub fn open_with(path: impl AsRef<Path>, options: ReadOptions) -> Result<AnySource> {
     let path = path.as_ref();
     if let Some(spec) = path.to_str()
@@ -667,19 +675,10 @@ pub fn open_with(path: impl AsRef<Path>, options: ReadOptions) -> Result<AnySour
         }
     }
     if magic.starts_with(npy::NPY_MAGIC) {
-        if options.verify_checksums {
-            return Err(Error::config(
-                "verify_checksums",
-                format!(
-                    "{} is a .npy array, which has no checksums to verify (packed record files do)",
-                    path.display()
-                ),
-            ));
-        }
         Ok(Box::new(NpyArray::open_with(
             path,
             NpyArray::FIELD,
-            options.mode,
+            options,
         )?))
     } else {
         Ok(Box::new(RecordFile::open_with(path, options)?))

@@ -7,18 +7,25 @@
 //! structured, string and datetime arrays are refused with an error that names the dtype, and
 //! so are rows of zero bytes (a shape such as `(2**64 - 1, 0)` would be that many empty
 //! samples from a file of a hundred bytes).
+//!
+//! A `.npy` file holds no checksums. With [`ReadOptions::verify_checksums`], the array takes
+//! its own when it is opened (xxh3 of each group of rows, [`NpyArray::CHECKSUM_GROUP_BYTES`] at most)
+//! and checks every row it reads against them.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::file::{FileData, FileIdentity, ReadMode, open_file};
-use crate::format::{DType, Field, Schema};
+use crate::file::{FileData, FileIdentity, ReadMode, RecordBuf, open_file};
+use crate::format::{DType, Field, ReadOptions, Schema, record_checksum};
 use crate::source::{Dataset, Sample};
 
 pub(crate) const NPY_MAGIC: &[u8] = b"\x93NUMPY";
 
 /// The longest header read (NumPy's own reader refuses more than 10,000 bytes by default).
 const MAX_HEADER_BYTES: usize = 1 << 20;
+
+/// Bytes hashed at a time when the checksums are taken at open.
+const CHECKSUM_CHUNK_BYTES: usize = 8 << 20;
 
 /// A `.npy` array read in place: a dataset with one tensor field, `data`.
 ///
@@ -31,6 +38,29 @@ const MAX_HEADER_BYTES: usize = 1 << 20;
 /// ([`NpyArray::open_with`]), which reads with `pread`: a truncated file is then an
 /// [`Error::FileChanged`]. [`Dataset::check_unchanged`] reports a file replaced, truncated,
 /// extended or written since it was opened; the loader calls it at each epoch's start.
+///
+/// # Verification
+///
+/// Opened with [`ReadOptions::verify_checksums`], the array hashes its rows once, at open
+/// (xxh3, one checksum per group of rows of at most [`NpyArray::CHECKSUM_GROUP_BYTES`], or per row for
+/// larger rows), and every read ([`Dataset::get`], [`NpyArray::row`]) hashes the group of the
+/// row it reads and compares: a row whose bytes are not those the file held at open (written
+/// in place by another process, even within an epoch and with its times put back) is an
+/// [`Error::FileChanged`] naming the file and the row, never data. It costs a pass over the
+/// whole file at open, 8 bytes of memory per group, and a hash of the group at each read
+/// (`benches/RESULTS.md`). With [`ReadMode::Pread`], the group is read into a per-thread
+/// buffer and checked there, so the bytes delivered are the bytes checked; with the mapping,
+/// a write that lands between the check and the loader's copy out of the mapping is not seen
+/// (the next read of the row is refused).
+///
+/// ```
+/// use gpufeed::format::{ReadMode, ReadOptions};
+/// use gpufeed::NpyArray;
+/// # fn f(path: &std::path::Path) -> gpufeed::Result<()> {
+/// let options = ReadOptions { mode: ReadMode::Pread, verify_checksums: true };
+/// let labels = NpyArray::open_with(path, "label", options)?;
+/// # let _ = labels; Ok(()) }
+/// ```
 pub struct NpyArray {
     path: PathBuf,
     data: FileData,
@@ -41,6 +71,15 @@ pub struct NpyArray {
     data_offset: usize,
     row_bytes: usize,
     rows: u64,
+    /// With [`ReadOptions::verify_checksums`]: the rows' checksums taken at open.
+    sums: Option<RowSums>,
+}
+
+/// Checksums of an array's rows, taken at open: `sums[g]` is the xxh3 of rows
+/// `g * rows_per_sum ..` (up to `rows_per_sum` of them, fewer for the last group).
+struct RowSums {
+    rows_per_sum: u64,
+    sums: Vec<u64>,
 }
 
 impl std::fmt::Debug for NpyArray {
@@ -50,6 +89,7 @@ impl std::fmt::Debug for NpyArray {
             .field("dtype", &self.dtype)
             .field("shape", &self.shape)
             .field("mode", &self.data.mode())
+            .field("verify_checksums", &self.sums.is_some())
             .finish()
     }
 }
@@ -66,6 +106,11 @@ impl NpyArray {
     /// The name of the one field of an `NpyArray`'s schema.
     pub const FIELD: &'static str = "data";
 
+    /// With [`ReadOptions::verify_checksums`], rows are checksummed in groups of as many rows
+    /// as fit in this many bytes (one row, if a row is larger): each read hashes its row's
+    /// group, and the checksums kept take at most 8 bytes per 2 KiB of the array.
+    pub const CHECKSUM_GROUP_BYTES: usize = 4096;
+
     /// Maps `path` and parses its header.
     pub fn open(path: impl AsRef<Path>) -> Result<NpyArray> {
         NpyArray::open_with(path, NpyArray::FIELD, ReadMode::Map)
@@ -76,11 +121,18 @@ impl NpyArray {
         NpyArray::open_with(path, field, ReadMode::Map)
     }
 
-    /// Opens `path` to be read in `mode`, naming its field `field` ([`NpyArray::FIELD`] unless
-    /// the array is, say, the labels).
-    pub fn open_with(path: impl AsRef<Path>, field: &str, mode: ReadMode) -> Result<NpyArray> {
+    /// Opens `path` to be read as `options` say, naming its field `field` ([`NpyArray::FIELD`]
+    /// unless the array is, say, the labels). `options` is a [`ReadMode`] alone, or
+    /// [`ReadOptions`] with [`verify_checksums`](ReadOptions::verify_checksums) (see
+    /// [Verification](NpyArray#verification): it reads the whole file here).
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        field: &str,
+        options: impl Into<ReadOptions>,
+    ) -> Result<NpyArray> {
         let path = path.as_ref();
-        let (data, identity) = open_file(path, mode)?;
+        let options = options.into();
+        let (data, identity) = open_file(path, options.mode)?;
         let len = data.len();
         // The header's length is in its first 12 bytes; read no more than it and the file hold.
         let prefix = data.bytes_at(path, 0, len.min(12) as usize)?;
@@ -147,6 +199,17 @@ impl NpyArray {
                 path: path.to_path_buf(),
                 what,
             })?;
+        let sums = if options.verify_checksums {
+            Some(RowSums::take(
+                &data,
+                path,
+                header.data_offset,
+                row_bytes,
+                rows,
+            )?)
+        } else {
+            None
+        };
         Ok(NpyArray {
             path: path.to_path_buf(),
             data,
@@ -157,6 +220,7 @@ impl NpyArray {
             data_offset: header.data_offset,
             row_bytes,
             rows,
+            sums,
         })
     }
 
@@ -190,13 +254,27 @@ impl NpyArray {
         self.data.mode()
     }
 
-    /// The bytes of row `i`, borrowed from the mapping. An array opened with
-    /// [`ReadMode::Pread`] has no mapping to borrow from: [`Error::InvalidConfig`]; use
-    /// [`Dataset::get`].
+    /// The options the array was opened with.
+    pub fn read_options(&self) -> ReadOptions {
+        ReadOptions {
+            mode: self.data.mode(),
+            verify_checksums: self.sums.is_some(),
+        }
+    }
+
+    /// The bytes of row `i`, borrowed from the mapping (checked first, if the array was opened
+    /// with [`ReadOptions::verify_checksums`]). An array opened with [`ReadMode::Pread`] has no
+    /// mapping to borrow from: [`Error::InvalidConfig`]; use [`Dataset::get`].
     pub fn row(&self, i: u64) -> Result<&[u8]> {
         let start = self.row_start(i)?;
         match &self.data {
-            FileData::Map(map) => Ok(&map[start..start + self.row_bytes]),
+            FileData::Map(map) => {
+                if let Some(sums) = &self.sums {
+                    let group = sums.group_of(i, self.rows, self.data_offset, self.row_bytes);
+                    sums.check(&self.path, i, &group, &map[group.bytes.clone()])?;
+                }
+                Ok(&map[start..start + self.row_bytes])
+            }
             FileData::Pread { .. } => Err(Error::config(
                 "mode",
                 format!(
@@ -218,10 +296,35 @@ impl NpyArray {
         Ok(self.data_offset + i as usize * self.row_bytes)
     }
 
-    /// Checks that the path still names the file opened, with the same size and modification
-    /// time; see [`Dataset::check_unchanged`].
+    /// Checks that the path still names the file opened, with the same size, modification
+    /// time and status-change time; see [`Dataset::check_unchanged`].
     pub fn check_unchanged(&self) -> Result<()> {
         self.identity.check(&self.path)
+    }
+
+    /// [`Dataset::get`] with [`ReadOptions::verify_checksums`]: the row's group checked, then
+    /// the row (apart from `get`, so that the unverified path stays as small as it was).
+    #[inline(never)]
+    fn get_verified(&self, index: u64, sums: &RowSums) -> Result<Sample<'_>> {
+        let start = self.row_start(index)?;
+        if let FileData::Map(_) = &self.data {
+            return Ok(Sample::new(self.row(index)?, &self.schema));
+        }
+        // The group is read once, checked, and the row delivered from what was checked.
+        let group = sums.group_of(index, self.rows, self.data_offset, self.row_bytes);
+        let bytes = group.bytes.clone();
+        let mut buf = RecordBuf::with_len(bytes.len());
+        self.data
+            .read_at(&self.path, bytes.start as u64, buf.as_mut_slice())?;
+        sums.check(&self.path, index, &group, buf.as_slice())?;
+        if bytes.len() == self.row_bytes {
+            return Ok(Sample::read(buf, &self.schema));
+        }
+        let mut row = RecordBuf::with_len(self.row_bytes);
+        let at = start - bytes.start;
+        row.as_mut_slice()
+            .copy_from_slice(&buf.as_slice()[at..at + self.row_bytes]);
+        Ok(Sample::read(row, &self.schema))
     }
 }
 
@@ -235,6 +338,9 @@ impl Dataset for NpyArray {
     }
 
     fn get(&self, index: u64) -> Result<Sample<'_>> {
+        if let Some(sums) = &self.sums {
+            return self.get_verified(index, sums);
+        }
         let start = self.row_start(index)?;
         match &self.data {
             FileData::Map(map) => Ok(Sample::new(
@@ -255,6 +361,100 @@ impl Dataset for NpyArray {
     fn check_unchanged(&self) -> Result<()> {
         NpyArray::check_unchanged(self)
     }
+}
+
+impl RowSums {
+    /// Hashes the `rows` rows of `row_bytes` bytes at `data_offset` of `data` (a pass over them).
+    fn take(
+        data: &FileData,
+        path: &Path,
+        data_offset: usize,
+        row_bytes: usize,
+        rows: u64,
+    ) -> Result<RowSums> {
+        let rows_per_sum = (NpyArray::CHECKSUM_GROUP_BYTES / row_bytes).max(1) as u64;
+        let group_bytes = rows_per_sum as usize * row_bytes;
+        let groups = rows.div_ceil(rows_per_sum);
+        let mut sums = Vec::new();
+        // At most 8 bytes per 2 KiB of a file that exists, but a failure to allocate is still
+        // an error, not an abort.
+        usize::try_from(groups)
+            .ok()
+            .and_then(|n| sums.try_reserve_exact(n).ok())
+            .ok_or_else(|| {
+                Error::io(
+                    path,
+                    "verify",
+                    std::io::Error::other(format!(
+                        "no memory for the checksums of {groups} groups of rows"
+                    )),
+                )
+            })?;
+        // Whole groups at a time, so that each chunk splits into groups.
+        let chunk_rows = (CHECKSUM_CHUNK_BYTES / group_bytes).max(1) as u64 * rows_per_sum;
+        let mut buf = Vec::new();
+        let mut first = 0u64;
+        while first < rows {
+            let n = chunk_rows.min(rows - first);
+            // rows * row_bytes + data_offset <= the file's length (checked at open).
+            let at = data_offset + first as usize * row_bytes;
+            let len = n as usize * row_bytes;
+            let bytes = match data {
+                FileData::Map(map) => &map[at..at + len],
+                FileData::Pread { .. } => {
+                    buf.resize(len, 0);
+                    data.read_at(path, at as u64, &mut buf)?;
+                    &buf[..]
+                }
+            };
+            sums.extend(bytes.chunks(group_bytes).map(record_checksum));
+            first += n;
+        }
+        Ok(RowSums { rows_per_sum, sums })
+    }
+
+    /// The group that holds row `i` (`i < rows`): its rows, and their bytes in the file.
+    fn group_of(&self, i: u64, rows: u64, data_offset: usize, row_bytes: usize) -> RowGroup {
+        let first = i / self.rows_per_sum * self.rows_per_sum;
+        let end = (first + self.rows_per_sum).min(rows);
+        RowGroup {
+            rows: first..end,
+            bytes: data_offset + first as usize * row_bytes..data_offset + end as usize * row_bytes,
+        }
+    }
+
+    /// Compares `bytes`, those of `group`, which holds row `i`, with its checksum at open.
+    fn check(&self, path: &Path, i: u64, group: &RowGroup, bytes: &[u8]) -> Result<()> {
+        let was = self.sums[(group.rows.start / self.rows_per_sum) as usize];
+        let now = record_checksum(bytes);
+        if now == was {
+            return Ok(());
+        }
+        let (rows, at) = (&group.rows, &group.bytes);
+        let what = if rows.end - rows.start == 1 {
+            format!("its bytes {}..{}", at.start, at.end)
+        } else {
+            format!(
+                "rows {}..{} (bytes {}..{}, checked together)",
+                rows.start, rows.end, at.start, at.end
+            )
+        };
+        Err(Error::FileChanged {
+            path: path.to_path_buf(),
+            what: format!(
+                "row {i} is not what the file held when the array was opened: the xxh3 of {what} \
+                 was {was:#018x} then and is {now:#018x} now, so the file was written in place \
+                 while open; to change data under a running job, write a new file and rename it \
+                 over the old one"
+            ),
+        })
+    }
+}
+
+/// A group of rows checked together: its rows, and their bytes in the file.
+struct RowGroup {
+    rows: std::ops::Range<u64>,
+    bytes: std::ops::Range<usize>,
 }
 
 /// A header fault, before the path is known.

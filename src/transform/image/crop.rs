@@ -3,7 +3,8 @@
 //! [`random_resized_crop`] is torchvision's `RandomResizedCrop.get_params` (ten attempts, then
 //! the central-crop fallback), drawing from a [`SampleRng`] instead of torch's generator;
 //! [`resize_center_crop`] is `Resize(size)` (shorter side) followed by `CenterCrop`, expressed as
-//! the source region that the centre crop covers. Python's `round` (half to even) and `int`
+//! the source region that the centre crop covers and the box of the output it fills (all of
+//! it, or less where torchvision pads a crop larger than the resized image). Python's `round` (half to even) and `int`
 //! (truncation) are reproduced exactly, so the integer boxes match torchvision's for the same
 //! random draws.
 
@@ -93,39 +94,77 @@ pub fn central_fallback(height: u32, width: u32, ratio: (f64, f64)) -> CropBox {
     }
 }
 
+/// Where [`resize_center_crop`] puts an image: the part of the source the output shows, and
+/// the box of the output it is resized into.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CenterCrop {
+    /// The source region, in source pixels: the crop's share of the source, or all of the
+    /// source along a side on which the crop is larger than the resized image.
+    pub region: Region,
+    /// The box of the `crop_h` x `crop_w` output that `region` is resized into: the whole
+    /// output where the crop fits the resized image; along a side where it does not, the
+    /// resized image's length, `(crop - resized) / 2` (rounded down) from the output's edge,
+    /// with zeros around it, as torchvision's `CenterCrop` pads.
+    pub placed: CropBox,
+}
+
 /// torchvision's `Resize(resize)` (the shorter side becomes `resize`, the longer
-/// `int(resize * long / short)`) then `CenterCrop(crop_h, crop_w)`, as the region of the
-/// *source* image that the crop covers. Resizing that region straight to the output gives the
-/// same sampling grid as resizing the whole image and then cropping, without the waste.
+/// `int(resize * long / short)`) then `CenterCrop((crop_h, crop_w))`, as the region of the
+/// *source* image that the crop covers and where it goes in the output. Resizing that region
+/// straight to its box gives the same sampling grid as resizing the whole image and then
+/// cropping, without the waste.
 ///
-/// `crop_h` and `crop_w` must not exceed the resized image (the builder checks
-/// `crop <= resize`).
+/// Any crop works, as in torchvision: along each side, a crop no longer than the resized
+/// image is cut from its middle (`int(round((resized - crop) / 2))` from its edge); a longer
+/// one is padded with zeros, `(crop - resized) / 2` before the image (rounded down) and the
+/// rest after ([`CenterCrop::placed`]).
 pub fn resize_center_crop(
     height: u32,
     width: u32,
     resize: u32,
     crop_h: u32,
     crop_w: u32,
-) -> Region {
+) -> CenterCrop {
     let (rh, rw) = resized_size(height, width, resize);
-    // CenterCrop: top = int(round((h - ch) / 2)).
-    let top = (f64::from(rh.saturating_sub(crop_h)) / 2.0).round_ties_even();
-    let left = (f64::from(rw.saturating_sub(crop_w)) / 2.0).round_ties_even();
-    let sy = f64::from(height) / f64::from(rh);
-    let sx = f64::from(width) / f64::from(rw);
-    Region {
-        left: left * sx,
-        top: top * sy,
-        width: f64::from(crop_w.min(rw)) * sx,
-        height: f64::from(crop_h.min(rh)) * sy,
+    let (top, pad_top, h) = center_side(rh, crop_h);
+    let (left, pad_left, w) = center_side(rw, crop_w);
+    let sy = f64::from(height) / f64::from(rh.max(1));
+    let sx = f64::from(width) / f64::from(rw.max(1));
+    CenterCrop {
+        region: Region {
+            left: left * sx,
+            top: top * sy,
+            width: f64::from(w) * sx,
+            height: f64::from(h) * sy,
+        },
+        placed: CropBox {
+            top: pad_top,
+            left: pad_left,
+            height: h,
+            width: w,
+        },
+    }
+}
+
+/// One side of `CenterCrop(crop)` on a side of `resized` pixels: where the crop starts in the
+/// resized image, where the image starts in the output (the padding before it), and how many
+/// pixels of the image the output shows.
+fn center_side(resized: u32, crop: u32) -> (f64, u32, u32) {
+    if crop <= resized {
+        // torchvision: top = int(round((h - ch) / 2.0)), Python's round (half to even).
+        ((f64::from(resized - crop) / 2.0).round_ties_even(), 0, crop)
+    } else {
+        // torchvision pads (crop - h) // 2 before and (crop - h + 1) // 2 after.
+        (0.0, (crop - resized) / 2, resized)
     }
 }
 
 /// The size `(height, width)` torchvision's `Resize(size)` gives an image: the shorter side
-/// becomes `size`, the longer `int(size * long / short)`.
+/// becomes `size`, the longer `int(size * long / short)` (at most `u32::MAX`).
 pub fn resized_size(height: u32, width: u32, size: u32) -> (u32, u32) {
     let (short, long) = (height.min(width), height.max(width));
-    let new_long = ((u64::from(size) * u64::from(long)) / u64::from(short.max(1))) as u32;
+    let new_long = ((u64::from(size) * u64::from(long)) / u64::from(short.max(1)))
+        .min(u64::from(u32::MAX)) as u32;
     if height <= width {
         (size, new_long)
     } else {
@@ -233,11 +272,49 @@ mod tests {
     fn resize_center_crop_matches_resize_then_crop() {
         // 500x375 -> Resize(256) -> 341x256 -> CenterCrop(224): top 16, left round(58.5)=58.
         assert_eq!(resized_size(375, 500, 256), (256, 341));
-        let r = resize_center_crop(375, 500, 256, 224, 224);
+        let c = resize_center_crop(375, 500, 256, 224, 224);
+        let r = c.region;
         let s = 375.0 / 256.0;
         assert!((r.top - 16.0 * s).abs() < 1e-9);
         assert!((r.left - 58.0 * 500.0 / 341.0).abs() < 1e-9);
         assert!((r.height - 224.0 * s).abs() < 1e-9);
+        let whole = CropBox {
+            top: 0,
+            left: 0,
+            height: 224,
+            width: 224,
+        };
+        assert_eq!(c.placed, whole);
+    }
+
+    #[test]
+    fn a_centre_crop_larger_than_the_resized_image_is_placed_as_torchvision_pads() {
+        // 500x375 -> Resize(256) -> 341x256 -> CenterCrop((300, 200)): padded by 22 above
+        // (and 22 below), cut from column round(70.5) = 70.
+        let c = resize_center_crop(375, 500, 256, 300, 200);
+        assert_eq!(
+            c.placed,
+            CropBox {
+                top: 22,
+                left: 0,
+                height: 256,
+                width: 200
+            }
+        );
+        let (sx, sy) = (500.0 / 341.0, 375.0 / 256.0);
+        assert!((c.region.top - 0.0).abs() < 1e-9);
+        assert!((c.region.height - 256.0 * sy).abs() < 1e-9);
+        assert!((c.region.left - 70.0 * sx).abs() < 1e-9);
+        assert!((c.region.width - 200.0 * sx).abs() < 1e-9);
+        // An odd difference, 344 - 341 = 3: 1 column of padding before the image, 2 after.
+        let c = resize_center_crop(375, 500, 256, 256, 344);
+        assert_eq!((c.placed.left, c.placed.width), (1, 341));
+        assert!((c.region.width - 500.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn resized_sizes_saturate_instead_of_wrapping() {
+        assert_eq!(resized_size(1, 100_000, 100_000), (100_000, u32::MAX));
     }
 
     #[test]

@@ -63,7 +63,9 @@ pub enum Geometry {
         /// Probability of a horizontal flip (default 0.5).
         flip: f64,
     },
-    /// torchvision's `Resize(resize)` (shorter side) then `CenterCrop(size)`.
+    /// torchvision's `Resize(resize)` (shorter side) then `CenterCrop(size)`: any size works;
+    /// along a side on which it is larger than the resized image, the output is padded with
+    /// zeros as torchvision pads ([`crop::resize_center_crop`]).
     Eval {
         /// The shorter side after resizing (default `size * 256 / 224`, 256 for 224).
         resize: u32,
@@ -192,7 +194,9 @@ impl ImageTransformBuilder {
         self
     }
 
-    /// The shorter side before the centre crop (eval only; default `size * 256 / 224`).
+    /// The shorter side before the centre crop (eval only; default `size * 256 / 224`). A crop
+    /// (see [`size`](Self::size)) larger than the resized image along a side is padded with
+    /// zeros there, as torchvision's `CenterCrop` pads.
     pub fn resize(mut self, shorter: u32) -> Self {
         if let Geometry::Eval { resize } = &mut self.geometry {
             *resize = shorter;
@@ -281,10 +285,10 @@ impl ImageTransformBuilder {
                 }
             }
             Geometry::Eval { resize } => {
-                if resize < h.max(w) {
+                if resize == 0 {
                     return Err(Error::config(
                         "resize",
-                        format!("shorter side {resize} is smaller than the {h}x{w} centre crop"),
+                        "a shorter side of 0 pixels leaves nothing to crop",
                     ));
                 }
             }
@@ -505,13 +509,27 @@ impl ImageTransform {
                 } => {
                     let b = crop::random_resized_crop(h, w, scale, ratio, rng);
                     let flipped = flip > 0.0 && rng.next_f64() < flip;
-                    (Region::from(b), flipped)
+                    Placement {
+                        region: Region::from(b),
+                        placed: whole_output(out_h, out_w),
+                        flipped,
+                    }
                 }
                 Geometry::Eval { resize } => {
-                    (crop::resize_center_crop(h, w, resize, out_h, out_w), false)
+                    let c = crop::resize_center_crop(h, w, resize, out_h, out_w);
+                    Placement {
+                        region: c.region,
+                        placed: c.placed,
+                        flipped: false,
+                    }
                 }
             };
-        let (decoded, region, flipped) = self.decode_for(bufs, bytes, name, &mut rng, geometry)?;
+        let (decoded, placement) = self.decode_for(bufs, bytes, name, &mut rng, geometry)?;
+        let Placement {
+            region,
+            placed,
+            flipped,
+        } = placement;
         nonempty(name, region, decoded)?;
         let src = fir::images::ImageRef::new(
             decoded.width,
@@ -524,29 +542,41 @@ impl ImageTransform {
             .crop(region.left, region.top, region.width, region.height)
             .resize_alg(fir::ResizeAlg::Convolution(self.cfg.filter.filter_type()));
         let pixels = out_h as usize * out_w as usize;
-        let resize_err = |e: fir::ResizeError| codec::image_error_from(name, "resize", e);
-        if self.converter.is_identity() {
+        // Resizes into `out` (out_w x out_h RGB8): into all of it, or into the placed box with
+        // zeros around (a padded centre crop).
+        let resize_into = |resizer: &mut fir::Resizer, out: &mut [u8]| -> Result<()> {
+            let whole = placed == whole_output(out_h, out_w);
+            if !whole {
+                out.fill(0);
+            }
             let mut dst =
-                fir::images::Image::from_slice_u8(out_w, out_h, slot, fir::PixelType::U8x3)
+                fir::images::Image::from_slice_u8(out_w, out_h, out, fir::PixelType::U8x3)
                     .map_err(|e| codec::image_error_from(name, "resize", e))?;
-            bufs.resizer
-                .resize(&src, &mut dst, &options)
-                .map_err(resize_err)?;
+            if whole {
+                return resizer
+                    .resize(&src, &mut dst, &options)
+                    .map_err(|e| codec::image_error_from(name, "resize", e));
+            }
+            let mut inner = fir::images::CroppedImageMut::new(
+                &mut dst,
+                placed.left,
+                placed.top,
+                placed.width,
+                placed.height,
+            )
+            .map_err(|e| codec::image_error_from(name, "resize", e))?;
+            resizer
+                .resize(&src, &mut inner, &options)
+                .map_err(|e| codec::image_error_from(name, "resize", e))
+        };
+        if self.converter.is_identity() {
+            resize_into(&mut bufs.resizer, slot)?;
             if flipped {
                 crop::flip_horizontal(slot, out_w as usize, 3);
             }
         } else {
             bufs.resized.resize(pixels * 3, 0);
-            let mut dst = fir::images::Image::from_slice_u8(
-                out_w,
-                out_h,
-                &mut bufs.resized,
-                fir::PixelType::U8x3,
-            )
-            .map_err(|e| codec::image_error_from(name, "resize", e))?;
-            bufs.resizer
-                .resize(&src, &mut dst, &options)
-                .map_err(resize_err)?;
+            resize_into(&mut bufs.resizer, &mut bufs.resized)?;
             let (w, h) = (out_w as usize, out_h as usize);
             self.converter
                 .convert(&mut bufs.resized, w, h, flipped, slot);
@@ -555,7 +585,7 @@ impl ImageTransform {
         Ok(())
     }
 
-    /// Decodes into `bufs.decoded`; returns its size, the region to resize and the flip.
+    /// Decodes into `bufs.decoded`; returns its size and where it goes.
     #[cfg(not(feature = "turbojpeg"))]
     fn decode_for(
         &self,
@@ -563,8 +593,8 @@ impl ImageTransform {
         bytes: &[u8],
         name: &str,
         rng: &mut crate::transform::SampleRng,
-        geometry: impl Fn(u32, u32, &mut crate::transform::SampleRng) -> (Region, bool),
-    ) -> Result<(Decoded, Region, bool)> {
+        geometry: impl Fn(u32, u32, &mut crate::transform::SampleRng) -> Placement,
+    ) -> Result<(Decoded, Placement)> {
         let d = codec::decode_rgb8(
             bytes,
             name,
@@ -572,13 +602,12 @@ impl ImageTransform {
             &mut bufs.decoded,
             &mut bufs.scratch,
         )?;
-        let (region, flipped) = geometry(d.height, d.width, rng);
-        Ok((d, region, flipped))
+        Ok((d, geometry(d.height, d.width, rng)))
     }
 
     /// Decodes into `bufs.decoded` only the part of the image the resize reads (JPEG, through
     /// libjpeg-turbo's partial decompression), at a reduced scale when the region allows;
-    /// returns the decoded size, the region (in decoded pixels) and the flip.
+    /// returns the decoded size and where it goes (its region in decoded pixels).
     #[cfg(feature = "turbojpeg")]
     fn decode_for(
         &self,
@@ -586,10 +615,11 @@ impl ImageTransform {
         bytes: &[u8],
         name: &str,
         rng: &mut crate::transform::SampleRng,
-        geometry: impl Fn(u32, u32, &mut crate::transform::SampleRng) -> (Region, bool),
-    ) -> Result<(Decoded, Region, bool)> {
+        geometry: impl Fn(u32, u32, &mut crate::transform::SampleRng) -> Placement,
+    ) -> Result<(Decoded, Placement)> {
         let (w, h) = codec::probe(bytes, name)?;
-        let (region, flipped) = geometry(h, w, rng);
+        let placement = geometry(h, w, rng);
+        let region = placement.region;
         nonempty(
             name,
             region,
@@ -636,7 +666,13 @@ impl ImageTransform {
             width: (region.width / scale).min(bw - left),
             height: (region.height / scale).min(bh - top),
         };
-        Ok((got.decoded, region, flipped))
+        Ok((
+            got.decoded,
+            Placement {
+                region,
+                ..placement
+            },
+        ))
     }
 
     fn apply_sample(
@@ -697,6 +733,26 @@ impl ImageTransform {
             slots.field(1)?.copy_from_slice(&label.to_le_bytes());
         }
         Ok(())
+    }
+}
+
+/// What the geometry makes of one image: the source region, the box of the output it is
+/// resized into, and whether it is mirrored.
+#[derive(Clone, Copy, Debug)]
+struct Placement {
+    region: Region,
+    /// All of the output, except for a centre crop padded where it is larger than the image.
+    placed: CropBox,
+    flipped: bool,
+}
+
+/// The box that is all of an `out_h` x `out_w` output.
+fn whole_output(out_h: u32, out_w: u32) -> CropBox {
+    CropBox {
+        top: 0,
+        left: 0,
+        height: out_h,
+        width: out_w,
     }
 }
 

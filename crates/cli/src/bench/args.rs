@@ -102,8 +102,9 @@ pub struct Args {
     /// Print one JSON object instead of text (the same keys for every kind of run).
     #[arg(long)]
     pub json: bool,
-    /// Check every record of a packed file against its stored checksum as it is read (a record
-    /// whose bytes changed is an error, never data); measures what verification costs.
+    /// Check every record of a packed file against its stored checksum as it is read, every
+    /// row of a .npy array against a checksum taken when it is opened (a record whose bytes
+    /// changed is an error, never data); measures what verification costs.
     #[arg(long)]
     pub verify: bool,
     /// How DATASET (a packed file or a .npy array, and --labels) is read.

@@ -118,7 +118,7 @@ pub(super) fn open_dataset(
         return Ok(data);
     };
     let label = labels.display().to_string();
-    let labels: Box<dyn Dataset> = Box::new(NpyArray::open_with(labels, "label", options.mode)?);
+    let labels: Box<dyn Dataset> = Box::new(NpyArray::open_with(labels, "label", options)?);
     let zipped = Zip::new([(path.display().to_string(), data), (label, labels)])?;
     Ok(Box::new(zipped))
 }
