@@ -582,14 +582,7 @@ fn a_padded_centre_crop_of_a_jpeg_is_its_decoded_image_with_zeros_around() {
     let (w, h) = (48u32, 32u32);
     let bytes = jpeg(&smooth_rgb(w, h), w, h, E::Rgb8, 95);
     let (mut full, mut scratch) = (Vec::new(), Vec::new());
-    gpufeed::codec::decode_rgb8(
-        &bytes,
-        "x",
-        &Default::default(),
-        &mut full,
-        &mut scratch,
-    )
-    .unwrap();
+    gpufeed::codec::decode_rgb8(&bytes, "x", &Default::default(), &mut full, &mut scratch).unwrap();
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("a")).unwrap();
     std::fs::write(dir.path().join("a/x.jpg"), &bytes).unwrap();
