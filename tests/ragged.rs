@@ -31,7 +31,6 @@ fn spread(i: u64) -> usize {
 /// In memory: `id` (u64), `text` (utf8 bytes), `tokens` (u16 values), lengths from `len`.
 struct Texts {
     records: Vec<Vec<u8>>,
-    lens: Vec<usize>,
     schema: Schema,
 }
 
@@ -63,11 +62,7 @@ impl Texts {
                 r
             })
             .collect();
-        Texts {
-            records,
-            lens,
-            schema,
-        }
+        Texts { records, schema }
     }
 
     fn of(n: u64, len: impl Fn(u64) -> usize) -> Texts {

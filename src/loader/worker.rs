@@ -452,7 +452,6 @@ fn fill(
             Ok(((b - a).as_nanos() as u64, b.elapsed().as_nanos() as u64))
         }));
         let skipped_here = slot.is_skipped();
-        drop(slot);
         // Beyond a ragged field's budget, the batch fails, whatever the transform made of the
         // refusal: the batch's error, not the sample's.
         if let Some(e) = over_budget(&shared.layout, &ragged) {
