@@ -277,6 +277,25 @@ fn the_default_budget_comes_from_the_first_samples_sizes() {
 }
 
 #[test]
+fn one_budget_for_each_ragged_field_leaves_the_named_ones_alone() {
+    let loader = Loader::builder(Texts::of(8, spread))
+        .batch_size(4)
+        .ragged_budget("tokens", 5000)
+        .ragged_budget_each(3000)
+        .build()
+        .unwrap();
+    let layout = loader.layout();
+    let cap = |name| layout.ragged_capacity(layout.index_of(name).unwrap());
+    assert_eq!((cap("text"), cap("tokens")), (Some(3000), Some(5000)));
+    let e = Loader::builder(Texts::of(8, spread))
+        .transform(gpufeed::CopyFields::named(["id"]))
+        .ragged_budget_each(3000)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("no ragged field"), "{e}");
+}
+
+#[test]
 fn a_budget_for_a_field_that_is_not_ragged_is_refused() {
     let e = builder(Texts::of(4, spread))
         .ragged_budget("id", 100)

@@ -92,6 +92,7 @@ pub struct LoaderBuilder {
     resume: Option<LoaderState>,
     budget: Option<u64>,
     ragged_budgets: BTreeMap<String, u64>,
+    ragged_budget_each: Option<u64>,
     across_epochs: bool,
     backing: Option<Box<dyn FnOnce(u64) -> HostPool + Send>>,
 }
@@ -248,6 +249,14 @@ impl LoaderBuilder {
     /// name that is not a ragged field of the transform's output.
     pub fn ragged_budget(mut self, field: impl Into<String>, bytes: u64) -> Self {
         self.ragged_budgets.insert(field.into(), bytes);
+        self
+    }
+
+    /// The byte budget of every ragged field that [`ragged_budget`](Self::ragged_budget) does
+    /// not name (for front ends that take one number: `gpufeed bench --ragged-budget`, Python's
+    /// `ragged_budget=N`). `build()` refuses it when the batches have no ragged field.
+    pub fn ragged_budget_each(mut self, bytes: u64) -> Self {
+        self.ragged_budget_each = Some(bytes);
         self
     }
 
@@ -443,7 +452,18 @@ impl LoaderBuilder {
                 ),
             ));
         }
+        if self.ragged_budget_each.is_some() && ragged.is_empty() {
+            return Err(Error::config(
+                "ragged_budget",
+                "the batches have no ragged field to give a budget",
+            ));
+        }
         let mut budgets = self.ragged_budgets.clone();
+        if let Some(each) = self.ragged_budget_each {
+            for name in &ragged {
+                budgets.entry((*name).to_owned()).or_insert(each);
+            }
+        }
         if ragged.iter().all(|n| budgets.contains_key(*n)) {
             return Ok(budgets);
         }
@@ -588,6 +608,7 @@ impl LoaderBuilder {
             resume: None,
             budget: None,
             ragged_budgets: BTreeMap::new(),
+            ragged_budget_each: None,
             across_epochs: true,
             backing: None,
         }
