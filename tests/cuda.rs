@@ -10,6 +10,7 @@ mod cuda_convert;
 mod cuda_copy;
 mod cuda_device;
 mod cuda_images;
+mod cuda_ragged;
 mod cuda_raw_streams;
 mod cuda_resume;
 mod cuda_sound;
@@ -37,6 +38,11 @@ fn main() -> std::process::ExitCode {
             an_invalid_ordinal_is_an_error,
         ],
         cuda_images: [device_normalised_batches_equal_the_host_ones],
+        cuda_ragged: [
+            ragged_fields_reach_the_device_with_every_byte,
+            a_ragged_batch_over_its_budget_is_an_error_through_the_copy_stage,
+            a_conversion_of_a_ragged_field_is_refused,
+        ],
         cuda_raw_streams: [
             a_block_is_reused_only_after_the_raw_consumer_stream_passed_its_read,
             wait_on_raw_orders_the_consumer_after_a_copy_still_queued,

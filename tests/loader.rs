@@ -436,7 +436,8 @@ fn bad_settings_are_typed_errors_at_build() {
         setting(Loader::builder(Numbers::new(0)).shard(0, 1).build()),
         "dataset"
     );
-    // A variable-size field cannot be copied into a batch as it is.
+    // A variable-size field is batched as a ragged one: with no budget given, the loader
+    // measures the first samples to size it, and names the setting when none can be read.
     struct Var(Schema);
     impl Dataset for Var {
         fn len(&self) -> u64 {
@@ -449,10 +450,22 @@ fn bad_settings_are_typed_errors_at_build() {
             Err(Error::user("unused"))
         }
     }
-    let var = Var(Schema::new(vec![Field::bytes("jpeg", gpufeed::Codec::Jpeg)]).unwrap());
+    let var = || Var(Schema::new(vec![Field::bytes("jpeg", gpufeed::Codec::Jpeg)]).unwrap());
+    assert_eq!(
+        setting(Loader::builder(var()).shard(0, 1).build()),
+        "ragged_budget"
+    );
+    assert_eq!(
+        setting(Loader::builder(var()).ragged_budget("jpg", 10).build()),
+        "ragged_budget"
+    );
+    let mut l = Loader::builder(var())
+        .ragged_budget("jpeg", 1 << 10)
+        .build()
+        .unwrap();
     assert!(matches!(
-        Loader::builder(var).shard(0, 1).build(),
-        Err(Error::Mismatch { .. })
+        l.next(),
+        Some(Err(Error::Sample { index: 0, .. }))
     ));
 }
 

@@ -15,6 +15,7 @@ mod image_pipeline;
 mod loader;
 mod loader_timeout;
 mod npy_errors;
+mod ragged;
 mod read_modes;
 mod remote_local;
 mod remote_s3;

@@ -48,6 +48,9 @@ class LoaderCore:
         indices: bool,
         convert: Optional[Callable[[Array], Any]],
         device: Optional[int] = None,
+        ragged_budget_each: Optional[int] = None,
+        ragged_budgets: Optional[List[Tuple[str, int]]] = None,
+        ragged_list: bool = False,
     ) -> None: ...
     def iter_epoch(self) -> "LoaderCore": ...
     def __iter__(self) -> "LoaderCore": ...
@@ -61,7 +64,7 @@ class LoaderCore:
     position: int
     order: Tuple[int, int, int, int]
     device: Optional[int]
-    fields: List[Tuple[str, str, List[int]]]
+    fields: List[Tuple[str, str, List[int], bool]]
     def close(self) -> None: ...
 
 def pack(

@@ -349,7 +349,14 @@ class Loader:
       N, or a ``torch.device``): batches on GPU N, as CUDA tensors; ``"cuda"``: this process's
       local rank's GPU (``LOCAL_RANK``, else ``SLURM_LOCALID``, else 0). See "The GPU" below.
     - ``images``: decode images with the image pipeline (:class:`ImageOptions` or a dict).
-    - ``fields``: the fields to load (default all).
+    - ``fields``: the fields to load (default all; a field of encoded images needs ``images=``
+      unless named here, when it arrives as its bytes).
+    - ``ragged``: how a variable-size field (text, tokens, any bytes; see "Ragged fields"
+      below) arrives: ``"offsets"`` (default) as a pair ``(values, offsets)``, or ``"list"``
+      as a list of one tensor per sample.
+    - ``ragged_budget``: bytes of values a batch may hold in each ragged field: an int for
+      every one, or a dict of field name -> bytes (default: measured from the first samples,
+      twice the mean batch or more).
     - ``epoch``: the first epoch (default 0).
     - ``output``: ``"torch"`` (torch.Tensor), ``"numpy"`` (numpy.ndarray), ``"cupy"``,
       ``"jax"`` or ``"dlpack"`` (:class:`gpufeed.Array`, for any DLPack consumer); default
@@ -358,6 +365,18 @@ class Loader:
     - ``indices``: also give each batch's sample indices (int64) under ``"__index__"``.
     - ``pool_budget``: bytes of batch buffers, in flight and held by you together (default:
       ``prefetch + 2`` batches).
+
+    Ragged fields: a field whose samples differ in size (a WebDataset ``txt`` or ``cls``
+    member, an MDS ``bytes``/``str`` column, a packed file's bytes field) is batched as the
+    items of its samples back to back, ``values`` (uint8 for bytes; the dtype of the values for
+    a field of typed values, such as tokens), and ``offsets``, int64 ``[batch + 1]``: sample
+    ``i`` is ``values[offsets[i]:offsets[i + 1]]``, the layout of ``torch.nested``'s jagged
+    tensors (``torch.nested.nested_tensor_from_jagged(values, offsets)``) and of
+    flash-attention's ``cu_seqlens``. Both are views of the batch buffer, as every field is;
+    with ``ragged="list"`` each sample's tensor is a view too. A batch whose values exceed
+    ``ragged_budget`` raises a ConfigError naming the field, the batch and ``ragged_budget``
+    (never a truncated batch); the next iteration goes on. On the GPU, the batch is copied only
+    as far as its values go.
 
     Memory: a batch's buffer is reused only when every tensor of the batch is gone. Holding
     more batches than the pool's budget allows makes the next iteration raise a ConfigError
@@ -415,6 +434,8 @@ class Loader:
         output: Optional[str] = None,
         indices: bool = False,
         pool_budget: Optional[int] = None,
+        ragged: str = "offsets",
+        ragged_budget: Union[None, int, Mapping[str, int]] = None,
     ) -> None:
         paths = _paths(path_or_paths)
         output_given = output is not None
@@ -462,6 +483,16 @@ class Loader:
                 raise config_error("fields", "the list of fields is empty")
         epoch = _int("epoch", epoch)
         pool_budget = None if pool_budget is None else _int("pool_budget", pool_budget, 1)
+        if ragged not in ("offsets", "list"):
+            raise config_error("ragged", f"{ragged!r} is not 'offsets' or 'list'")
+        budget_each, budgets = None, None
+        if isinstance(ragged_budget, Mapping):
+            budgets = [
+                (str(name), _int(f"ragged_budget[{name!r}]", b, 1))
+                for name, b in ragged_budget.items()
+            ]
+        elif ragged_budget is not None:
+            budget_each = _int("ragged_budget", ragged_budget, 1)
         self.output, convert = _converter(output, ordinal is not None)
         self._core = _gpufeed.LoaderCore(
             paths,
@@ -481,9 +512,12 @@ class Loader:
             indices=bool(indices),
             convert=convert,
             device=ordinal,
+            ragged_budget_each=budget_each,
+            ragged_budgets=budgets,
+            ragged_list=ragged == "list",
         )
         if self.output == "numpy":
-            bf16 = [name for name, dtype, _ in self._core.fields if dtype == "bfloat16"]
+            bf16 = [name for name, dtype, _, _ in self._core.fields if dtype == "bfloat16"]
             if bf16:
                 self._core.close()
                 if output_given:
@@ -576,9 +610,13 @@ class Loader:
         return "cpu" if ordinal is None else f"cuda:{ordinal}"
 
     @property
-    def fields(self) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
-        """Each field's dtype name and per-sample shape (on the GPU: as converted there)."""
-        return {name: (dtype, tuple(shape)) for name, dtype, shape in self._core.fields}
+    def fields(self) -> Dict[str, Tuple[str, Tuple[Optional[int], ...]]]:
+        """Each field's dtype name and per-sample shape (on the GPU: as converted there); a
+        ragged field's shape starts with None, its samples' varying number of items."""
+        return {
+            name: (dtype, ((None,) if ragged else ()) + tuple(shape))
+            for name, dtype, shape, ragged in self._core.fields
+        }
 
     def close(self) -> None:
         """Stops the worker threads now. Batches you hold stay valid; later calls raise.

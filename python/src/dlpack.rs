@@ -341,18 +341,56 @@ fn exportable(dtype: DType) -> PyResult<DLDataType> {
     })
 }
 
+/// What of a batch's field an array views: the field (a ragged field's values), a ragged
+/// field's offsets, or the items of one sample of a ragged field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    /// The field: `[len, *shape]`, or a ragged field's values, `[items, *item shape]`.
+    Field,
+    /// A ragged field's offsets: `[len + 1]` int64.
+    Offsets,
+    /// Sample `i`'s items of a ragged field: `[its items, *item shape]`.
+    Sample(usize),
+}
+
+/// `e` as the ValueError of an array that cannot be made.
+fn unviewable(e: gpufeed::Error) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
 impl Array {
-    /// Field `k` of a held batch, viewed in place.
-    pub fn batch_field(held: &Arc<HeldBatch>, k: usize) -> PyResult<Array> {
+    /// `view` of field `k` of a held batch, in place.
+    pub fn batch_field(held: &Arc<HeldBatch>, k: usize, view: View) -> PyResult<Array> {
         let batch = held.batch();
         let layout = batch.layout();
-        let (Some(field), Some(offset)) = (layout.fields().get(k), layout.field_offset(k)) else {
+        let (Some(field), Some(at)) = (layout.fields().get(k), layout.field_offset(k)) else {
             return Err(PyValueError::new_err(format!("the batch has no field {k}")));
         };
-        let mut shape = Vec::with_capacity(field.shape.len() + 1);
-        shape.push(batch.len() as i64);
-        shape.extend(field.shape.iter().map(|&d| d as i64));
-        let nbytes = field.sample_bytes() * batch.len();
+        let (offset, dtype, shape) = match view {
+            View::Field => (
+                at,
+                field.dtype,
+                batch.shape(&field.name).map_err(unviewable)?,
+            ),
+            View::Offsets => {
+                let at = layout.offsets_offset(k).ok_or_else(|| {
+                    PyValueError::new_err(format!("field `{}` is not ragged", field.name))
+                })?;
+                (at, DType::I64, vec![batch.len() + 1])
+            }
+            View::Sample(i) => {
+                let offsets = batch.offsets(&field.name).map_err(unviewable)?;
+                let (Some(&a), Some(&b)) = (offsets.get(i), offsets.get(i + 1)) else {
+                    return Err(PyValueError::new_err(format!(
+                        "the batch has no sample {i}"
+                    )));
+                };
+                let mut shape = vec![(b - a) as usize];
+                shape.extend_from_slice(&field.shape);
+                (at + a as usize * field.item_bytes(), field.dtype, shape)
+            }
+        };
+        let nbytes = shape.iter().product::<usize>() * dtype.size();
         if offset + nbytes > batch.buffer().len() {
             return Err(PyValueError::new_err(format!(
                 "field `{}` lies outside its batch buffer",
@@ -363,9 +401,9 @@ impl Array {
             owner: Owner::Batch(Arc::clone(held)),
             offset,
             nbytes,
-            dtype: field.dtype,
-            dl_dtype: exportable(field.dtype)?,
-            shape,
+            dtype,
+            dl_dtype: exportable(dtype)?,
+            shape: shape.iter().map(|&d| d as i64).collect(),
             device: DLDevice {
                 device_type: KDL_CPU,
                 device_id: 0,
@@ -373,28 +411,55 @@ impl Array {
         })
     }
 
-    /// Field `k` of a held device batch, viewed in place (a CUDA array).
+    /// `view` of field `k` of a held device batch, in place (a CUDA array).
     #[cfg(feature = "cuda")]
-    pub fn device_field(held: &Arc<HeldDeviceBatch>, k: usize) -> PyResult<Array> {
+    pub fn device_field(held: &Arc<HeldDeviceBatch>, k: usize, view: View) -> PyResult<Array> {
         let batch = held.batch();
         let Some(field) = batch.fields().nth(k) else {
             return Err(PyValueError::new_err(format!(
                 "the device batch has no field {k}"
             )));
         };
-        let shape = field.shape().iter().map(|&d| d as i64).collect();
-        // SAFETY: only the address's value is taken here. The memory behind it is used by the
-        // consumers of the DLPack capsules made from this array, each of which holds the batch
-        // (the owner) until its deleter runs, and whose stream `__dlpack__` orders after the
-        // copy and registers for the release: the rule of `DeviceField::ptr`.
-        let addr = unsafe { field.ptr() };
+        // SAFETY (the three `ptr` calls): only the address's value is taken here. The memory
+        // behind it is used by the consumers of the DLPack capsules made from this array, each
+        // of which holds the batch (the owner) until its deleter runs, and whose stream
+        // `__dlpack__` orders after the copy and registers for the release: the rule of
+        // `DeviceField::ptr`.
+        let (addr, nbytes, dtype, shape) = match view {
+            View::Field => {
+                // SAFETY: see above.
+                let addr = unsafe { field.ptr() };
+                (addr, field.bytes(), field.dtype(), field.shape())
+            }
+            View::Offsets => {
+                let offsets = batch.offsets(field.name()).map_err(unviewable)?;
+                // SAFETY: see above.
+                let addr = unsafe { offsets.ptr() };
+                (addr, offsets.bytes(), offsets.dtype(), offsets.shape())
+            }
+            View::Sample(i) => {
+                let offsets = batch.offsets_host(field.name()).map_err(unviewable)?;
+                let (Some(&a), Some(&b)) = (offsets.get(i), offsets.get(i + 1)) else {
+                    return Err(PyValueError::new_err(format!(
+                        "the batch has no sample {i}"
+                    )));
+                };
+                let values = field.shape();
+                let item_bytes = values[1..].iter().product::<usize>() * field.dtype().size();
+                let mut shape = vec![(b - a) as usize];
+                shape.extend_from_slice(&values[1..]);
+                // SAFETY: see above.
+                let addr = unsafe { field.ptr() } + (a as usize * item_bytes) as u64;
+                (addr, (b - a) as usize * item_bytes, field.dtype(), shape)
+            }
+        };
         Ok(Array {
             owner: Owner::Device(Arc::clone(held), addr),
             offset: 0,
-            nbytes: field.bytes(),
-            dtype: field.dtype(),
-            dl_dtype: exportable(field.dtype())?,
-            shape,
+            nbytes,
+            dtype,
+            dl_dtype: exportable(dtype)?,
+            shape: shape.iter().map(|&d| d as i64).collect(),
             device: DLDevice {
                 device_type: KDL_CUDA,
                 device_id: batch.ordinal() as i32,

@@ -38,16 +38,18 @@ use std::time::Duration;
 use gpufeed::format::FieldKind;
 use gpufeed::source::{self, Dataset, ImageFolder};
 use gpufeed::transform::image::{ImageStats, ImageTransform, Layout, Normalize, OnBadImage};
-use gpufeed::{Batch, BatchStream, CopyFields, DType, Error, Loader, LoaderState};
+use gpufeed::{
+    Batch, BatchStream, Codec, CopyFields, DType, Error, Loader, LoaderState, OutputField,
+};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 #[cfg(feature = "cuda")]
 use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions};
 use gpufeed::sampler::OrderSpec;
 
-use crate::dlpack::{Array, HeldBatch, dtype_name};
+use crate::dlpack::{Array, HeldBatch, View, dtype_name};
 use crate::errors::{self, Caught, Defaults, catch, lift_with};
 use crate::value;
 
@@ -100,7 +102,7 @@ trait Feed: Send {
     fn set_epoch(&mut self, epoch: u64);
     fn next_epoch(&mut self);
     /// Every field of the batches, in order (device batches: the mask and indices last).
-    fn fields(&self) -> Vec<(String, DType, Vec<usize>)>;
+    fn fields(&self) -> Vec<OutputField>;
     fn figures(&self) -> Figures;
 }
 
@@ -108,7 +110,7 @@ trait Feed: Send {
 trait Handed: BatchStream + Send {
     /// The batch taken from the loader (or the loader's error, said as the binding says it).
     fn taken(&self, result: gpufeed::Result<Self::Batch>) -> Next;
-    fn fields(&self) -> Vec<(String, DType, Vec<usize>)>;
+    fn fields(&self) -> Vec<OutputField>;
     fn figures(&self) -> Figures;
 }
 
@@ -149,7 +151,7 @@ impl<L: Handed> Feed for L {
         BatchStream::next_epoch(self)
     }
 
-    fn fields(&self) -> Vec<(String, DType, Vec<usize>)> {
+    fn fields(&self) -> Vec<OutputField> {
         Handed::fields(self)
     }
 
@@ -175,12 +177,8 @@ impl Handed for Loader {
         }
     }
 
-    fn fields(&self) -> Vec<(String, DType, Vec<usize>)> {
-        self.layout()
-            .fields()
-            .iter()
-            .map(|f| (f.name.clone(), f.dtype, f.shape.clone()))
-            .collect()
+    fn fields(&self) -> Vec<OutputField> {
+        self.layout().fields().to_vec()
     }
 
     fn figures(&self) -> Figures {
@@ -197,11 +195,8 @@ impl Handed for DeviceLoader {
         }
     }
 
-    fn fields(&self) -> Vec<(String, DType, Vec<usize>)> {
+    fn fields(&self) -> Vec<OutputField> {
         DeviceLoader::fields(self)
-            .into_iter()
-            .map(|f| (f.name, f.dtype, f.shape))
-            .collect()
     }
 
     fn figures(&self) -> Figures {
@@ -270,9 +265,13 @@ pub struct LoaderCore {
     /// The batch dict's keys, one per field of the batches (device batches: the mask and
     /// indices fields too).
     names: Vec<Py<PyString>>,
+    /// Per key of `names`, true for a ragged field: `(values, offsets)`, or a list.
+    ragged: Vec<bool>,
+    /// Ragged fields as a list of one array per sample instead of `(values, offsets)`.
+    ragged_list: bool,
     /// The data fields as delivered (device batches: after the conversion on the GPU), without
     /// the mask and indices.
-    fields: Vec<(String, DType, Vec<usize>)>,
+    fields: Vec<OutputField>,
     convert: Option<Py<PyAny>>,
     evaluation: bool,
     indices: bool,
@@ -398,6 +397,10 @@ struct Settings {
     fields: Option<Vec<String>>,
     epoch: u64,
     pool_budget: Option<u64>,
+    /// The byte budget of every ragged field (`ragged_budget=N`).
+    ragged_budget_each: Option<u64>,
+    /// The byte budgets of ragged fields by name (`ragged_budget={name: N}`).
+    ragged_budgets: Vec<(String, u64)>,
     /// Device loaders copy the indices as a field (host loaders add them in `batch_dict`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     indices: bool,
@@ -414,6 +417,10 @@ impl Settings {
             ("prefetch", self.prefetch.is_none()),
             ("batch_parts", self.batch_parts.is_none()),
             ("pool_budget", self.pool_budget.is_none()),
+            (
+                "ragged_budget",
+                self.ragged_budget_each.is_none() && self.ragged_budgets.is_empty(),
+            ),
             ("shard", shard),
             ("images", self.images.is_none()),
             ("fields", self.fields.is_none()),
@@ -565,40 +572,29 @@ fn build(s: Settings) -> Result<Built, BuildError> {
         .transpose()?;
     let dataset = open_dataset(&s)?;
     check_names(&s, dataset.schema())?;
-    if s.images.is_none() {
-        // Variable-size fields cannot be batched as they are: say which argument fixes it.
+    if s.images.is_none() && s.fields.is_none() {
+        // Encoded images are decoded with images=, not loaded as their bytes, unless fields=
+        // names them (then they come as ragged uint8 fields, as any variable-size field).
         let schema = dataset.schema();
-        let picked: Vec<&gpufeed::Field> = match &s.fields {
-            Some(names) => schema
+        let encoded = schema.fields().iter().find(|f| {
+            matches!(
+                f.kind,
+                FieldKind::Bytes {
+                    codec: Codec::Jpeg | Codec::Png
+                }
+            )
+        });
+        if let Some(f) = encoded {
+            let others: Vec<&str> = schema
                 .fields()
                 .iter()
-                .filter(|f| names.contains(&f.name))
-                .collect(),
-            None => schema.fields().iter().collect(),
-        };
-        if let Some(f) = picked
-            .iter()
-            .find(|f| matches!(f.kind, FieldKind::Bytes { .. }))
-        {
-            let tensors: Vec<&str> = schema
-                .fields()
-                .iter()
-                .filter(|f| matches!(f.kind, FieldKind::Tensor { .. }))
-                .map(|f| f.name.as_str())
+                .filter(|g| g.name != f.name)
+                .map(|g| g.name.as_str())
                 .collect();
-            if s.fields.is_some() {
-                return Err(BuildError::Argument(
-                    "fields",
-                    format!(
-                        "field `{}` holds variable-size bytes (encoded images?): pick tensor fields only ({tensors:?}), or drop fields= and pass images={{...}} to decode them",
-                        f.name
-                    ),
-                ));
-            }
             return Err(BuildError::Lacks(
                 "images",
                 format!(
-                    "the data set's field `{}` holds variable-size bytes (encoded images?), and images= was not given: pass images={{...}} to decode them, or fields=[...] to pick tensor fields only ({tensors:?})",
+                    "the data set's field `{}` holds encoded images, and images= was not given: pass images={{...}} to decode them, or fields=[...] to pick the fields to load ({others:?}; an encoded field named there arrives as its bytes, a ragged uint8 field)",
                     f.name
                 ),
             ));
@@ -623,6 +619,12 @@ fn build(s: Settings) -> Result<Built, BuildError> {
     }
     if let Some(b) = s.pool_budget {
         builder = builder.pool_budget(b);
+    }
+    if let Some(b) = s.ragged_budget_each {
+        builder = builder.ragged_budget_each(b);
+    }
+    for (name, b) in &s.ragged_budgets {
+        builder = builder.ragged_budget(name.clone(), *b);
     }
     if s.shard_env {
         builder = builder.shard_from_env();
@@ -768,8 +770,9 @@ impl LoaderCore {
         let len = batch.len() as i64;
         let dict = PyDict::new(py);
         for (k, name) in self.names.iter().enumerate() {
-            let array = Bound::new(py, Array::batch_field(held, k)?)?;
-            dict.set_item(name.bind(py), self.converted(py, array)?)?;
+            let value =
+                self.field_value(py, batch.len(), k, |view| Array::batch_field(held, k, view))?;
+            dict.set_item(name.bind(py), value)?;
         }
         if let Some(mask) = mask {
             let bytes: Vec<u8> = mask.iter().map(|&m| u8::from(m)).collect();
@@ -795,11 +798,37 @@ impl LoaderCore {
         held: &Arc<crate::dlpack::HeldDeviceBatch>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
+        let len = held.batch().len();
         for (k, name) in self.names.iter().enumerate() {
-            let array = Bound::new(py, Array::device_field(held, k)?)?;
-            dict.set_item(name.bind(py), self.converted(py, array)?)?;
+            let value = self.field_value(py, len, k, |view| Array::device_field(held, k, view))?;
+            dict.set_item(name.bind(py), value)?;
         }
         Ok(dict)
+    }
+
+    /// Field `k` of a batch of `len` samples as the batch dict holds it: its array, or for a
+    /// ragged field `(values, offsets)` or a list of one array per sample; `view` makes the
+    /// arrays (in place).
+    fn field_value<'py>(
+        &self,
+        py: Python<'py>,
+        len: usize,
+        k: usize,
+        view: impl Fn(View) -> PyResult<Array>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let array = |v: View| -> PyResult<Bound<'py, PyAny>> {
+            self.converted(py, Bound::new(py, view(v)?)?)
+        };
+        if !self.ragged.get(k).copied().unwrap_or(false) {
+            return array(View::Field);
+        }
+        if self.ragged_list {
+            let items = (0..len)
+                .map(|i| array(View::Sample(i)))
+                .collect::<PyResult<Vec<_>>>()?;
+            return Ok(PyList::new(py, items)?.into_any());
+        }
+        Ok(PyTuple::new(py, [array(View::Field)?, array(View::Offsets)?])?.into_any())
     }
 
     fn converted<'py>(
@@ -819,7 +848,8 @@ impl LoaderCore {
     #[new]
     #[pyo3(signature = (
         paths, *, batch_size, shuffle, workers, prefetch, batch_parts, drop_last, shard, shard_env,
-        evaluation, images, fields, epoch, pool_budget, indices, convert, device=None
+        evaluation, images, fields, epoch, pool_budget, indices, convert, device=None,
+        ragged_budget_each=None, ragged_budgets=None, ragged_list=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -841,6 +871,9 @@ impl LoaderCore {
         indices: bool,
         convert: Option<Py<PyAny>>,
         device: Option<usize>,
+        ragged_budget_each: Option<u64>,
+        ragged_budgets: Option<Vec<(String, u64)>>,
+        ragged_list: bool,
     ) -> PyResult<LoaderCore> {
         let images = images.map(|d| d.extract::<ImageArgs>()).transpose()?;
         let settings = Settings {
@@ -858,6 +891,8 @@ impl LoaderCore {
             fields,
             epoch,
             pool_budget,
+            ragged_budget_each,
+            ragged_budgets: ragged_budgets.unwrap_or_default(),
             indices,
             device,
         };
@@ -878,11 +913,12 @@ impl LoaderCore {
         let all = loader.fields();
         let names = all
             .iter()
-            .map(|(n, _, _)| PyString::intern(py, n).unbind())
+            .map(|f| PyString::intern(py, &f.name).unbind())
             .collect();
+        let ragged = all.iter().map(|f| f.ragged).collect();
         let fields = all
             .into_iter()
-            .filter(|(n, _, _)| n != MASK_KEY && n != INDEX_KEY)
+            .filter(|f| f.name != MASK_KEY && f.name != INDEX_KEY)
             .collect();
         Ok(LoaderCore {
             core: Mutex::new(Core {
@@ -893,6 +929,8 @@ impl LoaderCore {
                 },
             }),
             names,
+            ragged,
+            ragged_list,
             fields,
             convert,
             evaluation,
@@ -1055,13 +1093,21 @@ impl LoaderCore {
         self.device
     }
 
-    /// Each field's (name, dtype, per-sample shape).
+    /// Each field's (name, dtype, per-sample shape, ragged): a ragged field's shape is that of
+    /// one item.
     #[getter]
     fn fields<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let items: Vec<(String, &'static str, Vec<usize>)> = self
+        let items: Vec<(String, &'static str, Vec<usize>, bool)> = self
             .fields
             .iter()
-            .map(|(n, d, s)| (n.clone(), dtype_name(*d), s.clone()))
+            .map(|f| {
+                (
+                    f.name.clone(),
+                    dtype_name(f.dtype),
+                    f.shape.clone(),
+                    f.ragged,
+                )
+            })
             .collect();
         PyList::new(py, items)
     }

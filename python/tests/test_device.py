@@ -394,3 +394,39 @@ def test_jax_consumer(packed):
         data = batch["data"]
         idx = np.asarray(batch[gpufeed.INDEX_KEY])
         assert np.array_equal(np.asarray(data), rows()[idx])
+
+
+def test_ragged_fields_reach_the_gpu_exactly_as_values_offsets_and_lists(tmp_path):
+    import io
+    import tarfile
+
+    def text(i: int) -> bytes:
+        return bytes((i * 31 + j) % 256 for j in range((i * 37) % 200))
+
+    root = tmp_path / "wds"
+    root.mkdir()
+    with tarfile.open(root / "shard-0000.tar", "w") as tar:
+        for i in range(50):
+            info = tarfile.TarInfo(f"{i:06d}.txt")
+            data = text(i)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    for ragged in ("offsets", "list"):
+        loader = gpufeed.Loader(
+            root, batch_size=8, shuffle=1, workers=2, device=DEV, indices=True, ragged=ragged
+        )
+        seen = []
+        for batch in loader:
+            indices = batch[gpufeed.INDEX_KEY].tolist()
+            if ragged == "offsets":
+                values, offsets = batch["txt"]
+                assert values.is_cuda and offsets.is_cuda and offsets.dtype == torch.int64
+                offsets = offsets.cpu().tolist()
+                got = bytes(values.cpu().numpy())
+                assert got == b"".join(text(i) for i in indices)
+                assert offsets[0] == 0 and offsets[-1] == len(got)
+            else:
+                assert [bytes(t.cpu().numpy()) for t in batch["txt"]] == [text(i) for i in indices]
+                assert all(t.is_cuda for t in batch["txt"])
+            seen.extend(indices)
+        assert sorted(seen) == list(range(50))

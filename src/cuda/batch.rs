@@ -1,5 +1,7 @@
 //! [`DeviceBatch`]: a batch on the device, and [`DeviceField`], a view of one of its fields that
-//! borrows it (cudarc's `CudaView<'_, T>` model).
+//! borrows it (cudarc's `CudaView<'_, T>` model). A ragged field is two views: its values and
+//! its offsets ([`DeviceBatch::ragged`]), whose lengths the batch knows from a host copy of the
+//! offsets, so that no view reads the device to know its size.
 //!
 //! A device batch owns one pooled [`DeviceBuffer`] holding every field, and a private fence that
 //! completes when the copy (and conversions) that fill it have. The consumer orders its work with
@@ -31,7 +33,7 @@ use super::fence::EventFence;
 use crate::error::{Error, Result};
 use crate::format::DType;
 use crate::layout::Element;
-use crate::loader::BatchInfo;
+use crate::loader::{Batch, BatchInfo};
 use crate::memory::Fence;
 
 /// One field of a device batch: what it holds and where it lives in the device buffer.
@@ -39,11 +41,42 @@ use crate::memory::Fence;
 pub(crate) struct FieldSpec {
     pub(crate) name: String,
     pub(crate) dtype: DType,
-    /// Per-sample shape (converted fields: `[C, H, W]`).
+    /// Per-sample shape (converted fields: `[C, H, W]`); a ragged field's item shape.
     pub(crate) shape: Vec<usize>,
-    /// Byte offset in the device buffer (a multiple of 256).
+    /// Byte offset in the device buffer (a multiple of 256); a ragged field's values.
     pub(crate) offset: usize,
+    /// Bytes per sample; a ragged field's bytes per item.
     pub(crate) sample_bytes: usize,
+    /// A ragged field's offsets' byte offset in the device buffer (`len + 1` `i64`s).
+    pub(crate) offsets: Option<usize>,
+}
+
+/// What a device batch keeps of the host batch it was copied from: what the batch is, the
+/// bytes of data it held, and a copy of each ragged field's offsets (by field, `None` for a
+/// fixed one), so that the sizes of its views are known on the host.
+#[derive(Debug)]
+pub(crate) struct HostSide {
+    info: BatchInfo,
+    data_bytes: usize,
+    offsets: Vec<Option<Box<[i64]>>>,
+}
+
+impl HostSide {
+    /// What the device batch of `fields` copied from `batch` keeps of it.
+    pub(crate) fn of(batch: &Batch, fields: &[FieldSpec]) -> Result<HostSide> {
+        let offsets = fields
+            .iter()
+            .map(|f| match f.offsets {
+                Some(_) => batch.offsets(&f.name).map(|o| Some(o.into())),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(HostSide {
+            info: batch.info().clone(),
+            data_bytes: batch.data_bytes(),
+            offsets,
+        })
+    }
 }
 
 /// A CUDA stream named by its raw handle (a `CUstream`), as consumers outside cudarc give it:
@@ -142,7 +175,7 @@ pub struct DeviceBatch {
     /// Taken only in `drop`, inside a context scope.
     buffer: ManuallyDrop<DeviceBuffer>,
     fields: Arc<[FieldSpec]>,
-    info: BatchInfo,
+    host: HostSide,
     /// Completes when the copy and conversions have; also a use of `buffer`. Dropped only in
     /// `drop`, inside a context scope (destroying an event makes cudarc bind its context).
     ready: ManuallyDrop<EventFence>,
@@ -160,9 +193,9 @@ const _: () = {
 impl std::fmt::Debug for DeviceBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceBatch")
-            .field("epoch", &self.info.epoch)
-            .field("number", &self.info.number)
-            .field("len", &self.info.len())
+            .field("epoch", &self.host.info.epoch)
+            .field("number", &self.host.info.number)
+            .field("len", &self.host.info.len())
             .field("fields", &self.fields().collect::<Vec<_>>())
             .finish()
     }
@@ -174,14 +207,14 @@ impl DeviceBatch {
     pub(crate) fn new(
         buffer: DeviceBuffer,
         fields: Arc<[FieldSpec]>,
-        info: BatchInfo,
+        host: HostSide,
         ready: EventFence,
         copy_stream: Arc<CudaStream>,
     ) -> DeviceBatch {
         DeviceBatch {
             buffer: ManuallyDrop::new(buffer),
             fields,
-            info,
+            host,
             ready: ManuallyDrop::new(ready),
             copy_stream: ManuallyDrop::new(copy_stream),
             users: Mutex::new(Vec::new()),
@@ -202,32 +235,40 @@ impl DeviceBatch {
     /// What the batch is: its samples' indices, epoch, number, padding (also reached through
     /// `Deref`: `batch.len()`), as for a [`Batch`](crate::Batch) on the host.
     pub fn info(&self) -> &BatchInfo {
-        &self.info
+        &self.host.info
     }
 
-    /// Every field as bytes, in the loader's order.
+    /// Every field as bytes, in the loader's order (a ragged field: its values).
     pub fn fields(&self) -> impl ExactSizeIterator<Item = DeviceField<'_>> {
-        self.fields.iter().map(|spec| DeviceField::new(self, spec))
+        self.fields
+            .iter()
+            .enumerate()
+            .map(|(k, spec)| DeviceField::new(self, spec, k, false))
     }
 
-    fn spec(&self, name: &str) -> Result<&FieldSpec> {
-        self.fields.iter().find(|f| f.name == name).ok_or_else(|| {
-            let names: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
-            Error::mismatch(format!(
-                "device batch has no field `{name}` (fields: {names:?})"
-            ))
-        })
+    fn spec(&self, name: &str) -> Result<(usize, &FieldSpec)> {
+        self.fields
+            .iter()
+            .enumerate()
+            .find(|(_, f)| f.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
+                Error::mismatch(format!(
+                    "device batch has no field `{name}` (fields: {names:?})"
+                ))
+            })
     }
 
-    /// Field `name` as bytes, whatever its dtype.
+    /// Field `name` as bytes, whatever its dtype (a ragged field: its values).
     pub fn field_bytes(&self, name: &str) -> Result<DeviceField<'_>> {
-        Ok(DeviceField::new(self, self.spec(name)?))
+        let (k, spec) = self.spec(name)?;
+        Ok(DeviceField::new(self, spec, k, false))
     }
 
     /// Field `name` as elements of `T`, which must match the field's dtype (`u16` views f16 and
-    /// bf16), as for [`Batch::field`](crate::Batch::field).
+    /// bf16), as for [`Batch::field`](crate::Batch::field); a ragged field's values.
     pub fn field<T: Element>(&self, name: &str) -> Result<DeviceField<'_, T>> {
-        let spec = self.spec(name)?;
+        let (k, spec) = self.spec(name)?;
         if !T::matches(spec.dtype) {
             return Err(Error::mismatch(format!(
                 "field `{name}` is {}, not {}",
@@ -235,7 +276,43 @@ impl DeviceBatch {
                 std::any::type_name::<T>()
             )));
         }
-        Ok(DeviceField::new(self, spec))
+        Ok(DeviceField::new(self, spec, k, false))
+    }
+
+    /// Ragged field `name` on the device: its values as elements of `T` (which must match its
+    /// dtype), `[items, item shape...]`, and its offsets, `len() + 1` `i64`s, as for
+    /// [`Batch::ragged`](crate::Batch::ragged). A fixed field is an [`Error::Mismatch`].
+    pub fn ragged<T: Element>(
+        &self,
+        name: &str,
+    ) -> Result<(DeviceField<'_, T>, DeviceField<'_, i64>)> {
+        let values = self.field::<T>(name)?;
+        Ok((values, self.offsets(name)?))
+    }
+
+    /// The offsets of ragged field `name` on the device: `len() + 1` `i64`s, in items.
+    pub fn offsets(&self, name: &str) -> Result<DeviceField<'_, i64>> {
+        let (k, spec) = self.spec(name)?;
+        if spec.offsets.is_none() {
+            return Err(Error::mismatch(format!("field `{name}` is not ragged")));
+        }
+        Ok(DeviceField::new(self, spec, k, true))
+    }
+
+    /// The offsets of ragged field `name`, from the host batch the device batch was copied from
+    /// (the same values as [`offsets`](Self::offsets) on the device): what a consumer splits
+    /// the values by without reading the device.
+    pub fn offsets_host(&self, name: &str) -> Result<&[i64]> {
+        let (k, _) = self.spec(name)?;
+        self.host.offsets[k]
+            .as_deref()
+            .ok_or_else(|| Error::mismatch(format!("field `{name}` is not ragged")))
+    }
+
+    /// Bytes of data of the host batch it was copied from: its samples of every fixed field and
+    /// the values of every ragged field ([`Batch::data_bytes`](crate::Batch::data_bytes)).
+    pub fn data_bytes(&self) -> usize {
+        self.host.data_bytes
     }
 
     /// True once the copy (and conversions) have completed; does not wait.
@@ -302,11 +379,22 @@ impl DeviceBatch {
             .any(|u| matches!(u, User::Stream(s) if s.cu_stream() == stream.cu_stream()))
     }
 
-    /// The bytes of field `name`, copied back to the host. Waits for the copy (blocking the
-    /// host): for tests and inspection, not the hot path.
+    /// The bytes of field `name` (a ragged field: its values), copied back to the host. Waits
+    /// for the copy (blocking the host): for tests and inspection, not the hot path.
     pub fn field_to_host(&self, name: &str) -> Result<Vec<u8>> {
-        let field = self.field_bytes(name)?;
-        if field.spec.offset + field.bytes() > self.buffer.len() {
+        self.view_to_host(self.field_bytes(name)?)
+    }
+
+    /// The offsets of ragged field `name` on the device, copied back to the host, as bytes.
+    /// Waits for the copy (blocking the host): for tests and inspection.
+    pub fn offsets_to_host(&self, name: &str) -> Result<Vec<u8>> {
+        let offsets = self.offsets(name)?;
+        let field = DeviceField::<u8>::new(self, offsets.spec, offsets.k, true);
+        self.view_to_host(field)
+    }
+
+    fn view_to_host(&self, field: DeviceField<'_>) -> Result<Vec<u8>> {
+        if field.start() + field.bytes() > self.buffer.len() {
             return Err(Error::mismatch("a device field lies outside its buffer"));
         }
         let _scope = ContextScope::enter(self.buffer.context())?;
@@ -329,7 +417,7 @@ impl std::ops::Deref for DeviceBatch {
     type Target = BatchInfo;
 
     fn deref(&self) -> &BatchInfo {
-        &self.info
+        &self.host.info
     }
 }
 
@@ -392,6 +480,10 @@ impl Drop for DeviceBatch {
 pub struct DeviceField<'a, T = u8> {
     batch: &'a DeviceBatch,
     spec: &'a FieldSpec,
+    /// The field's position in the batch.
+    k: usize,
+    /// The view is of a ragged field's offsets, not its values.
+    offsets: bool,
     element: PhantomData<fn() -> T>,
 }
 
@@ -414,36 +506,77 @@ impl<T> std::fmt::Debug for DeviceField<'_, T> {
 }
 
 impl<'a, T> DeviceField<'a, T> {
-    fn new(batch: &'a DeviceBatch, spec: &'a FieldSpec) -> Self {
+    fn new(batch: &'a DeviceBatch, spec: &'a FieldSpec, k: usize, offsets: bool) -> Self {
         DeviceField {
             batch,
             spec,
+            k,
+            offsets,
             element: PhantomData,
         }
     }
 
-    /// The field's name.
+    /// The field's name (of the field whose offsets this is, for a ragged field's offsets).
     pub fn name(&self) -> &'a str {
         &self.spec.name
     }
 
-    /// Its element type.
+    /// Its element type (`i64` for a ragged field's offsets).
     pub fn dtype(&self) -> DType {
-        self.spec.dtype
+        if self.offsets {
+            DType::I64
+        } else {
+            self.spec.dtype
+        }
+    }
+
+    /// Items of a ragged field in this batch (from the host's copy of its offsets).
+    fn items(&self) -> usize {
+        self.batch.host.offsets[self.k]
+            .as_deref()
+            .and_then(|o| o.last())
+            .map_or(0, |&n| n as usize)
+    }
+
+    /// True when the view is of a ragged field's values or offsets.
+    pub fn is_ragged(&self) -> bool {
+        self.spec.offsets.is_some()
     }
 
     /// Its shape in this batch: `[len, per-sample shape...]` (converted fields:
-    /// `[len, C, H, W]`), C-contiguous.
+    /// `[len, C, H, W]`), C-contiguous; a ragged field's values `[items, item shape...]`, its
+    /// offsets `[len + 1]`.
     pub fn shape(&self) -> Vec<usize> {
+        if self.offsets {
+            return vec![self.batch.len() + 1];
+        }
         let mut shape = Vec::with_capacity(self.spec.shape.len() + 1);
-        shape.push(self.batch.len());
+        shape.push(if self.is_ragged() {
+            self.items()
+        } else {
+            self.batch.len()
+        });
         shape.extend_from_slice(&self.spec.shape);
         shape
     }
 
     /// Its size in bytes.
     pub fn bytes(&self) -> usize {
-        self.spec.sample_bytes * self.batch.len()
+        if self.offsets {
+            8 * (self.batch.len() + 1)
+        } else if self.is_ragged() {
+            self.spec.sample_bytes * self.items()
+        } else {
+            self.spec.sample_bytes * self.batch.len()
+        }
+    }
+
+    /// Its byte offset in the device buffer.
+    fn start(&self) -> usize {
+        match (self.offsets, self.spec.offsets) {
+            (true, Some(at)) => at,
+            _ => self.spec.offset,
+        }
     }
 
     /// The batch it views.
@@ -452,7 +585,7 @@ impl<'a, T> DeviceField<'a, T> {
     }
 
     fn addr(&self) -> sys::CUdeviceptr {
-        self.batch.buffer.addr() + self.spec.offset as u64
+        self.batch.buffer.addr() + self.start() as u64
     }
 
     /// The device address of its first element (aligned to 256 bytes), for frameworks that

@@ -3,7 +3,8 @@
 //!
 //! A copy thread owns the loader. For each host batch it takes a buffer from a [`DevicePool`],
 //! enqueues on the device's copy stream one `cuMemcpyHtoDAsync` of the whole batch buffer (every
-//! field lives in it, at [`BatchLayout::field_offset`](crate::layout::BatchLayout::field_offset)),
+//! field lives in it, at [`BatchLayout::field_offset`](crate::layout::BatchLayout::field_offset);
+//! with ragged fields, as far as the last one's values go: room they do not use is not copied),
 //! then the optional conversion kernels, and records fences: the host buffer is released behind
 //! the copy's (so that the pinned buffer returns to its pool only once the copy has read it),
 //! the device buffer behind the batch's `ready` fence (after the conversions). The device batch
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::{CudaEvent, CudaStream, result, sys};
 
-use super::batch::FieldSpec;
+use super::batch::{FieldSpec, HostSide};
 use super::cuda_err;
 use super::fence::EventFence;
 use super::{
@@ -89,8 +90,18 @@ impl Plan {
                     dtype: f.dtype,
                     shape: f.shape.clone(),
                     offset,
-                    sample_bytes: f.sample_bytes(),
+                    sample_bytes: f.item_bytes(),
+                    offsets: layout.offsets_offset(k),
                 }),
+                [_] if f.ragged => {
+                    return Err(Error::config(
+                        "convert",
+                        format!(
+                            "field `{}` is ragged: a conversion works on images of one shape",
+                            f.name
+                        ),
+                    ));
+                }
                 [c] => {
                     if f.dtype != DType::U8 {
                         return Err(Error::config(
@@ -108,6 +119,7 @@ impl Plan {
                         shape: conv.output_shape(),
                         offset: out,
                         sample_bytes: conv.output_bytes(1),
+                        offsets: None,
                     });
                     prepared.push((conv, offset, out));
                 }
@@ -175,6 +187,7 @@ impl Plan {
                 shape: Vec::new(),
                 offset: offset + at,
                 sample_bytes,
+                offsets: None,
             });
             Ok(Some(at))
         };
@@ -189,6 +202,9 @@ impl Plan {
     }
 }
 
+// One message per batch moves through the channel: a `Box` for the large variant would be an
+// allocation per batch to save a copy of ~240 bytes.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Message {
     /// A batch (or its error) of a generation; `advanced` when it moved the host loader's
     /// position (a batch's own error does; a loader's error does not).
@@ -420,7 +436,7 @@ impl CopyThread {
             Ok(ready) => Ok(DeviceBatch::new(
                 buffer,
                 Arc::clone(&self.plan.fields),
-                batch.info().clone(),
+                HostSide::of(&batch, &self.plan.fields)?,
                 ready,
                 stream,
             )),
@@ -448,7 +464,8 @@ impl CopyThread {
             buffer.fill_async(stream, 0, plan.device_bytes, byte)?;
         }
         let host = batch.buffer().as_slice();
-        let n = host.len().min(plan.host_bytes);
+        // The batch's bytes: all of them, less the room its last ragged field does not use.
+        let n = batch.used_bytes().min(plan.host_bytes);
         let start = match self.spare.pop() {
             Some(e) => e,
             None => self

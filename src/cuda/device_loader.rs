@@ -133,7 +133,6 @@ pub struct DeviceLoader {
     /// The epoch's end was delivered (or the copy thread is gone).
     ended: bool,
     delivered: Delivered,
-    sample_bytes: usize,
     /// The device batches' fields.
     fields: Arc<[FieldSpec]>,
 }
@@ -162,7 +161,6 @@ impl DeviceLoader {
         }
         let _scope = ContextScope::enter(device.context())?;
         let position = loader.position().clone();
-        let sample_bytes = loader.layout().sample_bytes();
         let pool = DevicePool::new(device);
         let CopyStage {
             rx,
@@ -182,7 +180,6 @@ impl DeviceLoader {
             position,
             ended: false,
             delivered: Delivered::default(),
-            sample_bytes,
             fields,
         })
     }
@@ -208,11 +205,15 @@ impl DeviceLoader {
     }
 
     /// The device batches' fields, in order: name, dtype and per-sample shape (converted
-    /// fields as the conversion writes them; the mask and indices fields last, if asked for).
+    /// fields as the conversion writes them; a ragged field's item shape; the mask and indices
+    /// fields last, if asked for).
     pub fn fields(&self) -> Vec<OutputField> {
         self.fields
             .iter()
-            .map(|f| OutputField::new(f.name.clone(), f.dtype, &f.shape))
+            .map(|f| OutputField {
+                ragged: f.offsets.is_some(),
+                ..OutputField::new(f.name.clone(), f.dtype, &f.shape)
+            })
             .collect()
     }
 
@@ -286,7 +287,7 @@ impl DeviceLoader {
                         self.position.advance();
                     }
                     if let Ok(b) = &result {
-                        self.delivered.batch(b.len(), self.sample_bytes);
+                        self.delivered.batch(b.len(), b.data_bytes());
                     }
                     return Next::Ready(result);
                 }

@@ -124,6 +124,11 @@ pub enum Codec {
     Jpeg,
     /// A PNG image.
     Png,
+    /// Little-endian values of one dtype, back to back: a variable-length array (a document's
+    /// tokens, say). The loader batches the field as a ragged field of that dtype (values and
+    /// offsets); its length in every record must be a whole number of values. Stored as code
+    /// `0x80 + dtype code`.
+    Elements(DType),
     /// A codec this version does not know (written by a newer minor version); read as bytes.
     Other(u8),
 }
@@ -136,6 +141,7 @@ impl Codec {
             Codec::Utf8 => 1,
             Codec::Jpeg => 2,
             Codec::Png => 3,
+            Codec::Elements(dtype) => ELEMENTS_CODE | dtype.code(),
             Codec::Other(c) => c,
         }
     }
@@ -147,7 +153,10 @@ impl Codec {
             1 => Codec::Utf8,
             2 => Codec::Jpeg,
             3 => Codec::Png,
-            c => Codec::Other(c),
+            c => match DType::from_code(c.wrapping_sub(ELEMENTS_CODE)) {
+                Some(dtype) if c >= ELEMENTS_CODE => Codec::Elements(dtype),
+                _ => Codec::Other(c),
+            },
         }
     }
 
@@ -158,10 +167,23 @@ impl Codec {
             Codec::Utf8 => "utf8".into(),
             Codec::Jpeg => "jpeg".into(),
             Codec::Png => "png".into(),
+            Codec::Elements(dtype) => format!("{dtype} values"),
             Codec::Other(c) => format!("codec#{c}"),
         }
     }
+
+    /// The element type of the field's values when it is batched: `u8` for every codec but
+    /// [`Codec::Elements`], whose dtype it is.
+    pub fn element_dtype(self) -> DType {
+        match self {
+            Codec::Elements(dtype) => dtype,
+            _ => DType::U8,
+        }
+    }
 }
+
+/// The first code of [`Codec::Elements`]: `0x80 + dtype code`.
+const ELEMENTS_CODE: u8 = 0x80;
 
 /// What a field holds.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -692,6 +714,26 @@ mod tests {
             s.build_record(&[&[9, 9], b"", &[1u8; 16], b""], &mut rec)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn codec_codes_round_trip_and_leave_unknown_codes_alone() {
+        for codec in [Codec::Raw, Codec::Utf8, Codec::Jpeg, Codec::Png]
+            .into_iter()
+            .chain(DType::ALL.map(Codec::Elements))
+        {
+            assert_eq!(Codec::from_code(codec.code()), codec, "{}", codec.name());
+        }
+        assert_eq!(Codec::Elements(DType::U16).code(), 0x82);
+        assert_eq!(Codec::Elements(DType::U16).element_dtype(), DType::U16);
+        assert_eq!(Codec::Utf8.element_dtype(), DType::U8);
+        // Codes no version gave a meaning stay `Other`, before and after the dtypes' range.
+        for c in [4u8, 0x7f, 0x80 + DType::ALL.len() as u8, 0xff] {
+            assert_eq!(Codec::from_code(c), Codec::Other(c));
+        }
+        let s = Schema::new(vec![Field::bytes("tokens", Codec::Elements(DType::U32))]).unwrap();
+        assert_eq!(Schema::decode(&s.encode()).unwrap(), s);
+        assert_eq!(s.to_string(), "tokens: bytes(u32 values)");
     }
 
     #[test]

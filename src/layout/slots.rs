@@ -1,6 +1,7 @@
 //! [`Slots`]: the bytes of one sample's slots in a batch buffer, as a transform writes them, and
 //! the checks that every byte of every slot was written.
 
+use super::ragged::{RaggedPart, over_budget};
 use super::{Element, FieldSlot, OutputField, cast_slice_mut, element_name};
 use crate::error::{Error, Result};
 
@@ -23,7 +24,14 @@ use crate::error::{Error, Result};
 ///   in the middle of a slot, are covered by the first check only.
 ///
 /// A sample marked skipped ([`mark_skipped`](Slots::mark_skipped)) is not checked: its slots
-/// are placeholders that the training loop masks.
+/// are placeholders that the training loop masks (a ragged field it did not write holds no
+/// item for it).
+///
+/// A ragged field (see [the layout's docs](super#ragged-fields)) has no slot of a fixed size:
+/// the transform asks for room for the number of items the sample has, with
+/// [`ragged_mut`](Slots::ragged_mut) (or [`ragged`](Slots::ragged), as bytes), and must write
+/// all of it, as for a fixed slot; asking again for the same sample replaces what it asked
+/// for before.
 ///
 /// # Example
 ///
@@ -57,6 +65,10 @@ pub struct Slots<'a> {
     skipped: bool,
     /// Per field, whether the transform asked for its slot.
     touched: &'a mut [bool],
+    /// Where this part of the batch writes each ragged field's values, in field order.
+    ragged: &'a mut [RaggedPart],
+    /// Slots were filled with the marker (`fill_marker`): so is ragged room when handed out.
+    marker: bool,
 }
 
 /// The marker written into every slot before a transform runs, in debug builds: byte `i` of a
@@ -110,43 +122,88 @@ impl<'a> BatchBytes<'a> {
 
 impl<'a> Slots<'a> {
     /// The slots of sample `position` of a batch laid out as `fields` and `slots` say;
-    /// `touched` (one entry per field) is scratch space, reset here.
-    #[cfg(test)]
+    /// `touched` (one entry per field) is scratch space, reset here; `ragged` holds the regions
+    /// of the ragged fields' values (one per ragged field).
     pub(crate) fn new(
         buffer: &'a mut [u8],
         fields: &'a [OutputField],
         slots: &'a [FieldSlot],
         position: usize,
         touched: &'a mut [bool],
+        ragged: &'a mut [RaggedPart],
     ) -> Slots<'a> {
         // SAFETY: `buffer` is borrowed exclusively for `'a`, so this is the only `Slots` on it.
-        unsafe { Slots::for_position(BatchBytes::new(buffer), fields, slots, position, touched) }
+        unsafe {
+            Slots::for_position(
+                BatchBytes::new(buffer),
+                fields,
+                slots,
+                position,
+                touched,
+                ragged,
+            )
+        }
     }
 
     /// Like [`new`](Self::new), on a buffer whose other samples other threads may be writing.
+    /// The sample's length in each ragged field is set to 0 until the transform asks for room.
     ///
     /// # Safety
     /// While this `Slots` lives, no other `Slots` of the same `position` on `buffer` may exist
-    /// (each worker writes positions no other worker writes), and `slots` must be the layout
-    /// the buffer was laid out with, so that positions' slots do not overlap.
+    /// (each worker writes positions no other worker writes), `slots` must be the layout
+    /// the buffer was laid out with, so that positions' slots do not overlap, and the regions
+    /// of `ragged` must be this worker's alone (parts of a batch get disjoint regions:
+    /// [`RaggedPart::for_positions`]).
     pub(crate) unsafe fn for_position(
         buffer: BatchBytes<'a>,
         fields: &'a [OutputField],
         slots: &'a [FieldSlot],
         position: usize,
         touched: &'a mut [bool],
+        ragged: &'a mut [RaggedPart],
     ) -> Slots<'a> {
         debug_assert_eq!(fields.len(), slots.len());
         debug_assert_eq!(touched.len(), slots.len());
         touched.fill(false);
-        Slots {
+        let mut s = Slots {
             buffer,
             fields,
             slots,
             position,
             skipped: false,
             touched,
+            ragged,
+            marker: false,
+        };
+        for k in 0..s.ragged.len() {
+            s.ragged[k].begin_sample();
+            let field = s.ragged[k].field;
+            // A layout's offsets always lie in its buffers; a broken one fails in `ragged`.
+            let _ = s.set_length(field, 0);
         }
+        s
+    }
+
+    /// Writes this sample's length (in items) in ragged field `k`'s offsets, at `position + 1`
+    /// (sealing the batch turns lengths into offsets).
+    fn set_length(&mut self, k: usize, items: usize) -> Result<()> {
+        let at = self.slots[k]
+            .ragged
+            .as_ref()
+            .map(|r| r.offsets + 8 * (self.position + 1))
+            .ok_or_else(|| Error::user("not a ragged field"))?;
+        let range = self.checked(at..at + 8)?;
+        let items = i64::try_from(items).map_err(|_| Error::user("too many items"))?;
+        self.bytes_mut(range).copy_from_slice(&items.to_le_bytes());
+        Ok(())
+    }
+
+    /// `range`, if it lies inside the buffer.
+    fn checked(&self, range: std::ops::Range<usize>) -> Result<std::ops::Range<usize>> {
+        if range.start > range.end || range.end > self.buffer.len {
+            return Err(Error::user("slot outside the batch buffer"));
+        }
+        Ok(range)
     }
 
     /// This sample's bytes of `range` (inside the buffer: `range` checks that).
@@ -203,22 +260,43 @@ impl<'a> Slots<'a> {
         self.position
     }
 
-    fn range(&self, k: usize) -> Result<std::ops::Range<usize>> {
-        let slot = self.slots.get(k).ok_or_else(|| {
+    fn slot(&self, k: usize) -> Result<&'a FieldSlot> {
+        self.slots.get(k).ok_or_else(|| {
             Error::user(format!(
                 "output field {k} does not exist ({} fields)",
                 self.fields.len()
             ))
-        })?;
-        let start = slot.offset + self.position * slot.sample_bytes;
-        let range = start..start + slot.sample_bytes;
-        if range.end > self.buffer.len {
-            return Err(Error::user("slot outside the batch buffer"));
-        }
-        Ok(range)
+        })
     }
 
-    /// The bytes of output field `k` for this sample.
+    fn range(&self, k: usize) -> Result<std::ops::Range<usize>> {
+        let slot = self.slot(k)?;
+        if slot.ragged.is_some() {
+            return Err(Error::mismatch(format!(
+                "output field `{}` is ragged: ask for room for the sample's items with \
+                 Slots::ragged_mut(name, items) or Slots::ragged(k, items)",
+                self.fields[k].name
+            )));
+        }
+        let start = slot.offset + self.position * slot.sample_bytes;
+        self.checked(start..start + slot.sample_bytes)
+    }
+
+    /// The position of the output field called `name`, or an error naming it and the fields.
+    fn position_of(&self, name: &str) -> Result<usize> {
+        self.fields
+            .iter()
+            .position(|f| f.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
+                Error::mismatch(format!(
+                    "the transform has no output field `{name}` (its fields: {names:?})"
+                ))
+            })
+    }
+
+    /// The bytes of output field `k` for this sample (a fixed field: see
+    /// [`ragged`](Self::ragged) for a ragged one).
     pub fn field(&mut self, k: usize) -> Result<&mut [u8]> {
         let range = self.range(k)?;
         self.touched[k] = true;
@@ -236,16 +314,7 @@ impl<'a> Slots<'a> {
     /// [`Backing`](crate::memory::Backing) that breaks its contract, is an error, never a
     /// misaligned slice).
     pub fn field_mut<T: Element>(&mut self, name: &str) -> Result<&mut [T]> {
-        let k = self
-            .fields
-            .iter()
-            .position(|f| f.name == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
-                Error::mismatch(format!(
-                    "the transform has no output field `{name}` (its fields: {names:?})"
-                ))
-            })?;
+        let k = self.position_of(name)?;
         let dtype = self.fields[k].dtype;
         if !T::matches(dtype) {
             return Err(Error::mismatch(format!(
@@ -262,13 +331,120 @@ impl<'a> Slots<'a> {
         })
     }
 
-    /// Fills every slot of this sample with [`MARKER`] (debug builds, before the transform).
+    /// Room for `items` items of ragged output field `k` for this sample, as bytes: `items`
+    /// times the field's item bytes, all of which the transform must write. Asking again for
+    /// the same sample replaces the room asked for before (its bytes are not kept).
+    ///
+    /// A fixed field is an [`Error::Mismatch`] naming it. Room beyond the field's budget for
+    /// the batch is an [`Error::InvalidConfig`] naming the field and `ragged_budget`, and
+    /// fails the whole batch (a batch is never cut short).
+    pub fn ragged(&mut self, k: usize, items: usize) -> Result<&mut [u8]> {
+        let slot = self.slot(k)?;
+        let fields = self.fields;
+        let name = &fields[k].name;
+        let Some(ragged) = &slot.ragged else {
+            return Err(Error::mismatch(format!(
+                "output field `{name}` is not ragged: write its slot with Slots::field_mut or Slots::field"
+            )));
+        };
+        let bytes = items
+            .checked_mul(slot.sample_bytes)
+            .ok_or_else(|| over_budget(name, usize::MAX, ragged.capacity, true))?;
+        let p = self
+            .ragged
+            .iter()
+            .position(|r| r.field == k)
+            .ok_or_else(|| Error::user(format!("ragged field `{name}` has no region")))?;
+        let placed = self.ragged[p].place(bytes);
+        let Some((spilled, at)) = placed else {
+            let needed = self.ragged[p].over_budget().unwrap_or(bytes);
+            return Err(over_budget(name, needed, ragged.capacity, true));
+        };
+        self.set_length(k, items)?;
+        self.touched[k] = true;
+        let marker = self.marker;
+        let room = if spilled {
+            self.ragged[p].spill_mut(at, bytes)
+        } else {
+            let range = self.checked(slot.offset + at..slot.offset + at + bytes)?;
+            self.bytes_mut(range)
+        };
+        if marker {
+            for (i, b) in room.iter_mut().enumerate() {
+                *b = MARKER[i % MARKER.len()];
+            }
+        }
+        Ok(room)
+    }
+
+    /// Room for `items` items of the ragged output field called `name` for this sample, as
+    /// elements of `T`: `items` times the elements of the field's item shape (one per item for
+    /// bytes or tokens). `T` must be the field's element type, as for
+    /// [`field_mut`](Self::field_mut); otherwise as [`ragged`](Self::ragged).
+    ///
+    /// ```
+    /// use gpufeed::{DType, FnTransform, OutputField, Sample, SampleContext, Slots};
+    ///
+    /// // A sample's text, and its words' lengths as a ragged u32 field.
+    /// let transform = FnTransform::new(
+    ///     vec![
+    ///         OutputField::ragged("text", DType::U8, &[]),
+    ///         OutputField::ragged("word_lengths", DType::U32, &[]),
+    ///     ],
+    ///     |sample: Sample<'_>, _: &SampleContext, slots: &mut Slots<'_>| {
+    ///         let text = sample.field_as::<u8>("text")?;
+    ///         slots.ragged_mut::<u8>("text", text.len())?.copy_from_slice(&text);
+    ///         let words: Vec<u32> = text
+    ///             .split(|&b| b == b' ')
+    ///             .map(|w| w.len() as u32)
+    ///             .collect();
+    ///         slots.ragged_mut::<u32>("word_lengths", words.len())?.copy_from_slice(&words);
+    ///         Ok(())
+    ///     },
+    /// );
+    /// # let _ = transform;
+    /// ```
+    pub fn ragged_mut<T: Element>(&mut self, name: &str, items: usize) -> Result<&mut [T]> {
+        let k = self.position_of(name)?;
+        let dtype = self.fields[k].dtype;
+        if !T::matches(dtype) {
+            return Err(Error::mismatch(format!(
+                "output field `{name}` is {dtype}, not {}",
+                element_name::<T>()
+            )));
+        }
+        let room = self.ragged(k, items)?;
+        cast_slice_mut(room).ok_or_else(|| {
+            Error::mismatch(format!(
+                "output field `{name}`: its room is not aligned for {dtype} (the batch buffer's backing breaks its alignment contract)"
+            ))
+        })
+    }
+
+    /// Fills every fixed slot of this sample with [`MARKER`] (debug builds, before the
+    /// transform), and from now on the room handed out for ragged fields too.
     pub(crate) fn fill_marker(&mut self) {
+        self.marker = true;
         for k in 0..self.slots.len() {
             if let Ok(range) = self.range(k) {
                 for (i, b) in self.bytes_mut(range).iter_mut().enumerate() {
                     *b = MARKER[i % MARKER.len()];
                 }
+            }
+        }
+    }
+
+    /// The bytes handed out for ragged field `k` for this sample, to read (empty if none).
+    fn ragged_written(&self, k: usize) -> Result<&[u8]> {
+        let Some(part) = self.ragged.iter().find(|r| r.field == k) else {
+            return Ok(&[]);
+        };
+        match part.current() {
+            None => Ok(&[]),
+            Some((true, at, len)) => Ok(part.spilled_bytes(at, len)),
+            Some((false, at, len)) => {
+                let offset = self.slots[k].offset;
+                Ok(self.bytes(self.checked(offset + at..offset + at + len)?))
             }
         }
     }
@@ -281,6 +457,14 @@ impl<'a> Slots<'a> {
             return Ok(());
         }
         for (k, field) in self.fields.iter().enumerate() {
+            if !self.touched[k] && field.ragged {
+                return Err(Error::user(format!(
+                    "the transform did not write ragged output field `{}`: a transform asks \
+                     for room for each sample's items (Slots::ragged_mut, none for an empty \
+                     sample: ragged_mut(name, 0)) and writes all of it",
+                    field.name
+                )));
+            }
             if !self.touched[k] {
                 return Err(Error::user(format!(
                     "the transform did not write output field `{}` ({} bytes per sample): a \
@@ -293,12 +477,16 @@ impl<'a> Slots<'a> {
             if !marker {
                 continue;
             }
-            let slot = self.bytes(self.range(k)?);
+            let slot = if field.ragged {
+                self.ragged_written(k)?
+            } else {
+                self.bytes(self.range(k)?)
+            };
             if let Some(left) = marker_left(slot) {
                 return Err(Error::user(format!(
                     "the transform did not write bytes {}..{} of output field `{}` (its \
-                     slot has {} bytes): a transform must write every byte of every slot, or \
-                     the batch holds bytes of an earlier one",
+                     slot has {} bytes for this sample): a transform must write every byte of \
+                     every slot, or the batch holds bytes of an earlier one",
                     left.start,
                     left.end,
                     field.name,
@@ -330,6 +518,7 @@ mod tests {
     use super::*;
 
     use crate::format::DType;
+    use crate::layout::RaggedPart;
 
     /// Two fields, `x` (3 f32) and `id` (u8), of a batch of 2, laid out as the loader does.
     fn layout() -> (Vec<OutputField>, Vec<FieldSlot>, Vec<u8>) {
@@ -341,10 +530,12 @@ mod tests {
             FieldSlot {
                 offset: 0,
                 sample_bytes: 12,
+                ragged: None,
             },
             FieldSlot {
                 offset: 256,
                 sample_bytes: 1,
+                ragged: None,
             },
         ];
         (fields, slots, vec![0u8; 512])
@@ -360,7 +551,7 @@ mod tests {
     fn field_mut_gives_a_typed_slot_by_name() {
         let (fields, slots, mut buf) = layout();
         let mut touched = [false; 2];
-        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 1, &mut touched);
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 1, &mut touched, &mut []);
         let x = s.field_mut::<f32>("x").unwrap();
         assert_eq!(x.len(), 3);
         x.copy_from_slice(&[1.0, 2.0, 3.0]);
@@ -376,7 +567,7 @@ mod tests {
     fn field_mut_refuses_unknown_names_and_other_types_naming_the_field() {
         let (fields, slots, mut buf) = layout();
         let mut touched = [false; 2];
-        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched);
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched, &mut []);
         let e = s.field_mut::<f32>("y").unwrap_err();
         assert!(matches!(e, Error::Mismatch { .. }), "{e}");
         assert!(
@@ -396,7 +587,7 @@ mod tests {
     fn a_field_never_asked_for_is_an_error_naming_it() {
         let (fields, slots, mut buf) = layout();
         let mut touched = [false; 2];
-        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched);
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched, &mut []);
         s.field_mut::<f32>("x").unwrap().fill(0.5);
         let e = s.check_written(false).unwrap_err();
         assert!(
@@ -412,7 +603,7 @@ mod tests {
     fn bytes_left_unwritten_are_found_by_the_marker() {
         let (fields, slots, mut buf) = layout();
         let mut touched = [false; 2];
-        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 1, &mut touched);
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 1, &mut touched, &mut []);
         s.fill_marker();
         // Writes 2 of the 3 floats of `x`: bytes 8..12 keep the marker.
         s.field_mut::<f32>("x").unwrap()[..2].fill(0.0);
@@ -429,7 +620,7 @@ mod tests {
         x[..3].copy_from_slice(&MARKER[..3]);
         s.check_written(true).unwrap();
         // A new sample's slots start unwritten again.
-        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched);
+        let mut s = Slots::new(aligned(&mut buf), &fields, &slots, 0, &mut touched, &mut []);
         s.fill_marker();
         s.field(0).unwrap();
         s.field(1).unwrap()[0] = 0;
@@ -438,6 +629,177 @@ mod tests {
             e.to_string().contains("bytes 0..12 of output field `x`"),
             "{e}"
         );
+    }
+
+    /// A layout of a fixed `id` (u8) and a ragged `text` (u8, 16 bytes a batch) of 2 samples,
+    /// and an aligned buffer for it.
+    fn ragged_layout() -> (super::super::BatchLayout, Vec<u64>) {
+        let fields = vec![
+            OutputField::new("id", DType::U8, &[]),
+            OutputField::ragged("text", DType::U8, &[]),
+        ];
+        let layout = super::super::BatchLayout::with_budgets(fields, 2, |_| Some(16)).unwrap();
+        let words = vec![0u64; layout.total_bytes().div_ceil(8)];
+        (layout, words)
+    }
+
+    fn offsets(layout: &super::super::BatchLayout, buf: &[u8]) -> Vec<i64> {
+        let at = layout.offsets_offset(1).unwrap();
+        buf[at..at + 24]
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn ragged_room_is_what_the_sample_asks_for_and_a_second_ask_replaces_the_first() {
+        let (layout, mut words) = ragged_layout();
+        let buf = super::super::words_as_bytes(&mut words);
+        let mut touched = [false; 2];
+        let mut parts = RaggedPart::for_positions(&layout, 0..2, 2);
+        let (fields, slots) = (layout.fields(), layout.slots());
+        {
+            let mut s = Slots::new(&mut *buf, fields, slots, 0, &mut touched, &mut parts);
+            s.field(0).unwrap()[0] = 7;
+            s.ragged_mut::<u8>("text", 9).unwrap().fill(b'x');
+            // Asked again: 3 bytes, from the same place.
+            s.ragged_mut::<u8>("text", 3)
+                .unwrap()
+                .copy_from_slice(b"abc");
+            s.check_written(false).unwrap();
+            assert!(s.field(1).is_err() && s.field_mut::<u8>("text").is_err());
+            let e = s.ragged(0, 1).unwrap_err();
+            assert!(e.to_string().contains("`id` is not ragged"), "{e}");
+            let e = s.ragged_mut::<u16>("text", 1).unwrap_err();
+            assert!(e.to_string().contains("`text` is u8, not u16"), "{e}");
+        }
+        {
+            let mut s = Slots::new(&mut *buf, fields, slots, 1, &mut touched, &mut parts);
+            s.field(0).unwrap()[0] = 8;
+            s.ragged(1, 4).unwrap().copy_from_slice(b"defg");
+            s.check_written(false).unwrap();
+        }
+        // Lengths, before the batch is sealed; then offsets.
+        assert_eq!(offsets(&layout, buf), [0, 3, 4]);
+        super::super::seal(buf, &layout, 2, &[parts]).unwrap();
+        assert_eq!(offsets(&layout, buf), [0, 3, 7]);
+        let at = layout.field_offset(1).unwrap();
+        assert_eq!(&buf[at..at + 7], b"abcdefg");
+    }
+
+    #[test]
+    fn ragged_room_beyond_the_budget_is_an_error_naming_the_field_and_the_setting() {
+        let (layout, mut words) = ragged_layout();
+        let buf = super::super::words_as_bytes(&mut words);
+        let mut touched = [false; 2];
+        let mut parts = RaggedPart::for_positions(&layout, 0..2, 2);
+        let mut s = Slots::new(
+            buf,
+            layout.fields(),
+            layout.slots(),
+            0,
+            &mut touched,
+            &mut parts,
+        );
+        s.ragged(1, 16).unwrap();
+        let e = s.ragged(1, 17).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidConfig {
+                    setting: "ragged_budget",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("`text`") && e.to_string().contains("at least 17"),
+            "{e}"
+        );
+        assert_eq!(parts[0].over_budget(), Some(17));
+    }
+
+    #[test]
+    fn a_part_whose_samples_outgrow_its_region_spills_and_sealing_puts_it_in_place() {
+        let (layout, mut words) = ragged_layout();
+        let buf = super::super::words_as_bytes(&mut words);
+        let mut touched = [false; 2];
+        // Two parts of one sample each: 8 bytes of region each.
+        let mut first = RaggedPart::for_positions(&layout, 0..1, 2);
+        let mut second = RaggedPart::for_positions(&layout, 1..2, 2);
+        let (fields, slots) = (layout.fields(), layout.slots());
+        {
+            let mut s = Slots::new(&mut *buf, fields, slots, 0, &mut touched, &mut first);
+            s.field(0).unwrap()[0] = 0;
+            s.ragged(1, 12).unwrap().copy_from_slice(b"0123456789ab");
+            s.check_written(false).unwrap();
+        }
+        {
+            let mut s = Slots::new(&mut *buf, fields, slots, 1, &mut touched, &mut second);
+            s.field(0).unwrap()[0] = 1;
+            s.ragged(1, 4).unwrap().copy_from_slice(b"WXYZ");
+            s.check_written(false).unwrap();
+        }
+        super::super::seal(buf, &layout, 2, &[first, second]).unwrap();
+        assert_eq!(offsets(&layout, buf), [0, 12, 16]);
+        let at = layout.field_offset(1).unwrap();
+        assert_eq!(&buf[at..at + 16], b"0123456789abWXYZ");
+    }
+
+    #[test]
+    fn parts_that_fit_alone_but_not_together_fail_when_sealed() {
+        let (layout, mut words) = ragged_layout();
+        let buf = super::super::words_as_bytes(&mut words);
+        let mut touched = [false; 2];
+        let mut first = RaggedPart::for_positions(&layout, 0..1, 2);
+        let mut second = RaggedPart::for_positions(&layout, 1..2, 2);
+        let (fields, slots) = (layout.fields(), layout.slots());
+        for (position, parts) in [(0, &mut first), (1, &mut second)] {
+            let mut s = Slots::new(&mut *buf, fields, slots, position, &mut touched, parts);
+            s.ragged(1, 10).unwrap().fill(1);
+        }
+        let e = super::super::seal(buf, &layout, 2, &[first, second]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidConfig {
+                    setting: "ragged_budget",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("need 20 bytes"), "{e}");
+    }
+
+    #[test]
+    fn ragged_room_not_asked_for_or_not_written_fails_the_sample() {
+        let (layout, mut words) = ragged_layout();
+        let buf = super::super::words_as_bytes(&mut words);
+        let mut touched = [false; 2];
+        let mut parts = RaggedPart::for_positions(&layout, 0..2, 2);
+        let (fields, slots) = (layout.fields(), layout.slots());
+        let mut s = Slots::new(&mut *buf, fields, slots, 0, &mut touched, &mut parts);
+        s.field(0).unwrap()[0] = 0;
+        let e = s.check_written(false).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("did not write ragged output field `text`"),
+            "{e}"
+        );
+        // With the marker: room asked for and left unwritten is found.
+        s.fill_marker();
+        s.field(0).unwrap()[0] = 0;
+        s.ragged(1, 10).unwrap()[..2].fill(0);
+        let e = s.check_written(true).unwrap_err();
+        assert!(
+            e.to_string().contains("bytes 2..10 of output field `text`"),
+            "{e}"
+        );
+        // An empty sample writes nothing, and is fine.
+        s.ragged(1, 0).unwrap();
+        s.check_written(true).unwrap();
     }
 
     #[test]

@@ -3,14 +3,15 @@
 //! A batch's fields live back to back in one buffer (each at a 256-byte aligned offset), so a
 //! whole batch is one host-to-device copy. [`BatchLayout`] is computed once at `build()`; a
 //! batch holds an `Arc` of it, its buffer, and the indices of its samples. Dropping a batch
-//! returns its buffer to the pool.
+//! returns its buffer to the pool. A ragged field is its values and its offsets (see
+//! [`Ragged`]), both in the same buffer.
 
 use std::sync::Arc;
 
 use super::budget::BatchPermit;
 use crate::error::{Error, Result};
 use crate::format::DType;
-use crate::layout::{BatchLayout, Element, cast_slice, cast_slice_mut};
+use crate::layout::{BatchLayout, Element, Ragged, cast_slice, cast_slice_mut};
 use crate::memory::HostBuffer;
 
 /// What a batch is, wherever its memory is: the samples it holds, where it stands in the
@@ -73,7 +74,9 @@ impl BatchInfo {
     }
 }
 
-/// A collated batch: `len()` samples, each field one contiguous slice of shape `[len, ...]`.
+/// A collated batch: `len()` samples, each field one contiguous slice of shape `[len, ...]`;
+/// a ragged field one contiguous slice of its values, `[items, ...]`, and its offsets
+/// ([`Batch::ragged`]).
 ///
 /// Its samples' indices, epoch, number, padding and mask are those of its [`BatchInfo`], which
 /// it dereferences to.
@@ -172,56 +175,130 @@ impl Batch {
         })
     }
 
-    fn range(&self, k: usize) -> std::ops::Range<usize> {
+    /// The bytes of field `k` in the buffer: its samples, or a ragged field's values.
+    fn range(&self, k: usize) -> Result<std::ops::Range<usize>> {
         let slot = &self.layout.slots()[k];
-        slot.offset..slot.offset + slot.sample_bytes * self.len()
+        let len = match &slot.ragged {
+            None => slot.sample_bytes * self.len(),
+            Some(_) => {
+                let items = *self.offsets_of(k)?.last().unwrap_or(&0) as usize;
+                items * slot.sample_bytes
+            }
+        };
+        Ok(slot.offset..slot.offset + len)
     }
 
-    /// The bytes of field `name`: `len()` samples back to back.
+    /// The offsets of ragged field `k`.
+    fn offsets_of(&self, k: usize) -> Result<&[i64]> {
+        self.layout
+            .offsets_in(self.buffer.as_slice(), k, self.len())
+            .ok_or_else(|| {
+                Error::mismatch(format!(
+                    "field `{}` is not ragged, or its offsets do not hold together",
+                    self.layout.fields()[k].name
+                ))
+            })
+    }
+
+    /// The bytes of field `name`: `len()` samples back to back (a ragged field: its values).
     pub fn field_bytes(&self, name: &str) -> Result<&[u8]> {
         let k = self.field_index(name)?;
-        Ok(&self.buffer.as_slice()[self.range(k)])
+        Ok(&self.buffer.as_slice()[self.range(k)?])
     }
 
     /// Field `name` as a typed slice; `T` must match the field's dtype (`u16` views f16/bf16).
+    /// For a ragged field, its values (see [`Batch::ragged`] for them with their offsets).
     pub fn field<T: Element>(&self, name: &str) -> Result<&[T]> {
-        let k = self.field_index(name)?;
+        let k = self.typed_index::<T>(name)?;
         let dtype = self.layout.fields()[k].dtype;
-        if !T::matches(dtype) {
-            return Err(Error::mismatch(format!(
-                "field `{name}` is {dtype}, not {}",
-                std::any::type_name::<T>()
-            )));
-        }
-        cast_slice(&self.buffer.as_slice()[self.range(k)])
+        cast_slice(&self.buffer.as_slice()[self.range(k)?])
             .ok_or_else(|| Error::mismatch(format!("field `{name}` is not aligned for {dtype}")))
     }
 
-    /// Field `name` as a mutable typed slice (for per-batch transforms).
+    /// Field `name` as a mutable typed slice (for per-batch transforms); a ragged field's
+    /// values (its offsets stay as they are).
     pub fn field_mut<T: Element>(&mut self, name: &str) -> Result<&mut [T]> {
-        let k = self.field_index(name)?;
+        let k = self.typed_index::<T>(name)?;
         let dtype = self.layout.fields()[k].dtype;
-        if !T::matches(dtype) {
-            return Err(Error::mismatch(format!(
-                "field `{name}` is {dtype}, not {}",
-                std::any::type_name::<T>()
-            )));
-        }
-        let range = self.range(k);
+        let range = self.range(k)?;
         cast_slice_mut(&mut self.buffer.as_mut_slice()[range])
             .ok_or_else(|| Error::mismatch(format!("field `{name}` is not aligned for {dtype}")))
     }
 
-    /// The shape of field `name` in this batch: `[len(), per-sample shape...]`.
+    /// The position of field `name`, which `T` must view.
+    fn typed_index<T: Element>(&self, name: &str) -> Result<usize> {
+        let k = self.field_index(name)?;
+        let dtype = self.layout.fields()[k].dtype;
+        if !T::matches(dtype) {
+            return Err(Error::mismatch(format!(
+                "field `{name}` is {dtype}, not {}",
+                std::any::type_name::<T>()
+            )));
+        }
+        Ok(k)
+    }
+
+    /// Ragged field `name`: its values as elements of `T` (which must match its dtype) and its
+    /// offsets, `len() + 1` of them; sample `i`'s items are
+    /// `values[offsets[i]..offsets[i + 1]]`. A fixed field is an [`Error::Mismatch`].
+    pub fn ragged<T: Element>(&self, name: &str) -> Result<Ragged<'_, T>> {
+        let k = self.typed_index::<T>(name)?;
+        let field = &self.layout.fields()[k];
+        if !field.ragged {
+            return Err(Error::mismatch(format!(
+                "field `{name}` is not ragged: read it with Batch::field"
+            )));
+        }
+        let offsets = self.offsets_of(k)?;
+        let values = &self.buffer.as_slice()[self.range(k)?];
+        let item_len = field.shape.iter().product::<usize>();
+        Ragged::of_bytes(values, offsets, item_len).ok_or_else(|| {
+            Error::mismatch(format!(
+                "ragged field `{name}`: its values are not aligned for {}",
+                field.dtype
+            ))
+        })
+    }
+
+    /// The offsets of ragged field `name`: `len() + 1` of them, in items.
+    pub fn offsets(&self, name: &str) -> Result<&[i64]> {
+        let k = self.field_index(name)?;
+        self.offsets_of(k)
+    }
+
+    /// The shape of field `name` in this batch: `[len(), per-sample shape...]`; for a ragged
+    /// field, its values' shape: `[items in the batch, item shape...]`.
     pub fn shape(&self, name: &str) -> Result<Vec<usize>> {
         let k = self.field_index(name)?;
-        let mut shape = vec![self.len()];
-        shape.extend_from_slice(&self.layout.fields()[k].shape);
+        let field = &self.layout.fields()[k];
+        let first = if field.ragged {
+            *self.offsets_of(k)?.last().unwrap_or(&0) as usize
+        } else {
+            self.len()
+        };
+        let mut shape = vec![first];
+        shape.extend_from_slice(&field.shape);
         Ok(shape)
     }
 
     /// The dtype of field `name`.
     pub fn dtype(&self, name: &str) -> Result<DType> {
         Ok(self.layout.fields()[self.field_index(name)?].dtype)
+    }
+
+    /// Bytes of data the batch holds: its samples of every fixed field, and the values of
+    /// every ragged field (not their offsets).
+    pub fn data_bytes(&self) -> usize {
+        (0..self.layout.fields().len())
+            .filter_map(|k| self.range(k).ok())
+            .map(|r| r.len())
+            .sum()
+    }
+
+    /// The bytes at the start of the buffer that hold the batch: the whole buffer, less the
+    /// unused end of the last ragged field's values (what a device copy moves).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn used_bytes(&self) -> usize {
+        self.layout.used_bytes(self.buffer.as_slice(), self.len())
     }
 }

@@ -9,7 +9,10 @@ use std::time::Instant;
 
 use super::budget::BatchBudget;
 use super::host::Loader;
-use super::sizing::{default_parts, default_prefetch, default_workers, physical_memory};
+use super::probe::{PROBE_SAMPLES, measure};
+use super::sizing::{
+    default_parts, default_prefetch, default_ragged_budget, default_workers, physical_memory,
+};
 use super::stats::StageTimes;
 use super::worker::{self, Done, Shared, Task};
 use super::{Batch, BatchHook, Delivered, LoaderState, MAX_WORKERS, Position, rank_from_env};
@@ -88,6 +91,8 @@ pub struct LoaderBuilder {
     epoch: u64,
     resume: Option<LoaderState>,
     budget: Option<u64>,
+    ragged_budgets: BTreeMap<String, u64>,
+    ragged_budget_each: Option<u64>,
     across_epochs: bool,
     backing: Option<Box<dyn FnOnce(u64) -> HostPool + Send>>,
 }
@@ -232,6 +237,29 @@ impl LoaderBuilder {
         self
     }
 
+    /// The byte budget of ragged field `field`'s values in one batch (see [the layout's
+    /// docs](crate::layout#ragged-fields)): every batch buffer has this much room for them.
+    /// A batch whose values need more is an error of kind `Config` naming the field, the batch
+    /// and `ragged_budget` (the batch is never cut short); room a batch does not use costs
+    /// memory, not copies.
+    ///
+    /// Default: from the sizes of the first samples of the loader's order, run through the
+    /// transform when the loader is built ([`default_ragged_budget`]: twice the mean batch or
+    /// more, for sizes that spread widely). Setting it skips that measure. `build()` refuses a
+    /// name that is not a ragged field of the transform's output.
+    pub fn ragged_budget(mut self, field: impl Into<String>, bytes: u64) -> Self {
+        self.ragged_budgets.insert(field.into(), bytes);
+        self
+    }
+
+    /// The byte budget of every ragged field that [`ragged_budget`](Self::ragged_budget) does
+    /// not name (for front ends that take one number: `gpufeed bench --ragged-budget`, Python's
+    /// `ragged_budget=N`). `build()` refuses it when the batches have no ragged field.
+    pub fn ragged_budget_each(mut self, bytes: u64) -> Self {
+        self.ragged_budget_each = Some(bytes);
+        self
+    }
+
     /// Backs the batch buffers with `backing` (pinned memory, with the `cuda` feature).
     pub fn backing(mut self, backing: impl Backing<Addr = std::ptr::NonNull<u8>>) -> Self {
         self.feeds_device = backing.feeds_device();
@@ -326,7 +354,10 @@ impl LoaderBuilder {
         // sized for the samples there are, not for a batch size beyond the data set.
         let capacity = usize::try_from(spec.batch_capacity()).unwrap_or(self.batch_size);
         let outputs = self.transform.output(self.dataset.schema())?;
-        let layout = Arc::new(BatchLayout::new(outputs, capacity)?);
+        let budgets = self.ragged_budgets(&outputs, spec, capacity)?;
+        let layout = Arc::new(BatchLayout::with_budgets(outputs, capacity, |f| {
+            budgets.get(&f.name).copied()
+        })?);
         let batch_bytes = HostPool::block_size(layout.total_bytes()) as u64;
         let parts = self
             .parts
@@ -394,6 +425,68 @@ impl LoaderBuilder {
             budget,
             budget_batches,
         })
+    }
+
+    /// The byte budget of each ragged field of `outputs` in batches of `capacity` samples: as
+    /// set, else measured (see [`ragged_budget`](Self::ragged_budget)).
+    fn ragged_budgets(
+        &self,
+        outputs: &[crate::layout::OutputField],
+        spec: &OrderSpec,
+        capacity: usize,
+    ) -> Result<BTreeMap<String, u64>> {
+        let ragged: Vec<&str> = outputs
+            .iter()
+            .filter(|f| f.ragged)
+            .map(|f| f.name.as_str())
+            .collect();
+        if let Some(name) = self
+            .ragged_budgets
+            .keys()
+            .find(|n| !ragged.contains(&n.as_str()))
+        {
+            return Err(Error::config(
+                "ragged_budget",
+                format!(
+                    "no ragged field `{name}` in the batches (their ragged fields: {ragged:?})"
+                ),
+            ));
+        }
+        if self.ragged_budget_each.is_some() && ragged.is_empty() {
+            return Err(Error::config(
+                "ragged_budget",
+                "the batches have no ragged field to give a budget",
+            ));
+        }
+        let mut budgets = self.ragged_budgets.clone();
+        if let Some(each) = self.ragged_budget_each {
+            for name in &ragged {
+                budgets.entry((*name).to_owned()).or_insert(each);
+            }
+        }
+        if ragged.iter().all(|n| budgets.contains_key(*n)) {
+            return Ok(budgets);
+        }
+        let (order, first) = match &self.resume {
+            Some(state) => state.position(spec)?,
+            None => (spec.epoch(self.epoch), 0),
+        };
+        let sizes = measure(
+            self.dataset.as_ref(),
+            self.transform.as_ref(),
+            outputs,
+            (&order, first),
+            PROBE_SAMPLES,
+        )?;
+        for (f, s) in outputs.iter().zip(sizes) {
+            if let Some(s) = s
+                && !budgets.contains_key(&f.name)
+            {
+                let bytes = default_ragged_budget(capacity, s.mean, s.std_dev, s.max);
+                budgets.insert(f.name.clone(), bytes);
+            }
+        }
+        Ok(budgets)
     }
 
     /// Starts the worker threads on the first batches.
@@ -514,6 +607,8 @@ impl LoaderBuilder {
             epoch: 0,
             resume: None,
             budget: None,
+            ragged_budgets: BTreeMap::new(),
+            ragged_budget_each: None,
             across_epochs: true,
             backing: None,
         }

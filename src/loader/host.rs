@@ -401,8 +401,7 @@ impl Loader {
         let _ = self.dispatch();
         if let Ok(batch) = &result {
             self.first_batch.get_or_insert_with(|| self.built.elapsed());
-            self.delivered
-                .batch(batch.len(), self.shared.layout.sample_bytes());
+            self.delivered.batch(batch.len(), batch.data_bytes());
         }
         Next::Ready(result)
     }

@@ -40,6 +40,7 @@ mod batch;
 mod budget;
 mod builder;
 mod host;
+mod probe;
 mod sizing;
 mod state;
 mod stats;
@@ -51,7 +52,10 @@ use std::sync::Arc;
 pub use batch::{Batch, BatchInfo};
 pub use builder::LoaderBuilder;
 pub use host::{Loader, SHUTDOWN_WAIT, detached_workers};
-pub use sizing::{MAX_WORKERS, default_parts, default_prefetch, default_workers, rank_from_env};
+pub use sizing::{
+    MAX_WORKERS, default_parts, default_prefetch, default_ragged_budget, default_workers,
+    rank_from_env,
+};
 pub use state::LoaderState;
 pub(crate) use state::Position;
 pub(crate) use stats::Delivered;

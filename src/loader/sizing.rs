@@ -1,5 +1,6 @@
 //! The defaults that depend on the machine and the batch: workers, parts, batches in flight,
-//! the rank from the environment, and the machine's memory that budgets are checked against.
+//! ragged fields' budgets, the rank from the environment, and the machine's memory that
+//! budgets are checked against.
 
 use crate::error::{Error, Result};
 
@@ -53,6 +54,36 @@ pub fn default_parts(workers: usize, batch_bytes: u64) -> usize {
     }
 }
 
+/// Byte budgets of ragged fields are multiples of this, and at least this.
+const RAGGED_BUDGET_ROUND: u64 = 64 << 10;
+
+/// The default byte budget of a ragged field's values in a batch of `batch_size` samples whose
+/// sizes (in bytes) have this `mean` and standard deviation `std_dev` (over the samples
+/// measured), the largest being `max`: twice the mean batch, or the mean batch plus eight
+/// standard deviations of a batch's total, whichever is more, plus the largest sample seen,
+/// rounded up to 64 KiB (at least 64 KiB).
+///
+/// A batch is copied to a device as far as its values go, so room not used costs pinned
+/// memory, not copies; a batch that does not fit is an error (never a truncated batch), so
+/// the default leaves room for batches far above the mean: sizes that spread widely (text,
+/// whose lengths vary tenfold) get several times the mean batch, tight ones (JPEGs of one
+/// camera) about twice.
+pub fn default_ragged_budget(batch_size: usize, mean: f64, std_dev: f64, max: u64) -> u64 {
+    let n = batch_size.max(1) as f64;
+    let batch = n * mean.max(0.0);
+    let spread = n.sqrt() * std_dev.max(0.0);
+    let bytes = (2.0 * batch).max(batch + 8.0 * spread) + max as f64;
+    let bytes = if bytes.is_finite() && bytes < u64::MAX as f64 {
+        bytes.ceil() as u64
+    } else {
+        u64::MAX
+    };
+    bytes
+        .max(1)
+        .checked_next_multiple_of(RAGGED_BUDGET_ROUND)
+        .unwrap_or(u64::MAX)
+}
+
 /// The most worker threads a loader starts: more is a mistake, not a configuration.
 pub const MAX_WORKERS: usize = 1024;
 
@@ -94,4 +125,28 @@ pub fn rank_from_env() -> Result<(u64, u64)> {
         }
     }
     Ok((0, 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ragged_budgets_leave_room_above_the_mean_batch() {
+        // Tight sizes: twice the mean batch, plus the largest sample, in 64 KiB.
+        let b = default_ragged_budget(128, 110_000.0, 10_000.0, 150_000);
+        assert_eq!(
+            b,
+            (2 * 128 * 110_000 + 150_000u64).next_multiple_of(64 << 10)
+        );
+        // Wide sizes: the mean batch plus eight standard deviations of a batch's total.
+        let b = default_ragged_budget(16, 1_000.0, 3_000.0, 40_000);
+        assert_eq!(
+            b,
+            (16_000 + 8 * 4 * 3_000 + 40_000u64).next_multiple_of(64 << 10)
+        );
+        // Empty samples still get room; absurd sizes do not overflow.
+        assert_eq!(default_ragged_budget(8, 0.0, 0.0, 0), 64 << 10);
+        assert_eq!(default_ragged_budget(8, f64::MAX, 0.0, u64::MAX), u64::MAX);
+    }
 }

@@ -36,11 +36,11 @@ impl Delivered {
         out
     }
 
-    /// A batch of `samples` samples of `sample_bytes` each was delivered.
-    pub(crate) fn batch(&mut self, samples: usize, sample_bytes: usize) {
+    /// A batch of `samples` samples holding `bytes` bytes of data was delivered.
+    pub(crate) fn batch(&mut self, samples: usize, bytes: usize) {
         self.batches += 1;
         self.samples += samples as u64;
-        self.bytes += (samples * sample_bytes) as u64;
+        self.bytes += bytes as u64;
     }
 
     /// Time since the caller first asked for a batch.

@@ -22,7 +22,7 @@ use super::batch::{Batch, BatchInfo};
 use super::budget::BatchPermit;
 use super::stats::StageTimes;
 use crate::error::{Error, Result};
-use crate::layout::{BatchBytes, BatchLayout, Slots};
+use crate::layout::{BatchBytes, BatchLayout, RaggedPart, Slots, seal};
 use crate::memory::{DeferredFence, HostBuffer, HostPool};
 use crate::sampler::Order;
 use crate::source::Dataset;
@@ -100,6 +100,8 @@ struct AssemblyState {
     /// The failure at the lowest sample position so far, with that position.
     failure: Option<(usize, Error)>,
     skipped: usize,
+    /// Per part, in part order, where it wrote its ragged fields' values, once it has.
+    ragged: Vec<Option<Vec<RaggedPart>>>,
 }
 
 // SAFETY: `bytes` points into `buffer` (a `HostBuffer`, which is `Send`), held in the same
@@ -216,7 +218,7 @@ fn make_batch(
     };
     shared.times.add_collate(t0.elapsed());
     let bytes = BatchBytes::new(buffer.as_mut_slice());
-    let skipped = match fill(
+    let (skipped, ragged) = match fill(
         shared,
         generation,
         order,
@@ -225,10 +227,13 @@ fn make_batch(
         0..indices.len(),
         bytes,
     ) {
-        Filled::Made { skipped } => skipped,
+        Filled::Made { skipped, ragged } => (skipped, ragged),
         Filled::Failed(_, e) => return Some(Err(e)),
         Filled::Abandoned => return None,
     };
+    if let Err(e) = seal_ragged(shared, &mut buffer, indices.len(), &[ragged]) {
+        return Some(Err(batch_error(number, e)));
+    }
     let info = BatchInfo {
         indices: std::mem::take(indices),
         padding: order.batch_padding(number),
@@ -292,7 +297,13 @@ fn make_part(
         let outcome = fill(shared, generation, order, number, indices, positions, bytes);
         let mut state = assembly.lock();
         match outcome {
-            Filled::Made { skipped } => state.skipped += skipped,
+            Filled::Made { skipped, ragged } => {
+                state.skipped += skipped;
+                if state.ragged.len() < assembly.parts {
+                    state.ragged.resize_with(assembly.parts, || None);
+                }
+                state.ragged[part] = Some(ragged);
+            }
             Filled::Failed(position, e) => {
                 if state.failure.as_ref().is_none_or(|(p, _)| position < *p) {
                     state.failure = Some((position, e));
@@ -311,11 +322,29 @@ fn make_part(
     // abandoned batch gives both back before its `Done` is sent, as a whole batch does.
     let (buffer, permit) = (state.buffer.take(), state.permit.take());
     state.bytes = None;
+    let ragged: Option<Vec<Vec<RaggedPart>>> = std::mem::take(&mut state.ragged)
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .or_else(|| (!shared.layout.has_ragged()).then(Vec::new));
     let result = if let Some((_, e)) = state.failure.take() {
         Some(Err(e))
     } else {
         match (buffer, permit) {
-            (Some(buffer), Some(permit)) if !state.abandoned && !abandoned() => {
+            (Some(mut buffer), Some(permit)) if !state.abandoned && !abandoned() => {
+                // Every part wrote its ragged values (none failed or was abandoned): put them
+                // together, in part order.
+                let sealed = match &ragged {
+                    Some(parts) => seal_ragged(shared, &mut buffer, n, parts),
+                    None => Err(Error::user("a part of the batch left no ragged values")),
+                };
+                if let Err(e) = sealed {
+                    return Some(Done {
+                        generation,
+                        epoch: order.epoch(),
+                        number,
+                        result: Some(Err(batch_error(number, e))),
+                    });
+                }
                 // `indices` holds the batch's indices (computed above; `fill` reads them).
                 let info = BatchInfo {
                     indices: std::mem::take(indices),
@@ -337,10 +366,30 @@ fn make_part(
     })
 }
 
+/// Seals a made batch's ragged fields (see [`seal`]), if it has any: its parts' values
+/// together, its lengths turned into offsets.
+fn seal_ragged(
+    shared: &Shared,
+    buffer: &mut HostBuffer,
+    len: usize,
+    parts: &[Vec<RaggedPart>],
+) -> Result<()> {
+    if !shared.layout.has_ragged() {
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    let sealed = seal(buffer.as_mut_slice(), &shared.layout, len, parts);
+    shared.times.add_collate(t0.elapsed());
+    sealed
+}
+
 /// What [`fill`] did with its samples.
 enum Filled {
-    /// Every sample written; this many were marked skipped.
-    Made { skipped: usize },
+    /// Every sample written; this many were marked skipped; where the ragged values went.
+    Made {
+        skipped: usize,
+        ragged: Vec<RaggedPart>,
+    },
     /// The sample at this position failed.
     Failed(usize, Error),
     /// The generation ended midway.
@@ -372,6 +421,7 @@ fn fill(
     // handed on), not once per sample.
     let _fence = DeferredFence::start();
     let mut touched = vec![false; slots.len()];
+    let mut ragged = RaggedPart::for_positions(&shared.layout, positions.clone(), indices.len());
     for position in positions {
         let index = indices[position];
         if position % 16 == 15 && shared.generation.load(Ordering::Relaxed) != generation {
@@ -379,7 +429,10 @@ fn fill(
         }
         // SAFETY: this thread alone writes `position` of this batch (the caller's split), and
         // this `Slots` is dropped before the next position's is made.
-        let mut slot = unsafe { Slots::for_position(bytes, fields, slots, position, &mut touched) };
+        // The ragged regions are this part's (`for_positions` splits them as the positions).
+        let mut slot = unsafe {
+            Slots::for_position(bytes, fields, slots, position, &mut touched, &mut ragged)
+        };
         // Debug builds mark every slot first, so that bytes the transform leaves unwritten
         // are found (`Slots::check_written`), not delivered as an earlier batch's.
         let marker = cfg!(debug_assertions);
@@ -398,11 +451,17 @@ fn fill(
             slot.check_written(marker)?;
             Ok(((b - a).as_nanos() as u64, b.elapsed().as_nanos() as u64))
         }));
+        let skipped_here = slot.is_skipped();
+        // Beyond a ragged field's budget, the batch fails, whatever the transform made of the
+        // refusal: the batch's error, not the sample's.
+        if let Some(e) = over_budget(&shared.layout, &ragged) {
+            return Filled::Failed(position, batch_error(number, e));
+        }
         match outcome {
             Ok(Ok((f, t))) => {
                 fetch_ns += f;
                 transform_ns += t;
-                skipped += usize::from(slot.is_skipped());
+                skipped += usize::from(skipped_here);
             }
             Ok(Err(e)) => return Filled::Failed(position, sample_error(index, number, e)),
             Err(panic) => {
@@ -413,7 +472,20 @@ fn fill(
         }
     }
     shared.times.add_fetch_transform(fetch_ns, transform_ns);
-    Filled::Made { skipped }
+    Filled::Made { skipped, ragged }
+}
+
+/// The error of the first ragged field whose values outgrew its budget in `parts`, if any.
+fn over_budget(layout: &BatchLayout, parts: &[RaggedPart]) -> Option<Error> {
+    let p = parts.iter().find(|p| p.over_budget().is_some())?;
+    let name = &layout.fields()[p.field].name;
+    let capacity = layout.ragged_capacity(p.field).unwrap_or(0);
+    Some(crate::layout::over_budget(
+        name,
+        p.over_budget().unwrap_or(0),
+        capacity,
+        true,
+    ))
 }
 
 /// Runs the batch hook on a made batch and gives it its permit.

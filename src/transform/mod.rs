@@ -3,7 +3,8 @@
 //! A [`SampleTransform`] declares the batch fields it writes ([`OutputField`]s) once, when the
 //! loader is built, then writes each sample straight into its slots ([`Slots`]) of the batch
 //! buffer: no intermediate copy, no allocation per sample. [`CopyFields`] (the default) copies
-//! tensor fields as they are stored; [`FnTransform`] wraps a closure.
+//! fields as they are stored (variable-size bytes as ragged fields); [`FnTransform`] wraps a
+//! closure.
 //!
 //! Randomness comes from [`SampleContext::rng`], a pure function of (seed, epoch, sample index):
 //! the same augmentation for a sample whichever worker runs it, on any number of workers, and
@@ -17,7 +18,7 @@ pub mod image;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::format::{FieldKind, Schema};
+use crate::format::Schema;
 use crate::layout::{OutputField, Slots};
 use crate::source::Sample;
 
@@ -150,7 +151,8 @@ pub trait SampleTransform: Send + Sync + 'static {
     fn output(&self, input: &Schema) -> Result<Vec<OutputField>>;
 
     /// Writes `sample` into `slots` (one slice per output field, each exactly the field's
-    /// sample size). Must write every byte of every slot: buffers are reused.
+    /// sample size; for a ragged field, room for the sample's items, asked for with
+    /// [`Slots::ragged_mut`]). Must write every byte of every slot: buffers are reused.
     fn apply(&self, sample: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>) -> Result<()>;
 }
 
@@ -163,9 +165,16 @@ impl<T: SampleTransform + ?Sized> SampleTransform for Arc<T> {
     }
 }
 
-/// The default transform: copies tensor fields as they are stored (all of them, or those named),
-/// each with [`Sample::copy_field_into`]: one copy from a mapping, or one `pread` straight into
-/// the batch slot from a file opened with [`ReadMode::Pread`](crate::source::ReadMode).
+/// The default transform: copies fields as they are stored (all of them, or those named).
+///
+/// A tensor field is copied with [`Sample::copy_field_into`]: one copy from a mapping, or one
+/// `pread` straight into the batch slot from a file opened with
+/// [`ReadMode::Pread`](crate::source::ReadMode). A variable-size bytes field becomes a ragged
+/// field (see [`OutputField::like`]): of `u8`, or of the dtype of [`Codec::Elements`] values,
+/// each sample's bytes copied once into the batch's values; its length must be a whole number
+/// of values.
+///
+/// [`Codec::Elements`]: crate::format::Codec::Elements
 #[derive(Clone, Debug, Default)]
 pub struct CopyFields {
     names: Option<Vec<String>>,
@@ -174,12 +183,12 @@ pub struct CopyFields {
 }
 
 impl CopyFields {
-    /// Copies every field; the schema must have tensor fields only.
+    /// Copies every field.
     pub fn all() -> CopyFields {
         CopyFields::default()
     }
 
-    /// Copies the named tensor fields, in this order.
+    /// Copies the named fields, in this order.
     pub fn named<S: Into<String>>(names: impl IntoIterator<Item = S>) -> CopyFields {
         CopyFields {
             names: Some(names.into_iter().map(Into::into).collect()),
@@ -207,23 +216,8 @@ impl SampleTransform for CopyFields {
         let picked = self.resolve(input)?;
         let out = picked
             .iter()
-            .map(|&k| {
-                let f = &input.fields()[k];
-                match &f.kind {
-                    FieldKind::Tensor { dtype, shape } => Ok(OutputField {
-                        name: f.name.clone(),
-                        dtype: *dtype,
-                        shape: shape.iter().map(|&d| d as usize).collect(),
-                    }),
-                    FieldKind::Bytes { codec } => Err(Error::mismatch(format!(
-                        "field `{}` holds variable-size {} bytes, which cannot be batched as they are: \
-                         give the loader a transform that decodes it, or pick tensor fields with CopyFields::named",
-                        f.name,
-                        codec.name()
-                    ))),
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(|&k| OutputField::stored(&input.fields()[k]))
+            .collect();
         if self.resolved.get_or_init(|| picked.clone()) != &picked {
             return Err(Error::mismatch(
                 "this CopyFields was prepared for another schema; give each loader its own",
@@ -237,9 +231,24 @@ impl SampleTransform for CopyFields {
             return Err(Error::user("CopyFields::apply before output"));
         };
         for (slot, &k) in picked.iter().enumerate() {
-            // From a mapping, one copy; from a file opened with ReadMode::Pread, one read
-            // straight into the slot.
-            sample.copy_field_into(k, slots.field(slot)?)?;
+            let field = &slots.fields()[slot];
+            if field.ragged {
+                let (item, dtype) = (field.item_bytes(), field.dtype);
+                let bytes = sample.try_field(k)?;
+                if !bytes.len().is_multiple_of(item) {
+                    return Err(Error::mismatch(format!(
+                        "field `{}` has {} bytes, not a whole number of {dtype} values",
+                        field.name,
+                        bytes.len()
+                    )));
+                }
+                let room = slots.ragged(slot, bytes.len() / item)?;
+                crate::memory::copy_to_batch(room, bytes);
+            } else {
+                // From a mapping, one copy; from a file opened with ReadMode::Pread, one read
+                // straight into the slot.
+                sample.copy_field_into(k, slots.field(slot)?)?;
+            }
         }
         Ok(())
     }

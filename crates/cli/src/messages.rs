@@ -18,6 +18,7 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
         "batch_parts" => "--batch-parts",
         "workers" | "threads" => "--workers",
         "pool_budget" => "--batch-size/--prefetch (the batch pool holds --prefetch + 2 batches)",
+        "ragged_budget" => "--ragged-budget",
         "drop_last" => "--drop-last",
         "evaluation" => "--evaluation",
         "shard" | "rank" | "world" | "RANK" | "WORLD_SIZE" | "SLURM_PROCID" | "SLURM_NTASKS" => {
@@ -55,6 +56,7 @@ pub fn in_flags(text: &str) -> String {
         ("drop_last", "--drop-last"),
         ("batch_size", "--batch-size"),
         ("pool_budget", "the batch pool's budget"),
+        ("ragged_budget", "--ragged-budget"),
     ] {
         s = s.replace(rust, flags);
     }

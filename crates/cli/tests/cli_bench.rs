@@ -293,6 +293,24 @@ fn a_folder_of_images_is_pointed_to_images_and_encoded_fields_to_fields() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["sample_bytes"], 8 + 8);
+    // Named in --fields, the encoded field is batched as its bytes (a ragged field).
+    let o = bench(&[
+        s(&packed),
+        "--epochs",
+        "1",
+        "--fields",
+        "image,label",
+        "--batch-size",
+        "4",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ragged"]["fields"], serde_json::json!(["image"]));
+    assert!(
+        v["ragged"]["value_bytes_per_batch"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
 }
 
 #[test]
@@ -864,4 +882,58 @@ fn ctrl_c_during_bench_prints_what_ran_marked_interrupted_then_exits_130() {
             assert!(!out.contains("compared:"), "{out}");
         }
     }
+}
+
+/// A packed file of 200 records: `text`, raw bytes of `i % 50` bytes each, and `id`, a u32.
+/// Returns it and its texts' bytes in all.
+fn packed_texts(path: &Path) -> u64 {
+    let schema = Schema::new(vec![
+        Field::bytes("text", Codec::Raw),
+        Field::tensor("id", DType::U32, &[]),
+    ])
+    .unwrap();
+    let mut w = RecordWriter::create(path, schema).unwrap();
+    let mut total = 0;
+    for i in 0..200u32 {
+        let text = vec![i as u8; (i % 50) as usize];
+        total += text.len() as u64;
+        w.append(&[&text, &i.to_le_bytes()]).unwrap();
+    }
+    w.finish().unwrap();
+    total
+}
+
+#[test]
+fn a_bytes_field_benches_as_values_plus_offsets_within_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let packed = dir.path().join("texts.gfd");
+    let texts = packed_texts(&packed);
+    let run = |extra: &[&str]| {
+        let mut args = vec![s(&packed), "--epochs", "1", "--batch-size", "20"];
+        args.extend_from_slice(extra);
+        bench(&args)
+    };
+    let o = run(&["--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["samples"], 200);
+    assert_eq!(v["ragged"]["fields"], serde_json::json!(["text"]));
+    // Every batch's values, on average: the texts' bytes over 10 batches.
+    assert_eq!(v["ragged"]["values_per_batch"], texts as f64 / 10.0);
+    assert_eq!(v["ragged"]["value_bytes_per_batch"], texts as f64 / 10.0);
+    assert!(v["ragged"]["budget_bytes"][0].as_u64().unwrap() >= 49 * 20);
+    let o = run(&["--ragged-budget", "1000"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ragged fields: text"), "{}", stdout(&o));
+    // A budget under the batches' values: an error naming the flag, not a cut batch.
+    let o = run(&["--ragged-budget", "100", "--no-shuffle"]);
+    let e = refused(&o, &["--ragged-budget", "`text`"]);
+    assert!(!e.contains("ragged_budget"), "{e}");
+    // Only the fixed field: the flag does not apply, and no ragged report.
+    let o = run(&["--fields", "id", "--ragged-budget", "100"]);
+    refused(&o, &["--ragged-budget"]);
+    let o = run(&["--fields", "id", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["ragged"].is_null(), "{v}");
 }

@@ -23,10 +23,16 @@ pub struct Args {
     /// Bytes of each generated record's data field [default: 150528 = 3x224x224].
     #[arg(long)]
     pub record_bytes: Option<u64>,
-    /// The fields to batch, by name, comma-separated (default: every field; they must be
-    /// tensors, for encoded images use --images).
+    /// The fields to batch, by name, comma-separated (default: every field; for encoded
+    /// images use --images, or name them here to batch their bytes). A variable-size field
+    /// (text, tokens, encoded bytes) is batched as one values buffer plus offsets.
     #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
     pub fields: Option<Vec<String>>,
+    /// Bytes of values one batch may hold in each variable-size (ragged) field; a batch that
+    /// needs more is an error [default: measured from the first samples: twice the mean
+    /// batch or more].
+    #[arg(long, value_name = "BYTES")]
+    pub ragged_budget: Option<u64>,
     /// Samples per batch.
     #[arg(long, default_value_t = 256)]
     pub batch_size: usize,
@@ -207,6 +213,7 @@ pub(super) fn check_flags(args: &Args) -> Result<()> {
             ("--records", args.records.is_some()),
             ("--record-bytes", args.record_bytes.is_some()),
             ("--fields", args.fields.is_some()),
+            ("--ragged-budget", args.ragged_budget.is_some()),
             ("--labels", args.labels.is_some()),
             ("--baseline", args.baseline),
             ("--no-baseline", args.no_baseline),

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use gpufeed::format::{DType, Field, FieldKind, RecordWriter, Schema};
+use gpufeed::format::{Codec, DType, Field, FieldKind, RecordWriter, Schema};
 use gpufeed::source::{self, Dataset, NpyArray, Zip};
 use gpufeed::transform::{CopyFields, SampleTransform};
 use gpufeed::{Error, Result};
@@ -81,30 +81,42 @@ pub(super) fn warm_page_cache(path: &Path) -> Result<()> {
     }
 }
 
-/// Bytes per sample that `transform` makes of `schema`'s records, with the command's advice
-/// when a field cannot be batched as it is.
-pub(super) fn sample_bytes(path: &Path, schema: &Schema, transform: &CopyFields) -> Result<u64> {
-    let outputs = transform.output(schema).map_err(|e| {
-        let encoded_images = schema
-            .fields()
-            .iter()
-            .any(|f| f.name == "image" && matches!(f.kind, FieldKind::Bytes { .. }));
-        if encoded_images {
-            Error::user(format!(
-                "{}: its field `image` holds encoded images: run the image pipeline with \
-                 gpufeed bench --images {}, or batch its tensor fields with --fields NAME,... ({})",
-                path.display(),
-                path.display(),
-                crate::messages::in_flags(&e.to_string())
-            ))
-        } else {
-            e
-        }
-    })?;
-    Ok(outputs
+/// What `transform` makes of `schema`'s records: the bytes of a sample's fixed fields, and the
+/// names of its variable-size (ragged) fields; with the command's advice for a field of
+/// encoded images that no `--fields` named.
+pub(super) fn sample_bytes(
+    path: &Path,
+    schema: &Schema,
+    transform: &CopyFields,
+    fields_named: bool,
+) -> Result<(u64, Vec<String>)> {
+    let outputs = transform.output(schema)?;
+    let encoded = outputs.iter().find(|f| {
+        let stored = schema.index_of(&f.name).map(|k| &schema.fields()[k].kind);
+        matches!(
+            stored,
+            Some(FieldKind::Bytes {
+                codec: Codec::Jpeg | Codec::Png
+            })
+        )
+    });
+    if let (Some(f), false) = (encoded, fields_named) {
+        return Err(Error::user(format!(
+            "{}: its field `{}` holds encoded images: run the image pipeline with \
+             gpufeed bench --images {}, or name the fields to batch with --fields NAME,... \
+             (an encoded field named there is batched as its bytes)",
+            path.display(),
+            f.name,
+            path.display(),
+        )));
+    }
+    let fixed = outputs.iter().map(|f| f.sample_bytes() as u64).sum();
+    let ragged = outputs
         .iter()
-        .map(|f| f.dtype.size() as u64 * f.shape.iter().map(|&d| d as u64).product::<u64>())
-        .sum())
+        .filter(|f| f.ragged)
+        .map(|f| f.name.clone())
+        .collect();
+    Ok((fixed, ragged))
 }
 
 /// Opens DATASET, zipped with `--labels` (a .npy array read as the field `label`) if given.

@@ -11,7 +11,7 @@ use gpufeed::cuda::{
 use gpufeed::{Error, LoaderBuilder, Result};
 
 use super::args::Args;
-use super::report::{EpochDetail, Report, print_device_report};
+use super::report::{EpochDetail, RaggedTally, Report, print_device_report};
 use crate::cleanup::{ReportOnInterrupt, interrupted};
 use crate::messages::progress;
 
@@ -53,6 +53,7 @@ pub fn run(
     let prefetch = loader.prefetch();
     let batch_parts = loader.batch_parts();
     let copy_bytes = loader.layout().total_bytes();
+    let mut values = RaggedTally::of(loader.layout());
     let per_epoch = args.max_batches.map_or(loader.batches_per_epoch(), |m| {
         m.min(loader.batches_per_epoch())
     });
@@ -90,6 +91,7 @@ pub fn run(
                 first_device_batch_ms = Some(built.elapsed().as_secs_f64() * 1e3);
             }
             bytes += batch.fields().map(|f| f.bytes() as u64).sum::<u64>();
+            values.add_counts(|name| Ok(*batch.offsets_host(name)?.last().unwrap_or(&0) as u64))?;
             bar.inc(1);
             if interrupted() {
                 break;
@@ -152,6 +154,7 @@ pub fn run(
         device_open_ms: Some(device_open_ms),
         first_device_batch_ms,
         epoch_details: details,
+        ragged: values.report(),
         interrupted: interrupted(),
         ..Report::default()
     };

@@ -40,7 +40,7 @@ use args::{batch_sizes, check_flags, copy_fields, field_positions, refuse, shard
 use data::{
     DEFAULT_RECORD_BYTES, DEFAULT_RECORDS, generate, open_dataset, sample_bytes, warm_page_cache,
 };
-use report::{Report, print_report_with, report_of};
+use report::{RaggedTally, Report, print_report_with, report_of};
 
 /// Runs `gpufeed bench`.
 pub fn run(args: Args) -> Result<()> {
@@ -95,9 +95,10 @@ pub fn run(args: Args) -> Result<()> {
         args.shuffle_block.unwrap_or(64),
     );
     // Check the sizes before writing or starting anything.
-    let (sample, len) = match (&args.dataset, &sharded) {
+    let named = args.fields.is_some();
+    let ((sample, ragged), len) = match (&args.dataset, &sharded) {
         (Some(path), Some(d)) => (
-            sample_bytes(path, d.schema(), &copy_fields(&args))?,
+            sample_bytes(path, d.schema(), &copy_fields(&args), named)?,
             d.len(),
         ),
         (Some(path), None) => {
@@ -118,20 +119,30 @@ pub fn run(args: Args) -> Result<()> {
                 ..Default::default()
             };
             let dataset = open_dataset(path, args.labels.as_deref(), options)?;
-            let sample = sample_bytes(path, dataset.schema(), &copy_fields(&args))?;
+            let sample = sample_bytes(path, dataset.schema(), &copy_fields(&args), named)?;
             (sample, dataset.len())
         }
-        (None, _) => (record_bytes + 4, records),
+        (None, _) => ((record_bytes + 4, Vec::new()), records),
     };
+    if args.ragged_budget.is_some() && ragged.is_empty() {
+        return Err(refuse(
+            "--ragged-budget",
+            "applies to variable-size fields, and the fields batched have none",
+        ));
+    }
     let (rank, world) = shard_of(&args)?;
     let (batch_size, batches) = batch_sizes(&args, len, rank, world)?;
+    // A ragged field's values take its budget in every batch buffer.
+    let ragged_room = args.ragged_budget.map_or(0, |b| {
+        b.div_ceil(batch_size.max(1) as u64) * ragged.len() as u64
+    });
     let (prefetch, parts) = LoaderSizes {
         batch_size,
         batches,
         workers,
         prefetch: args.prefetch,
         parts: args.batch_parts,
-        sample_bytes: sample,
+        sample_bytes: sample + ragged_room,
     }
     .check()?;
 
@@ -169,10 +180,20 @@ pub fn run(args: Args) -> Result<()> {
         .transform(copy_fields(&args))
         .batch_size(args.batch_size)
         .workers(workers)
-        .prefetch(prefetch)
-        .batch_parts(parts)
         .drop_last(args.drop_last)
         .evaluation(args.evaluation);
+    // With ragged fields whose budget the loader measures, the batches' size is known once
+    // it is built: the loader's defaults then, and the report says what it chose.
+    let measured = !ragged.is_empty() && args.ragged_budget.is_none();
+    if let Some(p) = args.prefetch.or((!measured).then_some(prefetch)) {
+        builder = builder.prefetch(p);
+    }
+    if let Some(p) = args.batch_parts.or((!measured).then_some(parts)) {
+        builder = builder.batch_parts(p);
+    }
+    if let Some(b) = args.ragged_budget {
+        builder = builder.ragged_budget_each(b);
+    }
     builder = builder.shard(rank, world);
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
@@ -187,6 +208,8 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let mut loader = builder.build()?;
+    let (prefetch, parts) = (loader.prefetch(), loader.batch_parts());
+    let mut values = RaggedTally::of(loader.layout());
     let per_epoch = args.max_batches.map_or(loader.batches_per_epoch(), |m| {
         m.min(loader.batches_per_epoch())
     });
@@ -202,7 +225,8 @@ pub fn run(args: Args) -> Result<()> {
         for batch in loader.by_ref().take(per_epoch as usize) {
             let batch = batch?;
             std::hint::black_box(batch.buffer().as_slice().first());
-            bytes += (batch.len() * batch.layout().sample_bytes()) as u64;
+            bytes += batch.data_bytes() as u64;
+            values.add(&batch)?;
             bar.inc(1);
             if interrupted() {
                 break;
@@ -227,6 +251,7 @@ pub fn run(args: Args) -> Result<()> {
         generate_secs,
     );
     report.batch_parts = parts;
+    report.ragged = values.report();
     if let Some(labels) = &args.labels {
         report.dataset = format!("{} with labels {}", path.display(), labels.display());
     }

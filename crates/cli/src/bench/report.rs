@@ -96,9 +96,89 @@ pub struct Report {
     pub shuffle_blocks: Option<(u64, u64)>,
     /// What the store of a data set read from a URL fetched, retried and cached.
     pub store: Option<crate::shards::StoreReport>,
+    /// The variable-size fields batched as values plus offsets (records runs that have them).
+    pub ragged: Option<RaggedReport>,
     /// True when Ctrl-C stopped the run: the figures are those of what ran (the last epoch
     /// counted may be cut short, `epochs` is the number started), and there is no baseline.
     pub interrupted: bool,
+}
+
+/// The ragged fields of a records run: their budgets, and what the batches held.
+#[derive(Serialize, Debug, Default, Clone)]
+pub struct RaggedReport {
+    /// The fields, in the batches' order.
+    pub fields: Vec<String>,
+    /// Each field's byte budget per batch (`--ragged-budget`, or measured by the loader).
+    pub budget_bytes: Vec<u64>,
+    /// Values (items) per batch on average, all ragged fields together.
+    pub values_per_batch: f64,
+    /// Bytes of values per batch on average, all ragged fields together.
+    pub value_bytes_per_batch: f64,
+}
+
+/// What a run's batches held in their ragged fields, counted as they come.
+pub struct RaggedTally {
+    /// (name, position, budget, item bytes) of each ragged field.
+    fields: Vec<(String, usize, u64, u64)>,
+    batches: u64,
+    values: u64,
+    bytes: u64,
+}
+
+impl RaggedTally {
+    /// A tally of the ragged fields of batches laid out as `layout` (none: no report).
+    pub fn of(layout: &gpufeed::BatchLayout) -> RaggedTally {
+        let fields = layout
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.ragged)
+            .map(|(k, f)| {
+                let budget = layout.ragged_capacity(k).unwrap_or(0) as u64;
+                (f.name.clone(), k, budget, f.item_bytes() as u64)
+            })
+            .collect();
+        RaggedTally {
+            fields,
+            batches: 0,
+            values: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Counts a host batch.
+    pub fn add(&mut self, batch: &gpufeed::Batch) -> Result<()> {
+        self.add_counts(|name| Ok(*batch.offsets(name)?.last().unwrap_or(&0) as u64))
+    }
+
+    /// Counts a batch whose fields' item counts `items` gives.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn add_counts(&mut self, items: impl Fn(&str) -> Result<u64>) -> Result<()> {
+        if self.fields.is_empty() {
+            return Ok(());
+        }
+        self.batches += 1;
+        for (name, _, _, item) in &self.fields {
+            let n = items(name)?;
+            self.values += n;
+            self.bytes += n * item;
+        }
+        Ok(())
+    }
+
+    /// The report, if the batches have ragged fields.
+    pub fn report(&self) -> Option<RaggedReport> {
+        if self.fields.is_empty() {
+            return None;
+        }
+        let per = |n: u64| n as f64 / self.batches.max(1) as f64;
+        Some(RaggedReport {
+            fields: self.fields.iter().map(|f| f.0.clone()).collect(),
+            budget_bytes: self.fields.iter().map(|f| f.2).collect(),
+            values_per_batch: per(self.values),
+            value_bytes_per_batch: per(self.bytes),
+        })
+    }
 }
 
 /// One epoch of a device run, as differences of the loader's counters over the epoch.
@@ -384,6 +464,16 @@ pub(super) fn print_report_with(
     }
     if let Some(store) = &report.store {
         text.push_str(&format!("store: {}\n", store.summary));
+    }
+    if let Some(r) = &report.ragged {
+        let budgets: Vec<String> = r.budget_bytes.iter().map(|&b| human_bytes(b)).collect();
+        text.push_str(&format!(
+            "ragged fields: {} (values plus offsets; budgets {} per batch): {} values, {}, per batch on average\n",
+            r.fields.join(", "),
+            budgets.join(", "),
+            significant(r.values_per_batch),
+            human_bytes(r.value_bytes_per_batch.round() as u64)
+        ));
     }
     text.push_str(&format!(
         "consumer: waited for data {} of its time{}\n",
