@@ -31,6 +31,10 @@ use zune_core::options::DecoderOptions;
 
 use crate::error::{Error, Result};
 
+mod jpeg_header;
+
+pub use jpeg_header::{JpegHeader, Subsampling, inspect_jpeg};
+
 /// A source region in (fractional) source pixels, resized to the output.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Region {
@@ -251,52 +255,19 @@ impl PngHeader {
     }
 }
 
-/// The frame header of a JPEG: its SOF marker and largest sampling factors, found by walking
-/// the marker segments before the first scan; `None` when the walk finds no frame.
-fn jpeg_frame(bytes: &[u8]) -> Option<(u8, u64, u64)> {
-    let mut at = 2;
-    loop {
-        if *bytes.get(at)? != 0xFF {
-            return None;
-        }
-        while bytes.get(at) == Some(&0xFF) {
-            at += 1;
-        }
-        let marker = *bytes.get(at)?;
-        at += 1;
-        match marker {
-            0x01 | 0xD0..=0xD8 => continue,
-            0xD9 | 0xDA => return None,
-            _ => {}
-        }
-        let len = usize::from(u16::from_be_bytes([*bytes.get(at)?, *bytes.get(at + 1)?]));
-        if len < 2 {
-            return None;
-        }
-        if (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
-            // Precision, height, width, component count, then (id, H << 4 | V, table) each.
-            let seg = bytes.get(at + 2..at + len)?;
-            let n = usize::from(*seg.get(5)?);
-            let comps = seg.get(6..6 + 3 * n)?;
-            let hmax = comps.chunks_exact(3).map(|c| c[1] >> 4).max()?;
-            let vmax = comps.chunks_exact(3).map(|c| c[1] & 15).max()?;
-            return Some((marker, u64::from(hmax.max(1)), u64::from(vmax.max(1))));
-        }
-        at += len;
-    }
-}
-
 /// Refuses a Huffman-coded JPEG (baseline, extended, progressive, lossless) whose declared size
 /// needs more entropy-coded bits than the file holds: every MCU codes at least one DC (or, for
 /// lossless, one sample) Huffman symbol of at least one bit. Arithmetic-coded and
 /// hierarchical frames, and files whose markers cannot be walked, are left to the decoder.
 fn check_jpeg_data(name: &str, bytes: &[u8], width: u32, height: u32) -> Result<()> {
-    let Some((marker, hmax, vmax)) = jpeg_frame(bytes) else {
+    let Some(frame) = JpegHeader::read(bytes) else {
         return Ok(());
     };
-    if !matches!(marker, 0xC0..=0xC3) {
+    if !matches!(frame.sof, 0xC0..=0xC3) {
         return Ok(());
     }
+    let (hmax, vmax) = frame.max_sampling();
+    let (hmax, vmax) = (u64::from(hmax), u64::from(vmax));
     let mcus = u64::from(width).div_ceil(8 * hmax) * u64::from(height).div_ceil(8 * vmax);
     let least = mcus.div_ceil(8);
     if least > bytes.len() as u64 {
@@ -632,7 +603,7 @@ pub fn decode_rgb8_region(
         ));
     }
     check_jpeg_end(bytes, name)?;
-    if jpeg_frame(bytes).is_none() {
+    if JpegHeader::read(bytes).is_none() {
         // No frame header where the marker walk looks (a tables-only datastream, garbage, or
         // markers libjpeg-turbo would skip to with a warning): libjpeg-turbo reads no size
         // from such a header and would keep the previous image's, so the whole-image
