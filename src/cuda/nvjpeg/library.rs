@@ -76,8 +76,13 @@ impl Library {
     }
 
     fn load() -> std::result::Result<Library, String> {
+        Library::load_from(candidates())
+    }
+
+    /// Loads the first of `candidates` that is a loadable libnvjpeg; else says what was tried.
+    fn load_from(candidates: Vec<PathBuf>) -> std::result::Result<Library, String> {
         let mut tried = Vec::new();
-        for candidate in candidates() {
+        for candidate in candidates {
             let c = match CString::new(candidate.as_os_str().as_encoded_bytes()) {
                 Ok(c) => c,
                 Err(_) => continue,
@@ -244,4 +249,34 @@ fn site_packages(prefix: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_says_what_was_tried_and_how_to_get_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("libnvjpeg.so.12");
+        std::fs::write(&fake, b"not a library").unwrap();
+        let e =
+            Library::load_from(vec![dir.path().join("libnvjpeg.so.99"), fake.clone()]).unwrap_err();
+        assert!(e.contains("libnvjpeg.so.99"), "{e}");
+        // A file that exists but does not load says why.
+        assert!(e.contains(&format!("{} (", fake.display())), "{e}");
+        assert!(e.contains("pip install nvidia-nvjpeg-cu12"), "{e}");
+        assert!(e.contains(NVJPEG_ENV), "{e}");
+    }
+
+    #[test]
+    fn a_directory_in_the_variable_is_searched_for_the_library() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("libnvjpeg.so.12"), b"").unwrap();
+        std::fs::write(dir.path().join("other.so"), b"").unwrap();
+        assert_eq!(
+            libraries_in(dir.path()),
+            vec![dir.path().join("libnvjpeg.so.12")]
+        );
+    }
 }

@@ -272,15 +272,20 @@ impl DecodeStage {
                 Route::Skipped => (None, 1, 1, record.region),
                 _ => (None, record.width, record.height, record.region),
             };
+            // Each sample's places are sized for its whole image (whatever the region decoded
+            // and the rows resampled), rounded up below: a data set's batches then take a
+            // handful of block sizes, reused epoch after epoch, instead of a new one for each
+            // batch's crops.
             let src = at;
-            if !zero {
-                at += aligned(3 * width as usize * height as usize);
-            }
+            let (full_w, full_h) = if zero {
+                (0, 0)
+            } else {
+                (record.width as usize, record.height as usize)
+            };
+            at += aligned(3 * full_w * full_h);
             let (row0, rows) = resize::source_rows(region.top, region.height, height, out_h);
             let tmp = at;
-            if !zero {
-                at += aligned(rows as usize * out_w as usize * 3);
-            }
+            at += aligned(full_h * out_w as usize * 3);
             items.push(Item {
                 record,
                 src,
@@ -294,7 +299,7 @@ impl DecodeStage {
                 zero,
             });
         }
-        let scratch = self.memory.scratch(at)?;
+        let scratch = self.memory.scratch(at.next_power_of_two())?;
         let base = scratch.addr();
         self.device.bind()?;
         scratch.order_on(stream)?;
@@ -656,8 +661,8 @@ mod tests {
             height: 200.0,
         };
         let roi = wide_roi(crop, 500, 375, 224, 224);
-        // 300 / 224 -> support 2 (ceil), + 2.
-        assert_eq!((roi.x, roi.y, roi.width, roi.height), (96, 46, 308, 208));
+        // Across, 300 / 224: a support of 2 (rounded up) and 2 more; down, 200 / 224: 1 and 2.
+        assert_eq!((roi.x, roi.y, roi.width, roi.height), (96, 47, 308, 206));
         // Every tap of every output pixel is inside the region.
         let left = crop.left - f64::from(roi.x);
         for x in 0..224 {
