@@ -182,9 +182,8 @@ impl DeviceLoader {
         let (stage, decode) = match plan {
             Some(plan) => {
                 let stats = Arc::clone(&plan.stats);
-                let mut decode_opts = opts.decode.clone();
-                decode_opts.workers = loader.stats().workers;
-                let stage = DecodeStage::new(device, plan, loader.layout(), &decode_opts)?;
+                let workers = loader.stats().workers;
+                let stage = DecodeStage::new(device, plan, loader.layout(), &opts.decode, workers)?;
                 let report = stage.report();
                 (Some(stage), Some((report, stats)))
             }

@@ -62,8 +62,6 @@ pub struct DecodeOptions {
     /// Use the hardware JPEG engines where the GPU has them (default true; false: the GPU
     /// backend only).
     pub hardware: bool,
-    /// The loader's workers, for the split between them and the GPU (set by the device loader).
-    pub(crate) workers: usize,
 }
 
 impl Default for DecodeOptions {
@@ -72,7 +70,6 @@ impl Default for DecodeOptions {
             memory: None,
             roi: true,
             hardware: true,
-            workers: 1,
         }
     }
 }

@@ -101,6 +101,7 @@ impl DecodeStage {
         plan: GpuDecodePlan,
         layout: &BatchLayout,
         opts: &DecodeOptions,
+        workers: usize,
     ) -> Result<DecodeStage> {
         let lib = Library::get()?;
         let out = OutputSpec::new(plan.size, plan.dtype, plan.layout, plan.normalize)?;
@@ -141,7 +142,7 @@ impl DecodeStage {
             memory_budget: budget,
             ..DecodeReport::default()
         };
-        plan.split.set_workers(opts.workers);
+        plan.split.set_workers(workers);
         Ok(DecodeStage {
             out,
             meta_offset,
