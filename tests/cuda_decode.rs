@@ -39,7 +39,10 @@ pub fn nvjpeg_loads_or_says_what_is_missing() {
                 std::env::var("GPUFEED_REQUIRE_GPU").as_deref() != Ok("1"),
                 "GPUFEED_REQUIRE_GPU=1 but {e}"
             );
-            assert!(e.to_string().contains("pip install nvidia-nvjpeg-cu12"), "{e}");
+            assert!(
+                e.to_string().contains("pip install nvidia-nvjpeg-cu12"),
+                "{e}"
+            );
         }
         Err(other) => panic!("not a MissingLibrary error: {other}"),
     }
@@ -67,7 +70,11 @@ pub fn gpu_decoded_batches_match_the_cpu_path_for_every_kind() {
             .unwrap()
             .map(|b| {
                 let b = b.unwrap();
-                (b.field_bytes("image").unwrap().to_vec(), b.field_bytes("label").unwrap().to_vec(), b.indices().to_vec())
+                (
+                    b.field_bytes("image").unwrap().to_vec(),
+                    b.field_bytes("label").unwrap().to_vec(),
+                    b.indices().to_vec(),
+                )
             })
             .collect();
         let opts = DeviceLoaderOptions::default().decode(DecodeOptions {
@@ -75,15 +82,22 @@ pub fn gpu_decoded_batches_match_the_cpu_path_for_every_kind() {
             hardware,
             ..DecodeOptions::default()
         });
-        let mut feed =
-            DeviceLoader::from_builder(builder(dir.path(), gpu(ImageTransform::train(64)), 8), &device, opts).unwrap();
+        let mut feed = DeviceLoader::from_builder(
+            builder(dir.path(), gpu(ImageTransform::train(64)), 8),
+            &device,
+            opts,
+        )
+        .unwrap();
         let (mut all_gpu, mut all_cpu) = (Vec::new(), Vec::new());
         for (k, got) in feed.by_ref().enumerate() {
             let got = got.unwrap();
             let (image, label, indices) = &host[k];
             assert_eq!(got.indices(), &indices[..], "batch {k}: the same samples");
             let f = got.field_bytes("image").unwrap();
-            assert_eq!((f.dtype(), f.shape()), (DType::U8, vec![got.len(), 3, 64, 64]));
+            assert_eq!(
+                (f.dtype(), f.shape()),
+                (DType::U8, vec![got.len(), 3, 64, 64])
+            );
             let pixels = got.field_to_host("image").unwrap();
             assert_eq!(&got.field_to_host("label").unwrap(), label, "batch {k}");
             all_gpu.extend_from_slice(&pixels);
@@ -92,9 +106,18 @@ pub fn gpu_decoded_batches_match_the_cpu_path_for_every_kind() {
         let (mean, p999) = differences(&all_gpu, &all_cpu);
         let report = feed.decode_report().unwrap();
         eprintln!("roi {roi}, hardware {hardware}: mean {mean:.3}, p99.9 {p999}; {report:?}");
-        assert!(mean <= 1.0 && p999 <= 8, "roi {roi}, hardware {hardware}: mean {mean}, p99.9 {p999}");
-        assert!(report.pooled_memory, "nvJPEG's memory comes from the stage's pools");
-        assert!(report.counts.cpu_unsupported > 0 && report.counts.gpu + report.counts.hardware > 0, "{report:?}");
+        assert!(
+            mean <= 1.0 && p999 <= 8,
+            "roi {roi}, hardware {hardware}: mean {mean}, p99.9 {p999}"
+        );
+        assert!(
+            report.pooled_memory,
+            "nvJPEG's memory comes from the stage's pools"
+        );
+        assert!(
+            report.counts.cpu_unsupported > 0 && report.counts.gpu + report.counts.hardware > 0,
+            "{report:?}"
+        );
     }
     // f16, normalised: the same values, in pixel units, within the same tolerance.
     let n = gpufeed::transform::image::Normalize::IMAGENET;
@@ -104,7 +127,11 @@ pub fn gpu_decoded_batches_match_the_cpu_path_for_every_kind() {
         .flat_map(|b| b.unwrap().field_bytes("image").unwrap().to_vec())
         .collect();
     let feed = DeviceLoader::from_builder(
-        builder(dir.path(), gpu(ImageTransform::train(64).dtype(DType::F16).normalize(n)), 8),
+        builder(
+            dir.path(),
+            gpu(ImageTransform::train(64).dtype(DType::F16).normalize(n)),
+            8,
+        ),
         &device,
         DeviceLoaderOptions::default(),
     )
@@ -117,7 +144,11 @@ pub fn gpu_decoded_batches_match_the_cpu_path_for_every_kind() {
         for (i, h) in bytes.chunks_exact(2).enumerate() {
             let c = (i / (64 * 64)) % 3;
             let x = half::f16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f32();
-            back.push(((x * n.std[c] + n.mean[c]) * 255.0).round().clamp(0.0, 255.0) as u8);
+            back.push(
+                ((x * n.std[c] + n.mean[c]) * 255.0)
+                    .round()
+                    .clamp(0.0, 255.0) as u8,
+            );
         }
     }
     let (mean, p999) = differences(&back, &host);
@@ -146,7 +177,11 @@ pub fn corrupt_jpegs_are_typed_errors_naming_the_sample_or_skipped() {
         std::fs::write(class.join(format!("{i}_good.jpg")), &kinds[0].1).unwrap();
     }
     std::fs::write(class.join("4_corrupt.jpg"), corrupt_jpeg()).unwrap();
-    std::fs::write(class.join("5_truncated.jpg"), &kinds[0].1[..kinds[0].1.len() / 2]).unwrap();
+    std::fs::write(
+        class.join("5_truncated.jpg"),
+        &kinds[0].1[..kinds[0].1.len() / 2],
+    )
+    .unwrap();
     for i in 6..8 {
         std::fs::write(class.join(format!("{i}_good.jpg")), &kinds[3].1).unwrap();
     }
@@ -157,15 +192,22 @@ pub fn corrupt_jpegs_are_typed_errors_naming_the_sample_or_skipped() {
             .workers(2)
             .shard(0, 1)
     };
-    let fail = DeviceLoader::from_builder(seq(gpu(ImageTransform::train(32))), &device, DeviceLoaderOptions::default())
-        .unwrap();
+    let fail = DeviceLoader::from_builder(
+        seq(gpu(ImageTransform::train(32))),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
     let results: Vec<_> = fail.collect();
     assert_eq!(results.len(), 8);
     for (k, r) in results.iter().enumerate() {
         match (k, r) {
             (4 | 5, Err(Error::Sample { index, source, .. })) => {
                 assert_eq!(*index, k as u64);
-                assert!(matches!(**source, Error::Image { .. }), "sample {k}: {source}");
+                assert!(
+                    matches!(**source, Error::Image { .. }),
+                    "sample {k}: {source}"
+                );
             }
             (4 | 5, other) => panic!("sample {k}: {other:?}"),
             (_, Ok(b)) => assert_eq!(b.field_to_host("image").unwrap().len(), 3 * 32 * 32),
@@ -216,7 +258,9 @@ pub fn huge_declared_jpegs_are_refused_before_allocation() {
     )
     .unwrap();
     match feed.next() {
-        Some(Err(Error::Sample { source, .. })) => assert!(source.to_string().contains("max_pixels"), "{source}"),
+        Some(Err(Error::Sample { source, .. })) => {
+            assert!(source.to_string().contains("max_pixels"), "{source}")
+        }
         other => panic!("{other:?}"),
     }
     // 60000 x 60000 RGB would be 10.8 GB.
@@ -228,20 +272,46 @@ pub fn resumed_gpu_decode_delivers_the_same_batches() {
     let Some(device) = device() else { return };
     let dir = tempfile::tempdir().unwrap();
     image_common::kinds_folder(dir.path(), 4);
-    let t = || ImageTransform::train(48).decode(Decode::Gpu).cpu_share(Some(0.25)).build().unwrap();
-    let feed = DeviceLoader::from_builder(builder(dir.path(), t(), 4), &device, DeviceLoaderOptions::default()).unwrap();
+    let t = || {
+        ImageTransform::train(48)
+            .decode(Decode::Gpu)
+            .cpu_share(Some(0.25))
+            .build()
+            .unwrap()
+    };
+    let feed = DeviceLoader::from_builder(
+        builder(dir.path(), t(), 4),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
     let mut feed = feed;
-    let whole: Vec<Vec<u8>> = feed.by_ref().map(|b| b.unwrap().field_to_host("image").unwrap()).collect();
-    let mut first = DeviceLoader::from_builder(builder(dir.path(), t(), 4), &device, DeviceLoaderOptions::default()).unwrap();
+    let whole: Vec<Vec<u8>> = feed
+        .by_ref()
+        .map(|b| b.unwrap().field_to_host("image").unwrap())
+        .collect();
+    let mut first = DeviceLoader::from_builder(
+        builder(dir.path(), t(), 4),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
     for _ in 0..3 {
         first.next().unwrap().unwrap();
     }
     let state = first.state();
     drop(first);
-    let mut resumed =
-        DeviceLoader::from_builder(builder(dir.path(), t(), 4).resume(state), &device, DeviceLoaderOptions::default()).unwrap();
+    let mut resumed = DeviceLoader::from_builder(
+        builder(dir.path(), t(), 4).resume(state),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
     resumed.set_epoch(0);
-    let rest: Vec<Vec<u8>> = resumed.by_ref().map(|b| b.unwrap().field_to_host("image").unwrap()).collect();
+    let rest: Vec<Vec<u8>> = resumed
+        .by_ref()
+        .map(|b| b.unwrap().field_to_host("image").unwrap())
+        .collect();
     assert_eq!(rest.len(), whole.len() - 3);
     for (k, (a, b)) in rest.iter().zip(&whole[3..]).enumerate() {
         assert!(a == b, "batch {} differs after the resume", k + 3);
@@ -255,7 +325,14 @@ pub fn device_memory_does_not_grow_over_50_epochs() {
     let dir = tempfile::tempdir().unwrap();
     image_common::kinds_folder(dir.path(), 4);
     let mut feed = DeviceLoader::from_builder(
-        builder(dir.path(), ImageTransform::train(48).decode(Decode::Gpu).build().unwrap(), 7),
+        builder(
+            dir.path(),
+            ImageTransform::train(48)
+                .decode(Decode::Gpu)
+                .build()
+                .unwrap(),
+            7,
+        ),
         &device,
         DeviceLoaderOptions::default(),
     )
@@ -275,5 +352,8 @@ pub fn device_memory_does_not_grow_over_50_epochs() {
     let report = feed.decode_report().unwrap();
     eprintln!("reserved after 5 epochs {after_5}, after 50 {after_50}; {report:?}");
     assert!(report.pooled_memory);
-    assert!(after_50 <= after_5, "device memory grew from {after_5} to {after_50} bytes");
+    assert!(
+        after_50 <= after_5,
+        "device memory grew from {after_5} to {after_50} bytes"
+    );
 }

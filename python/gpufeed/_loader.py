@@ -108,6 +108,9 @@ class ImageOptions:
     image_field: str = "image"
     label_field: Optional[str] = "label"
     skip_bad_images: bool = False
+    #: Where JPEGs are decoded: ``"cpu"`` (the workers), ``"gpu"`` (nvJPEG on the loader's
+    #: ``device``, with the crop, resize and normalisation there) or ``"auto"``.
+    decode: str = "cpu"
     normalise: dataclasses.InitVar[Any] = None
 
     def __post_init__(self, normalise: Any) -> None:
@@ -192,7 +195,14 @@ class ImageOptions:
             "image_field": self.image_field,
             "label_field": self.label_field,
             "skip_bad_images": bool(self.skip_bad_images),
+            "decode": _decode(self.decode),
         }
+
+
+def _decode(value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in ("cpu", "gpu", "auto"):
+        raise config_error("decode", f"{value!r} is not 'cpu', 'gpu' or 'auto'")
+    return value.lower()
 
 
 def _local_rank() -> int:
@@ -415,6 +425,7 @@ class Loader:
         output: Optional[str] = None,
         indices: bool = False,
         pool_budget: Optional[int] = None,
+        decode: Optional[str] = None,
     ) -> None:
         paths = _paths(path_or_paths)
         output_given = output is not None
@@ -453,7 +464,10 @@ class Loader:
                 raise config_error(
                     "fields", "the image pipeline decides the fields (image, label): drop fields="
                 )
-            spelled_images = ImageOptions.of(images)._spelled(bool(evaluation))
+            options = ImageOptions.of(images)
+            if decode is not None:
+                options = dataclasses.replace(options, decode=decode)
+            spelled_images = options._spelled(bool(evaluation))
         if fields is not None:
             if isinstance(fields, str):
                 fields = [fields]

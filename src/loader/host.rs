@@ -118,6 +118,7 @@ impl std::fmt::Debug for Loader {
 
 impl Loader {
     /// The image pipeline of its transform, if it is one (the GPU path asks where it decodes).
+    #[cfg(feature = "cuda")]
     pub(crate) fn image_pipeline(&self) -> Option<&crate::transform::image::ImageTransform> {
         self.shared.transform.image_pipeline()
     }
