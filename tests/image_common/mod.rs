@@ -64,10 +64,18 @@ pub fn jpeg_folder(root: &Path, classes: usize, per_class: usize, w: u32, h: u32
 }
 
 /// The images of every kind the GPU decode's planner tells apart (tests/fixtures/jpeg_kinds/,
-/// made by its make.py with Pillow), as (file name, bytes).
+/// made by its make.py with Pillow), as (file name, bytes). Compiled into the test binary, so
+/// that a binary staged for the GPU machine finds them wherever its tree lies there.
 pub fn image_kinds() -> Vec<(&'static str, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jpeg_kinds");
-    [
+    macro_rules! kinds {
+        ($($name:literal),* $(,)?) => {
+            vec![$((
+                $name,
+                include_bytes!(concat!("../fixtures/jpeg_kinds/", $name)).to_vec(),
+            )),*]
+        };
+    }
+    kinds![
         "baseline_420.jpg",
         "baseline_422.jpg",
         "baseline_444.jpg",
@@ -76,9 +84,6 @@ pub fn image_kinds() -> Vec<(&'static str, Vec<u8>)> {
         "cmyk.jpg",
         "rgb.png",
     ]
-    .into_iter()
-    .map(|name| (name, std::fs::read(dir.join(name)).unwrap()))
-    .collect()
 }
 
 /// Writes an ImageFolder of `copies` of every kind of [`image_kinds`], one class per copy.

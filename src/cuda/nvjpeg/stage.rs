@@ -313,11 +313,11 @@ impl DecodeStage {
         start
             .record(stream)
             .map_err(cuda_err("record an event (cuEventRecord)"))?;
-        // SAFETY (for every copy below): the sources are the batch's pinned host buffer (or a
-        // pinned staging buffer), released behind the batch's `ready` fence by `enqueue`;
-        // the destinations are inside `buffer` (the prefix, `records_offset <= image_offset`)
-        // or inside `scratch` (placed above), both fenced behind `ready` too; on an error the
-        // stream is synchronised before either is let go of.
+        // SAFETY: for this copy and every one below, the sources are the batch's pinned host
+        // buffer (or a pinned staging buffer), released behind the batch's `ready` fence by
+        // `enqueue`; the destinations are inside `buffer` (the prefix, `records_offset <=
+        // image_offset`) or inside `scratch` (placed above), both fenced behind `ready` too; on
+        // an error the stream is synchronised before either is let go of.
         unsafe {
             result::memcpy_htod_async(
                 buffer.addr(),
