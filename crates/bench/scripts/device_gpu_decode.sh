@@ -28,14 +28,14 @@
 # tests_other.log, bench.jsonl (one `gpufeed bench --json` line per run, each with a "case"
 # key added), torch.jsonl (torch_baseline.py's lines and the nvJPEG yardstick's).
 #   bash crates/bench/scripts/device_gpu_decode.sh bench   # the benches only (no tests)
-set -u
+set -u -o pipefail
 MODE=${1:-all}
 cd "$(dirname "$0")/../../.."
 G=.gpu
 OUT=${OUT:-/tmp/gpufeed-out}
 DATA=/tmp/gpufeed-decode
 JPEGS=$DATA/jpegs
-COUNT=12000
+COUNT=${COUNT:-12000}
 mkdir -p "$OUT" "$DATA"
 export PYTHONUNBUFFERED=1
 exec > >(tee "$OUT/run.log") 2>&1
@@ -139,6 +139,13 @@ if d:
     text += "; nvJPEG %s hw=%s engines=%s host %.2f s device %.2f s cpu_share %.2f counts %s" % (
         d.get("library"), d.get("hardware"), d.get("hardware_engines"), d.get("host_seconds") or 0,
         d.get("device_seconds") or 0, d.get("cpu_share") or 0, d.get("counts"))
+last = (r.get("epoch_details") or [None])[-1]
+if last:
+    text += ("\n    last epoch %.2f s: workers fetch %.2f transform %.2f collate %.2f s; copy thread "
+             "waits %.2f enqueues %.2f blocked %.2f s; consumer waits %.2f s") % tuple(
+        last.get(k) or 0 for k in ("seconds", "fetch_s", "transform_s", "collate_s",
+                                   "copy_thread_host_wait_s", "copy_thread_enqueue_s",
+                                   "copy_thread_blocked_s", "consumer_wait_s"))
 print(text)
 PY
 # One `gpufeed bench` run: 4 epochs (the first, then three steady), its JSON line tagged.

@@ -126,6 +126,8 @@ pub fn bench_images_device(
     struct Feed {
         loader: DeviceLoader,
         consumer: Arc<CudaStream>,
+        /// The loader's figures when made and at the end of each epoch.
+        stats: Vec<gpufeed::cuda::DeviceStats>,
     }
 
     impl EpochSource for Feed {
@@ -143,7 +145,9 @@ pub fn bench_images_device(
         }
 
         fn end_epoch(&mut self) -> Result<()> {
-            synchronize(&self.consumer)
+            synchronize(&self.consumer)?;
+            self.stats.push(self.loader.stats());
+            Ok(())
         }
     }
 
@@ -163,6 +167,7 @@ pub fn bench_images_device(
         DeviceLoader::new(loader, device, opts)?
     };
     let mut feed = Feed {
+        stats: vec![feed.stats()],
         loader: feed,
         consumer: device.new_stream()?,
     };
@@ -183,5 +188,6 @@ pub fn bench_images_device(
         report.decode = "gpu";
     }
     report.decode_report = decode_report;
+    report.device_stats = feed.stats;
     Ok(report)
 }

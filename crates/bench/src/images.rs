@@ -127,6 +127,11 @@ pub struct ImageBenchReport {
     /// The GPU decode stage's figures (`bench --json`'s stage times of the decode).
     #[cfg(feature = "cuda")]
     pub decode_report: Option<gpufeed::cuda::nvjpeg::DecodeReport>,
+    /// On a device: the device loader's figures when it was made and at the end of each
+    /// epoch, whose differences are the epochs' stage times (the command's `epoch_details`).
+    #[cfg(feature = "cuda")]
+    #[serde(skip)]
+    pub device_stats: Vec<gpufeed::cuda::DeviceStats>,
 }
 
 impl std::fmt::Display for ImageBenchReport {
@@ -379,6 +384,8 @@ impl ImageBenchReport {
             decode: "cpu",
             #[cfg(feature = "cuda")]
             decode_report: None,
+            #[cfg(feature = "cuda")]
+            device_stats: Vec::new(),
         })
     }
 }

@@ -405,6 +405,8 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         decode: Some(r.decode),
         #[cfg(feature = "cuda")]
         decode_report: r.decode_report.clone(),
+        #[cfg(feature = "cuda")]
+        epoch_details: device::image_epoch_details(&r, sample_bytes),
         ..Report::default()
     };
     let what = format!(
