@@ -195,13 +195,13 @@ class ImageOptions:
             "image_field": self.image_field,
             "label_field": self.label_field,
             "skip_bad_images": bool(self.skip_bad_images),
-            "decode": _decode(self.decode),
+            "decode": _decode("images['decode']", self.decode),
         }
 
 
-def _decode(value: Any) -> str:
+def _decode(argument: str, value: Any) -> str:
     if not isinstance(value, str) or value.lower() not in ("cpu", "gpu", "auto"):
-        raise config_error("decode", f"{value!r} is not 'cpu', 'gpu' or 'auto'")
+        raise config_error(argument, f"{value!r} is not 'cpu', 'gpu' or 'auto'")
     return value.lower()
 
 
@@ -459,6 +459,10 @@ class Loader:
                 "`pip install ./python` (cuda is a default feature)",
             )
         spelled_images = None
+        if decode is not None and images is None:
+            raise config_error(
+                "decode", "decode= is where the image pipeline decodes: give images= too"
+            )
         if images is not None:
             if fields is not None:
                 raise config_error(
@@ -466,7 +470,7 @@ class Loader:
                 )
             options = ImageOptions.of(images)
             if decode is not None:
-                options = dataclasses.replace(options, decode=decode)
+                options = dataclasses.replace(options, decode=_decode("decode", decode))
             spelled_images = options._spelled(bool(evaluation))
         if fields is not None:
             if isinstance(fields, str):

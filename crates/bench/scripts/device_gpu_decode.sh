@@ -15,7 +15,7 @@
 #   # gpu-stage writes .git/info/exclude, which a git worktree does not have (.git is a file
 #   # there); /.gpu is in .gitignore, so the line can go:
 #   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
-#   GPU_CARGO_ARGS="-p gpufeed -p gpufeed-cli --test cuda --features gpufeed/cuda,gpufeed/turbojpeg,gpufeed-cli/cuda,gpufeed-cli/turbojpeg" \
+#   GPU_CARGO_ARGS="-p gpufeed -p gpufeed-cli -p gpufeed-bench --test cuda --test bench_cuda --features gpufeed/cuda,gpufeed/turbojpeg,gpufeed-cli/cuda,gpufeed-cli/turbojpeg,gpufeed-bench/cuda" \
 #     bash <(sed '/info\/exclude/d' ../shared/tools/gpu-stage)
 #   cp ../shared/bench/torch_baseline.py .gpu/
 #   # libnvjpeg, if the machine has none (a CUDA 12 build runs on the CUDA 13 driver):
@@ -25,8 +25,8 @@
 # Then the device tool's `run`, kind nvidia-h200, carry [".gpu"], timeout_s 600, command
 # `bash crates/bench/scripts/device_gpu_decode.sh`. What comes back under $OUT: run.log (this
 # script's output; its last lines are a summary of every figure), tests_decode.log,
-# tests_other.log, bench.jsonl (one `gpufeed bench --json` line per run, each with a "case"
-# key added), torch.jsonl (torch_baseline.py's lines and the nvJPEG yardstick's).
+# tests_bench.log, tests_other.log, bench.jsonl (one `gpufeed bench --json` line per run, each
+# with a "case" key added), torch.jsonl (torch_baseline.py's lines and the nvJPEG yardstick's).
 #   bash crates/bench/scripts/device_gpu_decode.sh bench   # the benches only (no tests)
 set -u -o pipefail
 MODE=${1:-all}
@@ -94,7 +94,14 @@ if [ "$MODE" = all ]; then
   else
     note_fail "GPU decode tests"; tail -40 "$OUT/tests_decode.log"
   fi
-  step "the other GPU tests"
+  step "the device bench's GPU tests (bench_cuda), then the other GPU tests"
+  if [ -e "$G/tests/bench_cuda" ]; then
+    if GPUFEED_REQUIRE_GPU=1 timeout 60 "$G/tests/bench_cuda" --test-threads=1 >"$OUT/tests_bench.log" 2>&1; then
+      echo "ok: $(grep -E 'test result|passed' "$OUT/tests_bench.log" | tail -1)"
+    else
+      note_fail "bench_cuda"; tail -30 "$OUT/tests_bench.log"
+    fi
+  fi
   if GPUFEED_REQUIRE_GPU=1 timeout 150 "$G/tests/cuda" --test-threads=1 --skip cuda_decode >"$OUT/tests_other.log" 2>&1; then
     echo "ok: $(grep -E 'test result|passed' "$OUT/tests_other.log" | tail -1)"
   else
