@@ -25,8 +25,9 @@
 # Then the device tool's `run`, kind nvidia-h200, carry [".gpu"], timeout_s 600, command
 # `bash crates/bench/scripts/device_gpu_decode.sh`. What comes back under $OUT: run.log (this
 # script's output; its last lines are a summary of every figure), tests_decode.log,
-# tests_bench.log, tests_other.log, bench.jsonl (one `gpufeed bench --json` line per run, each
-# with a "case" key added), torch.jsonl (torch_baseline.py's lines and the nvJPEG yardstick's).
+# tests_bench.log, tests_other.log, folder.log, bench.jsonl (one `gpufeed bench --json` line
+# per run, each with a "case" key added), torch.jsonl (torch_baseline.py's lines and the
+# nvJPEG yardstick's).
 #   bash crates/bench/scripts/device_gpu_decode.sh bench   # the benches only (no tests)
 set -u -o pipefail
 MODE=${1:-all}
@@ -75,7 +76,7 @@ for d in dirs:
         print(libs[-1]); break
 PY
   found=$(python3 "$DATA/nvjpeg.py" 2>/dev/null)
-  if [ -z "$found" ] && ! ldconfig -p 2>/dev/null | grep -q libnvjpeg \
+  if [ -z "$found" ] && ! ldconfig -p 2>/dev/null | grep libnvjpeg >/dev/null \
     && ! ls /usr/local/cuda*/lib64/libnvjpeg*.so* >/dev/null 2>&1; then
     wheel=$(ls "$G"/wheels/nvidia_nvjpeg*.whl 2>/dev/null | head -1)
     if [ -n "$wheel" ]; then
@@ -86,6 +87,13 @@ PY
 fi
 echo "GPUFEED_NVJPEG=${GPUFEED_NVJPEG:-unset, the library searches itself}"
 ldconfig -p 2>/dev/null | grep libnvjpeg | head -3
+
+step "the folder: $COUNT JPEGs of 500x375 (torch_baseline.py --jpeg-count $COUNT), written in the background"
+# One Python thread writes them (about a minute) while the tests run; that run is stopped once
+# they are all there (folder.log has its output).
+timeout 300 python3 "$G/torch_baseline.py" --only jpeg --jpeg-dir "$JPEGS" --jpeg-count "$COUNT" \
+  --workers 1 >"$OUT/folder.log" 2>&1 &
+folder_pid=$!
 
 if [ "$MODE" = all ]; then
   step "GPU tests of the decode (GPUFEED_REQUIRE_GPU=1)"
@@ -102,17 +110,25 @@ if [ "$MODE" = all ]; then
       note_fail "bench_cuda"; tail -30 "$OUT/tests_bench.log"
     fi
   fi
-  if GPUFEED_REQUIRE_GPU=1 timeout 150 "$G/tests/cuda" --test-threads=1 --skip cuda_decode >"$OUT/tests_other.log" 2>&1; then
+  if GPUFEED_REQUIRE_GPU=1 timeout 120 "$G/tests/cuda" --test-threads=1 --skip cuda_decode >"$OUT/tests_other.log" 2>&1; then
     echo "ok: $(grep -E 'test result|passed' "$OUT/tests_other.log" | tail -1)"
   else
     note_fail "other GPU tests"; tail -30 "$OUT/tests_other.log"
   fi
 fi
 
-step "the folder: $COUNT JPEGs of 500x375 (torch_baseline.py --jpeg-count $COUNT), PyTorch's 16-worker figure"
-timeout 200 python3 "$G/torch_baseline.py" --only jpeg --jpeg-dir "$JPEGS" --jpeg-count "$COUNT" --workers 16 \
+step "waiting for the folder"
+count() { find "$JPEGS" -name '*.jpg' 2>/dev/null | wc -l; }
+while [ "$(count)" -lt "$COUNT" ] && kill -0 "$folder_pid" 2>/dev/null; do sleep 2; done
+# Written (the last file a few ms after it appears): the rest of that run, a one-worker epoch
+# beside nothing that needs it, is not waited for.
+sleep 2
+kill "$folder_pid" 2>/dev/null
+wait "$folder_pid" 2>/dev/null
+step "PyTorch DataLoader + torchvision, 16 workers, one epoch (torch_baseline.py)"
+timeout 120 python3 "$G/torch_baseline.py" --only jpeg --jpeg-dir "$JPEGS" --jpeg-count "$COUNT" --workers 16 \
   | tee -a "$OUT/torch.jsonl" | grep -E '^\{|^#' || note_fail "torch_baseline.py"
-n=$(find "$JPEGS" -name '*.jpg' | wc -l)
+n=$(count)
 echo "jpegs: $n"
 [ "$n" -ge "$COUNT" ] || { note_fail "the folder has $n JPEGs, not $COUNT"; }
 
