@@ -151,8 +151,8 @@ impl DevicePool {
     }
 
     /// An empty pool on `device` that holds at most `budget` bytes from the driver: a request
-    /// that does not fit waits for pending blocks, evicts cached ones, or fails (see
-    /// [`alloc_within`](Self::alloc_within)). The GPU decode's memory comes from one.
+    /// that does not fit waits for pending blocks, evicts cached ones, or fails. The GPU
+    /// decode's memory comes from one.
     pub fn with_budget(device: &Device, budget: u64) -> DevicePool {
         let memory = DeviceMemory {
             ctx: Arc::clone(device.context()),

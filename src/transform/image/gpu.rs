@@ -2,10 +2,10 @@
 //! GPU to decode, and which engine takes which image.
 //!
 //! With the GPU decode, a worker does not decode a JPEG that the GPU can take: it reads the
-//! header ([`codec::inspect_jpeg`], which also refuses a truncated file or a declared size
-//! above the pixel limit before anything is allocated), draws the crop and the flip from the
-//! same [`SampleRng`](crate::transform::SampleRng) as the CPU path, and copies the encoded
-//! bytes into the sample's record; the GPU stage (`cuda::nvjpeg`) decodes the records of a
+//! header ([`inspect_jpeg`](crate::codec::inspect_jpeg), which also refuses a truncated file or
+//! a declared size above the pixel limit before anything is allocated), draws the crop and the
+//! flip from the same [`SampleRng`](crate::transform::SampleRng) as the CPU path, and copies
+//! the encoded bytes into the sample's record; the GPU stage (`cuda::nvjpeg`) decodes the records of a
 //! batch with nvJPEG and runs the crop, resize, flip and normalisation kernels. What nvJPEG
 //! cannot decode ([`plan`]: PNG, CMYK and YCCK, RGB-coded, 12-bit, lossless and
 //! arithmetic-coded JPEGs) the worker decodes, crops and resizes itself into the record as
@@ -22,7 +22,7 @@
 //! | `image.records` | [`ImageTransformBuilder::encoded_capacity`](super::ImageTransformBuilder::encoded_capacity) bytes | the JPEG's bytes, or the worker's pixels |
 //!
 //! The records are a fixed capacity per sample until the crate batches variable-length fields
-//! (values and offsets in one buffer); [`RecordSlot`] is the one place that writes them, and a
+//! (values and offsets in one buffer); `RecordSlot` is the one place that writes them, and a
 //! JPEG larger than the capacity is decoded by the worker (counted in [`GpuDecodeStats`]).
 //!
 //! Both engines busy ([`DecodeSplit`]): of the images the GPU could take, a share is decoded
