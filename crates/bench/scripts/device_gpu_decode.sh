@@ -12,12 +12,18 @@
 #
 # Stage on the build machine (x86-64, no GPU needed), from the repository's root:
 #
-#   # gpu-stage writes .git/info/exclude, which a git worktree does not have (.git is a file
-#   # there); /.gpu is in .gitignore, so the line can go:
+#   # The GPU tests (tests/cuda.rs, crates/bench/tests/cuda.rs) with the default CPU decoder,
+#   # their reference. gpu-stage writes .git/info/exclude, which a git worktree does not have
+#   # (.git is a file there); /.gpu is in .gitignore, so that line can go:
 #   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
-#   GPU_CARGO_ARGS="-p gpufeed -p gpufeed-cli -p gpufeed-bench --test cuda --test bench_cuda --features gpufeed/cuda,gpufeed/turbojpeg,gpufeed-cli/cuda,gpufeed-cli/turbojpeg,gpufeed-bench/cuda" \
-#     bash <(sed '/info\/exclude/d' ../shared/tools/gpu-stage)
-#   cp ../shared/bench/torch_baseline.py .gpu/
+#   GPU_CARGO_ARGS="-p gpufeed -p gpufeed-bench --test cuda --test bench_cuda --features gpufeed/cuda,gpufeed-bench/cuda" \
+#     bash <(sed '/info\/exclude/d' /work/shared/tools/gpu-stage)
+#   # The command, with libjpeg-turbo for the CPU decode it is measured against (the issue's
+#   # CPU figures are turbojpeg's):
+#   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
+#     cargo build --release -p gpufeed-cli --features cuda,turbojpeg
+#   cp target/release/gpufeed .gpu/bin/
+#   cp /work/shared/bench/torch_baseline.py .gpu/
 #   # libnvjpeg, if the machine has none (a CUDA 12 build runs on the CUDA 13 driver):
 #   mkdir -p .gpu/wheels && pip download -q --no-deps nvidia-nvjpeg-cu12 -d .gpu/wheels
 #   du -sh .gpu    # under 60 MiB with the tree
