@@ -221,6 +221,16 @@ pub enum Error {
         what: String,
     },
 
+    /// A library gpufeed loads at run time (nvJPEG, for the GPU decode) cannot be loaded: what
+    /// was tried, and how to get it.
+    #[error("{library} cannot be loaded: {what}")]
+    MissingLibrary {
+        /// The library.
+        library: &'static str,
+        /// Where it was looked for, why it did not load, and how to install it.
+        what: String,
+    },
+
     /// A CUDA driver call failed; the driver's error is the [`source`](std::error::Error::source).
     #[cfg(feature = "cuda")]
     #[error("CUDA: {op}: {source}")]
@@ -389,7 +399,9 @@ impl Error {
             Error::User { .. } => ErrorKind::User,
             Error::Image { .. } => ErrorKind::Image,
             Error::Shutdown => ErrorKind::Shutdown,
-            Error::NoGpu { .. } | Error::Cuda { .. } => ErrorKind::Gpu,
+            Error::NoGpu { .. } | Error::Cuda { .. } | Error::MissingLibrary { .. } => {
+                ErrorKind::Gpu
+            }
             #[cfg(feature = "cuda")]
             Error::Driver { .. } => ErrorKind::Gpu,
             Error::Remote { .. } => ErrorKind::Remote,

@@ -8,6 +8,7 @@ mod image_common;
 
 mod cuda_convert;
 mod cuda_copy;
+mod cuda_decode;
 mod cuda_device;
 mod cuda_images;
 mod cuda_ragged;
@@ -30,6 +31,13 @@ fn main() -> std::process::ExitCode {
             pinned_copy_ceiling_is_measured,
             batches_made_in_parts_reach_the_device_with_exact_bytes,
         ],
+        cuda_decode: [
+            gpu_decoded_batches_match_the_cpu_path_for_every_kind,
+            corrupt_jpegs_are_typed_errors_naming_the_sample_or_skipped,
+            huge_declared_jpegs_are_refused_before_allocation,
+            resumed_gpu_decode_delivers_the_same_batches,
+            device_memory_does_not_grow_over_50_epochs,
+        ] without_gpu: [nvjpeg_loads_or_says_what_is_missing],
         cuda_device: [
             device_opens_with_a_copy_stream_and_kernels,
             a_device_on_the_callers_context_leaves_its_settings_and_copies,

@@ -11,6 +11,7 @@ mod format_roundtrip;
 mod format_writer;
 mod image_decode;
 mod image_fuzz;
+mod image_gpu_gather;
 mod image_pipeline;
 mod loader;
 mod loader_timeout;

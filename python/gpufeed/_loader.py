@@ -108,6 +108,9 @@ class ImageOptions:
     image_field: str = "image"
     label_field: Optional[str] = "label"
     skip_bad_images: bool = False
+    #: Where JPEGs are decoded: ``"cpu"`` (the workers), ``"gpu"`` (nvJPEG on the loader's
+    #: ``device``, with the crop, resize and normalisation there) or ``"auto"``.
+    decode: str = "cpu"
     normalise: dataclasses.InitVar[Any] = None
 
     def __post_init__(self, normalise: Any) -> None:
@@ -192,7 +195,14 @@ class ImageOptions:
             "image_field": self.image_field,
             "label_field": self.label_field,
             "skip_bad_images": bool(self.skip_bad_images),
+            "decode": _decode("images['decode']", self.decode),
         }
+
+
+def _decode(argument: str, value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in ("cpu", "gpu", "auto"):
+        raise config_error(argument, f"{value!r} is not 'cpu', 'gpu' or 'auto'")
+    return value.lower()
 
 
 def _local_rank() -> int:
@@ -436,6 +446,7 @@ class Loader:
         pool_budget: Optional[int] = None,
         ragged: str = "offsets",
         ragged_budget: Union[None, int, Mapping[str, int]] = None,
+        decode: Optional[str] = None,
     ) -> None:
         paths = _paths(path_or_paths)
         output_given = output is not None
@@ -469,12 +480,19 @@ class Loader:
                 "`pip install ./python` (cuda is a default feature)",
             )
         spelled_images = None
+        if decode is not None and images is None:
+            raise config_error(
+                "decode", "decode= is where the image pipeline decodes: give images= too"
+            )
         if images is not None:
             if fields is not None:
                 raise config_error(
                     "fields", "the image pipeline decides the fields (image, label): drop fields="
                 )
-            spelled_images = ImageOptions.of(images)._spelled(bool(evaluation))
+            options = ImageOptions.of(images)
+            if decode is not None:
+                options = dataclasses.replace(options, decode=_decode("decode", decode))
+            spelled_images = options._spelled(bool(evaluation))
         if fields is not None:
             if isinstance(fields, str):
                 fields = [fields]

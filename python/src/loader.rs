@@ -300,19 +300,28 @@ struct ImageArgs {
     image_field: String,
     label_field: Option<String>,
     skip_bad_images: bool,
+    decode: String,
 }
 
 impl ImageArgs {
+    /// The decode asked for (`images['decode']`, or `decode=`).
+    fn decode(&self) -> gpufeed::Result<gpufeed::transform::image::Decode> {
+        self.decode.parse()
+    }
+
     /// True for a float dtype: on a device loader the GPU converts (the workers write u8).
     fn converts(&self) -> bool {
-        DType::from_name(&self.dtype).is_some_and(|d| d != DType::U8)
+        // The GPU decode writes the dtype itself.
+        self.decode == "cpu" && DType::from_name(&self.dtype).is_some_and(|d| d != DType::U8)
     }
 
     /// The conversion a device loader runs on the GPU for a float dtype: u8 CHW to that dtype,
     /// `v / 255`, normalised if asked (the host transform's arithmetic).
     #[cfg(feature = "cuda")]
     fn device_convert(&self) -> Result<Option<Convert>, BuildError> {
-        let Some(dtype) = DType::from_name(&self.dtype).filter(|&d| d != DType::U8) else {
+        let Some(dtype) =
+            DType::from_name(&self.dtype).filter(|&d| d != DType::U8 && self.converts())
+        else {
             return Ok(None);
         };
         if self.layout != "chw" {
@@ -377,6 +386,7 @@ impl ImageArgs {
         if self.skip_bad_images {
             b = b.on_bad_image(OnBadImage::Skip);
         }
+        b = b.decode(self.decode()?);
         b.build()
     }
 }
@@ -634,6 +644,11 @@ fn build(s: Settings) -> Result<Built, BuildError> {
     let mut stats = None;
     if let Some(t) = transform {
         stats = Some(t.stats());
+        // A GPU decode is decided before the loader is built (it lays out the batches).
+        #[cfg(feature = "cuda")]
+        if on_device && t.decode_mode() != gpufeed::transform::image::Decode::Cpu {
+            t.decide_decode(gpufeed::cuda::nvjpeg::load().map(|_| ()))?;
+        }
         builder = builder.transform(t);
     } else if let Some(names) = &s.fields {
         builder = builder.transform(CopyFields::named(names.iter().cloned()));

@@ -40,6 +40,9 @@ from conftest import N, read_offset_table, rows
         (dict(images={"scale": (0.9, 0.1)}), "images['scale']", "ordered range"),
         (dict(images={"flip": 2.0}), "images['flip']", "not a probability"),
         (dict(images={}, fields=["data"]), "fields", "image pipeline"),
+        (dict(images={"decode": "fpga"}), "images['decode']", "not 'cpu', 'gpu' or 'auto'"),
+        (dict(images={}, decode="fpga"), "decode", "not 'cpu', 'gpu' or 'auto'"),
+        (dict(decode="gpu"), "decode", "give images= too"),
         (dict(drop_last=True, batch_size=5000), "drop_last", "fewer than one batch"),
         (dict(pool_budget=100), "pool_budget", "cannot hold one batch"),
     ],
@@ -424,3 +427,13 @@ def importlib_find(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
+
+
+def test_the_gpu_decode_on_a_host_loader_is_a_config_error(folder):
+    # decode='gpu' decodes on a GPU: without device= it is refused, naming the argument;
+    # 'auto' decodes on the CPU there.
+    with pytest.raises(gpufeed.ConfigError) as e:
+        gpufeed.Loader(folder, images={"size": 16}, decode="gpu", output="numpy")
+    assert e.value.argument == "decode" and "device=" in str(e.value), str(e.value)
+    batch = next(iter(gpufeed.Loader(folder, images={"size": 16}, decode="auto", output="numpy")))
+    assert batch["image"].shape[1:] == (3, 16, 16)

@@ -33,6 +33,10 @@ use zune_core::options::DecoderOptions;
 
 use crate::error::{Error, Result};
 
+mod jpeg_header;
+
+pub use jpeg_header::{JpegHeader, Subsampling, inspect_jpeg};
+
 /// A source region in (fractional) source pixels, resized to the output.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Region {

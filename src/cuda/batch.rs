@@ -77,6 +77,13 @@ impl HostSide {
             offsets,
         })
     }
+
+    /// Made by the GPU decode: `skipped` more samples skipped (bad images the decode
+    /// dropped), and `data_bytes` delivered (pixels and labels, not the compressed records).
+    pub(crate) fn decoded(&mut self, skipped: usize, data_bytes: usize) {
+        self.info.skipped += skipped;
+        self.data_bytes = data_bytes;
+    }
 }
 
 /// A CUDA stream named by its raw handle (a `CUstream`), as consumers outside cudarc give it:

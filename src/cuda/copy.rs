@@ -28,6 +28,7 @@ use cudarc::driver::{CudaEvent, CudaStream, result, sys};
 use super::batch::{FieldSpec, HostSide};
 use super::cuda_err;
 use super::fence::EventFence;
+use super::nvjpeg::DecodeStage;
 use super::{
     Convert, Converter, Device, DeviceBatch, DeviceBuffer, DeviceLoaderOptions, DevicePool,
     PinnedBacking,
@@ -71,10 +72,23 @@ struct Plan {
     converts: Vec<(Converter, usize, usize)>,
     /// The mask and indices, if asked for.
     extras: Option<ExtrasPlan>,
+    /// The image pipeline's GPU decode, which makes the image field instead of a copy.
+    decode: Option<DecodeStage>,
+    /// With `decode`: the bytes a decoded sample delivers (its pixels and label), which the
+    /// device batch counts instead of the compressed record it was made from.
+    decoded_sample_bytes: usize,
 }
 
 impl Plan {
-    fn new(loader: &Loader, device: &Device, opts: &DeviceLoaderOptions) -> Result<Plan> {
+    fn new(
+        loader: &Loader,
+        device: &Device,
+        opts: &DeviceLoaderOptions,
+        decode: Option<DecodeStage>,
+    ) -> Result<Plan> {
+        if let Some(stage) = decode {
+            return Plan::decoded(loader, opts, stage);
+        }
         let converts = &opts.convert;
         let layout = loader.layout();
         let host_bytes = layout.total_bytes();
@@ -154,6 +168,64 @@ impl Plan {
             fields: fields.into(),
             converts: prepared,
             extras,
+            decode: None,
+            decoded_sample_bytes: 0,
+        })
+    }
+
+    /// The device batch of the GPU decode: the image field the stage writes, the label as
+    /// copied (the start of the host batch, copied as it is), then the mask and indices.
+    fn decoded(loader: &Loader, opts: &DeviceLoaderOptions, stage: DecodeStage) -> Result<Plan> {
+        if let Some(c) = opts.convert.first() {
+            return Err(Error::config(
+                "convert",
+                format!(
+                    "field `{}`: the GPU decode writes the images as the ImageTransform's dtype and \
+                     normalisation say; set them there instead of converting",
+                    c.field
+                ),
+            ));
+        }
+        let layout = loader.layout();
+        let batch = layout.batch_size();
+        let image_offset = stage.image_offset();
+        let image_bytes = stage.image_bytes(batch);
+        let mut fields = vec![FieldSpec {
+            name: "image".into(),
+            dtype: stage.dtype(),
+            shape: stage.image_shape(),
+            offset: image_offset,
+            sample_bytes: image_bytes / batch.max(1),
+            offsets: None,
+        }];
+        if let Some(offset) = stage.label_offset() {
+            fields.push(FieldSpec {
+                name: "label".into(),
+                dtype: DType::I64,
+                shape: Vec::new(),
+                offset,
+                sample_bytes: 8,
+                offsets: None,
+            });
+        }
+        let mut device_bytes = (image_offset + image_bytes).next_multiple_of(FIELD_ALIGN);
+        let extras = Plan::extras(opts, batch, device_bytes, &mut fields)?;
+        if let Some(e) = &extras {
+            device_bytes = (e.offset + e.bytes).next_multiple_of(FIELD_ALIGN);
+        }
+        let decoded_sample_bytes = fields
+            .iter()
+            .filter(|f| f.name == "image" || f.name == "label")
+            .map(|f| f.sample_bytes)
+            .sum();
+        Ok(Plan {
+            host_bytes: layout.total_bytes(),
+            device_bytes,
+            fields: fields.into(),
+            converts: Vec::new(),
+            extras,
+            decode: Some(stage),
+            decoded_sample_bytes,
         })
     }
 
@@ -263,8 +335,9 @@ impl CopyStage {
         device: &Device,
         pool: &DevicePool,
         opts: &DeviceLoaderOptions,
+        decode: Option<DecodeStage>,
     ) -> Result<CopyStage> {
-        let plan = Plan::new(&loader, device, opts)?;
+        let plan = Plan::new(&loader, device, opts, decode)?;
         let depth = opts
             .depth
             .unwrap_or_else(|| (DEPTH_BYTES / plan.device_bytes.max(1)).clamp(2, 16));
@@ -432,14 +505,26 @@ impl CopyThread {
     fn copy(&mut self, mut batch: Batch) -> Result<DeviceBatch> {
         let stream = Arc::clone(self.device.copy_stream());
         let mut buffer = self.pool.alloc(self.plan.device_bytes)?;
-        match self.enqueue(&mut batch, &mut buffer, &stream) {
-            Ok(ready) => Ok(DeviceBatch::new(
-                buffer,
-                Arc::clone(&self.plan.fields),
-                HostSide::of(&batch, &self.plan.fields)?,
-                ready,
-                stream,
-            )),
+        let enqueued = if self.plan.decode.is_some() {
+            self.decode(&mut batch, &buffer, &stream)
+        } else {
+            self.enqueue(&mut batch, &mut buffer, &stream)
+                .map(|ready| (ready, 0))
+        };
+        match enqueued {
+            Ok((ready, skipped)) => {
+                let mut host = HostSide::of(&batch, &self.plan.fields)?;
+                if self.plan.decode.is_some() {
+                    host.decoded(skipped, batch.len() * self.plan.decoded_sample_bytes);
+                }
+                Ok(DeviceBatch::new(
+                    buffer,
+                    Arc::clone(&self.plan.fields),
+                    host,
+                    ready,
+                    stream,
+                ))
+            }
             Err(e) => {
                 // Work that reads the host buffer or writes the device buffer may be on the copy
                 // stream without its fence: wait for it before both are dropped (if this fails
@@ -449,6 +534,32 @@ impl CopyThread {
             }
         }
         // `batch` drops here: its pinned buffer waits in the pool behind the copy.
+    }
+
+    /// Enqueues the GPU decode of `batch` into `buffer` on `stream` (the mask and indices
+    /// copied first), fences the buffers, and returns the fence of the whole and the samples
+    /// the stage skipped.
+    fn decode(
+        &mut self,
+        batch: &mut Batch,
+        buffer: &DeviceBuffer,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(EventFence, usize)> {
+        let staged = match (&self.plan.extras, &self.extras) {
+            (Some(e), Some(pool)) => Some(stage_extras(e, pool, batch, buffer, stream)?),
+            _ => None,
+        };
+        let Some(stage) = self.plan.decode.as_mut() else {
+            return Err(Error::Shutdown);
+        };
+        let (ready, skipped) = stage.enqueue(batch, buffer, stream)?;
+        buffer.add_use(stream, ready.clone());
+        if let Some(mut staged) = staged {
+            staged.release_after(Box::new(ready.clone()));
+        }
+        let mut c = self.shared.counters();
+        c.h2d_copies += 1;
+        Ok((ready, skipped))
     }
 
     /// Enqueues the copy of `batch` into `buffer` and the conversions on `stream`, fences both

@@ -18,6 +18,7 @@ use super::DeviceStats;
 use super::batch::FieldSpec;
 use super::copy::{Control, CopyStage, Message, Shared};
 use super::device::ContextScope;
+use super::nvjpeg::{self, DecodeOptions, DecodeReport, DecodeStage};
 use super::{Convert, Device, DeviceBatch, DevicePool};
 use crate::error::{Error, Result};
 use crate::layout::OutputField;
@@ -45,6 +46,9 @@ pub struct DeviceLoaderOptions {
     /// Adds a field of this name to each device batch: the samples' dataset indices, as i64
     /// ([`BatchInfo::indices`](crate::BatchInfo::indices)). Opt-in.
     pub indices: Option<String>,
+    /// The GPU decode stage's settings (for an image pipeline with
+    /// [`Decode::Gpu`](crate::transform::image::Decode) or `Auto`).
+    pub decode: DecodeOptions,
 }
 
 impl DeviceLoaderOptions {
@@ -76,6 +80,12 @@ impl DeviceLoaderOptions {
     /// `name`.
     pub fn indices(mut self, name: impl Into<String>) -> Self {
         self.indices = Some(name.into());
+        self
+    }
+
+    /// Sets the GPU decode's [`DecodeOptions`].
+    pub fn decode(mut self, decode: DecodeOptions) -> Self {
+        self.decode = decode;
         self
     }
 }
@@ -135,6 +145,11 @@ pub struct DeviceLoader {
     delivered: Delivered,
     /// The device batches' fields.
     fields: Arc<[FieldSpec]>,
+    /// The GPU decode stage's figures, and the transform's counts, if it decodes.
+    decode: Option<(
+        Arc<std::sync::Mutex<DecodeReport>>,
+        Arc<crate::transform::image::GpuDecodeStats>,
+    )>,
 }
 
 impl std::fmt::Debug for DeviceLoader {
@@ -162,13 +177,24 @@ impl DeviceLoader {
         let _scope = ContextScope::enter(device.context())?;
         let position = loader.position().clone();
         let pool = DevicePool::new(device);
+        let plan = loader.image_pipeline().and_then(|t| t.gpu_decode_plan());
+        let (stage, decode) = match plan {
+            Some(plan) => {
+                let stats = Arc::clone(&plan.stats);
+                let workers = loader.stats().workers;
+                let stage = DecodeStage::new(device, plan, loader.layout(), &opts.decode, workers)?;
+                let report = stage.report();
+                (Some(stage), Some((report, stats)))
+            }
+            None => (None, None),
+        };
         let CopyStage {
             rx,
             control,
             thread,
             shared,
             fields,
-        } = CopyStage::start(loader, device, &pool, &opts)?;
+        } = CopyStage::start(loader, device, &pool, &opts, stage)?;
         Ok(DeviceLoader {
             device: device.clone(),
             pool,
@@ -181,17 +207,37 @@ impl DeviceLoader {
             ended: false,
             delivered: Delivered::default(),
             fields,
+            decode,
         })
     }
 
-    /// Builds `builder` with pinned batch buffers on `device`, then [`DeviceLoader::new`].
+    /// Builds `builder` with pinned batch buffers on `device`, then [`DeviceLoader::new`]. An
+    /// image pipeline ([`ImageTransform`](crate::transform::image::ImageTransform)) with
+    /// [`Decode::Gpu`](crate::transform::image::Decode) or `Auto` decodes its JPEGs on this
+    /// GPU (see [`nvjpeg`]): decided here, before the loader is built.
     pub fn from_builder(
         builder: LoaderBuilder,
         device: &Device,
         opts: DeviceLoaderOptions,
     ) -> Result<DeviceLoader> {
+        if let Some(t) = builder.image_pipeline() {
+            let nvjpeg = match t.decode_mode() {
+                crate::transform::image::Decode::Cpu => Ok(()),
+                _ => nvjpeg::load().map(|_| ()),
+            };
+            t.decide_decode(nvjpeg)?;
+        }
         let loader = builder.backing(super::PinnedBacking::new(device)).build()?;
         DeviceLoader::new(loader, device, opts)
+    }
+
+    /// What the GPU decode stage did, if the loader decodes on the GPU: the library, the
+    /// engines, the time on each side, which engine took how many images.
+    pub fn decode_report(&self) -> Option<DecodeReport> {
+        let (report, stats) = self.decode.as_ref()?;
+        let mut r = report.lock().map(|r| r.clone()).unwrap_or_default();
+        r.counts = stats.snapshot();
+        Some(r)
     }
 
     /// The device.

@@ -150,6 +150,45 @@ impl DevicePool {
         DevicePool::from_pool(Pool::new(memory, None, block_size))
     }
 
+    /// An empty pool on `device` that holds at most `budget` bytes from the driver: a request
+    /// that does not fit waits for pending blocks, evicts cached ones, or fails. The GPU
+    /// decode's memory comes from one.
+    pub fn with_budget(device: &Device, budget: u64) -> DevicePool {
+        let memory = DeviceMemory {
+            ctx: Arc::clone(device.context()),
+            leaked: AtomicU64::new(0),
+            leaked_bytes: AtomicU64::new(0),
+        };
+        DevicePool::from_pool(Pool::new(memory, Some(budget), block_size))
+    }
+
+    /// A buffer of at least `bytes` bytes within the pool's budget, waiting at most `wait` for
+    /// pending blocks to complete; `Ok(None)` when it does not fit by then (or at once, when
+    /// every byte of the budget is in buffers in use). For callers that must not wait for
+    /// buffers only they could give back (nvJPEG's allocator).
+    pub(crate) fn alloc_within(
+        &self,
+        bytes: usize,
+        wait: std::time::Duration,
+    ) -> Result<Option<DeviceBuffer>> {
+        let s = self.pool.stats();
+        if let Some(budget) = s.budget_bytes
+            && s.reserved_bytes + block_size(bytes) as u64 > budget
+            && s.pending_blocks == 0
+            && s.reserved_bytes <= s.allocated_bytes
+        {
+            return Ok(None);
+        }
+        let deadline = std::time::Instant::now() + wait;
+        Ok(self
+            .pool
+            .acquire(bytes, || std::time::Instant::now() > deadline)?
+            .map(|buf| DeviceBuffer {
+                buf,
+                pool: self.clone(),
+            }))
+    }
+
     fn from_pool(pool: Pool<DeviceMemory, StreamUse>) -> DevicePool {
         DevicePool {
             pool: ManuallyDrop::new(pool),

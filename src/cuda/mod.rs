@@ -27,6 +27,7 @@
 //! | `release` | the release thread, where a pool whose last handle goes is dropped ([`settle`]) |
 //! | `convert` | [`Convert`], [`Converter`]: u8 images to normalised f32/f16/bf16 CHW on the device |
 //! | `ceiling` | [`pinned_copy_ceiling`]: what a plain pinned copy reaches, the copy stage's yardstick |
+//! | [`nvjpeg`] | JPEG decode on the GPU: nvJPEG loaded at run time, the decode stage and its resize kernels |
 //!
 //! Nothing here calls the driver before checking that it can be loaded: without a driver every
 //! entry point returns [`Error::NoGpu`] instead of panicking (cudarc
@@ -96,6 +97,7 @@ mod device_loader;
 mod device_pool;
 mod device_stats;
 mod fence;
+pub mod nvjpeg;
 mod pinned;
 mod release;
 

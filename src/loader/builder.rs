@@ -98,6 +98,13 @@ pub struct LoaderBuilder {
 }
 
 impl LoaderBuilder {
+    /// The image pipeline of the transform set, if it is one (a loader that feeds a GPU
+    /// decides where it decodes before it builds).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn image_pipeline(&self) -> Option<&crate::transform::image::ImageTransform> {
+        self.transform.image_pipeline()
+    }
+
     /// Samples per batch (PyTorch's `batch_size`; default 1).
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n;

@@ -117,6 +117,14 @@ impl std::fmt::Debug for Loader {
 }
 
 impl Loader {
+    /// The image pipeline of its transform, if it is one (the GPU path asks where it decodes).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn image_pipeline(&self) -> Option<&crate::transform::image::ImageTransform> {
+        self.shared.transform.image_pipeline()
+    }
+}
+
+impl Loader {
     /// A builder over `dataset`, with PyTorch's defaults (batch 1, sequential, no drop_last).
     pub fn builder(dataset: impl Dataset + 'static) -> LoaderBuilder {
         LoaderBuilder::from_arc(Arc::new(dataset))

@@ -154,6 +154,13 @@ pub trait SampleTransform: Send + Sync + 'static {
     /// sample size; for a ragged field, room for the sample's items, asked for with
     /// [`Slots::ragged_mut`]). Must write every byte of every slot: buffers are reused.
     fn apply(&self, sample: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>) -> Result<()>;
+
+    /// The image pipeline this transform is, if it is one: a loader that feeds a GPU asks, so
+    /// that the GPU can decode its JPEGs ([`image::Decode`]). `None` (the default) for every
+    /// other transform.
+    fn image_pipeline(&self) -> Option<&image::ImageTransform> {
+        None
+    }
 }
 
 impl<T: SampleTransform + ?Sized> SampleTransform for Arc<T> {
@@ -162,6 +169,9 @@ impl<T: SampleTransform + ?Sized> SampleTransform for Arc<T> {
     }
     fn apply(&self, sample: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>) -> Result<()> {
         (**self).apply(sample, ctx, slots)
+    }
+    fn image_pipeline(&self) -> Option<&image::ImageTransform> {
+        (**self).image_pipeline()
     }
 }
 

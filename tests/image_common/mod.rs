@@ -62,3 +62,37 @@ pub fn jpeg_folder(root: &Path, classes: usize, per_class: usize, w: u32, h: u32
         }
     }
 }
+
+/// The images of every kind the GPU decode's planner tells apart (tests/fixtures/jpeg_kinds/,
+/// made by its make.py with Pillow), as (file name, bytes). Compiled into the test binary, so
+/// that a binary staged for the GPU machine finds them wherever its tree lies there.
+pub fn image_kinds() -> Vec<(&'static str, Vec<u8>)> {
+    macro_rules! kinds {
+        ($($name:literal),* $(,)?) => {
+            vec![$((
+                $name,
+                include_bytes!(concat!("../fixtures/jpeg_kinds/", $name)).to_vec(),
+            )),*]
+        };
+    }
+    kinds![
+        "baseline_420.jpg",
+        "baseline_422.jpg",
+        "baseline_444.jpg",
+        "progressive_420.jpg",
+        "gray.jpg",
+        "cmyk.jpg",
+        "rgb.png",
+    ]
+}
+
+/// Writes an ImageFolder of `copies` of every kind of [`image_kinds`], one class per copy.
+pub fn kinds_folder(root: &Path, copies: usize) {
+    for c in 0..copies {
+        let dir = root.join(format!("class_{c}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in image_kinds() {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+    }
+}

@@ -126,6 +126,8 @@ pub fn bench_images_device(
     struct Feed {
         loader: DeviceLoader,
         consumer: Arc<CudaStream>,
+        /// The loader's figures when made and at the end of each epoch.
+        stats: Vec<gpufeed::cuda::DeviceStats>,
     }
 
     impl EpochSource for Feed {
@@ -143,26 +145,37 @@ pub fn bench_images_device(
         }
 
         fn end_epoch(&mut self) -> Result<()> {
-            synchronize(&self.consumer)
+            synchronize(&self.consumer)?;
+            self.stats.push(self.loader.stats());
+            Ok(())
         }
     }
 
-    let setup = ImageBenchSetup::new(path, cfg, DType::U8)?;
+    let on_gpu = cfg.decode != gpufeed::transform::image::Decode::Cpu;
+    // The CPU decode writes u8 (converted on the device); the GPU decode writes the dtype.
+    let setup = ImageBenchSetup::new(path, cfg, if on_gpu { cfg.dtype } else { DType::U8 })?;
     // Timed from the loader's creation, pinned buffers and copy thread included.
     let started = std::time::Instant::now();
-    let loader = setup.builder.backing(PinnedBacking::new(device)).build()?;
-    let mut opts = DeviceLoaderOptions::default();
-    if cfg.dtype != DType::U8 {
-        opts = opts.convert(Convert::imagenet("image", Layout::Chw, cfg.dtype));
-    }
+    let feed = if on_gpu {
+        DeviceLoader::from_builder(setup.builder, device, DeviceLoaderOptions::default())?
+    } else {
+        let loader = setup.builder.backing(PinnedBacking::new(device)).build()?;
+        let mut opts = DeviceLoaderOptions::default();
+        if cfg.dtype != DType::U8 {
+            opts = opts.convert(Convert::imagenet("image", Layout::Chw, cfg.dtype));
+        }
+        DeviceLoader::new(loader, device, opts)?
+    };
     let mut feed = Feed {
-        loader: DeviceLoader::new(loader, device, opts)?,
+        stats: vec![feed.stats()],
+        loader: feed,
         consumer: device.new_stream()?,
     };
     let times = EpochTimes::measure(cfg, started, &mut feed)?;
     let wait = feed.loader.stats().wait_fraction();
     let skipped = times.skipped;
-    ImageBenchReport::new(
+    let decode_report = feed.loader.decode_report();
+    let mut report = ImageBenchReport::new(
         path,
         setup.kind,
         cfg,
@@ -170,5 +183,11 @@ pub fn bench_images_device(
         skipped,
         wait,
         Some(format!("{} (ordinal {})", device.name(), device.ordinal())),
-    )
+    )?;
+    if decode_report.is_some() {
+        report.decode = "gpu";
+    }
+    report.decode_report = decode_report;
+    report.device_stats = feed.stats;
+    Ok(report)
 }

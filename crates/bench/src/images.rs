@@ -58,6 +58,10 @@ pub struct ImageBenchConfig {
     /// Once set (by a signal's handler, say), the run stops after the batch it is on and
     /// reports what ran; `None`: every epoch to its end.
     pub stop: Option<&'static AtomicBool>,
+    /// Where JPEGs are decoded (the GPU decode needs the device bench).
+    pub decode: gpufeed::transform::image::Decode,
+    /// With the GPU decode, the workers' share of the GPU-decodable JPEGs (`None`: measured).
+    pub cpu_share: Option<f64>,
 }
 
 impl Default for ImageBenchConfig {
@@ -80,6 +84,8 @@ impl Default for ImageBenchConfig {
             verify_checksums: false,
             read_mode: gpufeed::format::ReadMode::Map,
             stop: None,
+            decode: gpufeed::transform::image::Decode::Cpu,
+            cpu_share: None,
         }
     }
 }
@@ -116,6 +122,16 @@ pub struct ImageBenchReport {
     pub wait_fraction: f64,
     /// The GPU the batches were copied to (and converted on), if any.
     pub device: Option<String>,
+    /// Where the JPEGs were decoded: `cpu`, or `gpu` (nvJPEG and the resize kernels).
+    pub decode: &'static str,
+    /// The GPU decode stage's figures (`bench --json`'s stage times of the decode).
+    #[cfg(feature = "cuda")]
+    pub decode_report: Option<gpufeed::cuda::nvjpeg::DecodeReport>,
+    /// On a device: the device loader's figures when it was made and at the end of each
+    /// epoch, whose differences are the epochs' stage times (the command's `epoch_details`).
+    #[cfg(feature = "cuda")]
+    #[serde(skip)]
+    pub device_stats: Vec<gpufeed::cuda::DeviceStats>,
 }
 
 impl std::fmt::Display for ImageBenchReport {
@@ -136,6 +152,7 @@ impl std::fmt::Display for ImageBenchReport {
         if let Some(device) = &self.device {
             write!(f, ", to {device}")?;
         }
+        write!(f, ", decoded on the {}", self.decode.to_uppercase())?;
         if self.epoch_images_per_sec.len() > 1 {
             let rates: Vec<String> = self
                 .epoch_images_per_sec
@@ -159,6 +176,12 @@ impl std::fmt::Display for ImageBenchReport {
 /// file of images written by [`pack_image_folder`](gpufeed::source::pack_image_folder)) through
 /// the loader and reports images/s.
 pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchReport> {
+    if cfg.decode == gpufeed::transform::image::Decode::Gpu {
+        return Err(Error::InvalidConfig {
+            setting: "decode",
+            what: "the GPU decode runs on a device: give the bench a device".into(),
+        });
+    }
     let setup = ImageBenchSetup::new(path, cfg, cfg.dtype)?;
     // Timed from the loader's creation (its threads start in `build`), as a DataLoader's first
     // epoch is timed from `iter()`, which starts its worker processes.
@@ -206,7 +229,10 @@ impl ImageBenchSetup {
             };
             (source::open_with(path, options)?, "packed")
         };
-        let mut t = ImageTransform::train(cfg.size).dtype(dtype);
+        let mut t = ImageTransform::train(cfg.size)
+            .dtype(dtype)
+            .decode(cfg.decode)
+            .cpu_share(cfg.cpu_share);
         if let Some(field) = &cfg.image_field {
             t = t.image_field(field.as_str());
         }
@@ -355,6 +381,11 @@ impl ImageBenchReport {
             workers: cfg.workers,
             wait_fraction,
             device,
+            decode: "cpu",
+            #[cfg(feature = "cuda")]
+            decode_report: None,
+            #[cfg(feature = "cuda")]
+            device_stats: Vec::new(),
         })
     }
 }

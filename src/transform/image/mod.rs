@@ -31,10 +31,12 @@
 
 mod convert;
 pub mod crop;
+pub mod gpu;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use fast_image_resize as fir;
 
@@ -43,6 +45,9 @@ pub use crate::codec::{DecodeLimits, Decoded, ImageKind};
 use convert::PixelWriter;
 pub use convert::{Layout, Normalize};
 pub use crop::CropBox;
+pub use gpu::{
+    Decode, DecodeSplit, GpuDecodeCounts, GpuDecodePlan, GpuDecodeStats, Route, SampleRecord,
+};
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -161,7 +166,13 @@ pub struct ImageTransformBuilder {
     label_field: Option<String>,
     filter: ResizeFilter,
     limits: DecodeLimits,
+    decode: Decode,
+    encoded_capacity: usize,
+    cpu_share: Option<f64>,
 }
+
+/// The default [`ImageTransformBuilder::encoded_capacity`]: 256 KiB per sample.
+pub const DEFAULT_ENCODED_CAPACITY: usize = 256 << 10;
 
 impl ImageTransformBuilder {
     /// Output height and width (default 224 x 224).
@@ -256,6 +267,29 @@ impl ImageTransformBuilder {
         self
     }
 
+    /// Where JPEGs are decoded (default [`Decode::Cpu`]): [`Decode::Gpu`] leaves them to
+    /// nvJPEG and gpufeed's kernels on the GPU of a `cuda::DeviceLoader` (see [`gpu`]).
+    pub fn decode(mut self, decode: Decode) -> Self {
+        self.decode = decode;
+        self
+    }
+
+    /// With the GPU decode, the bytes each sample's record holds in the pinned batch (default
+    /// [`DEFAULT_ENCODED_CAPACITY`], and never less than an output image of u8 pixels): a JPEG
+    /// larger than this is decoded by the worker instead.
+    pub fn encoded_capacity(mut self, bytes: usize) -> Self {
+        self.encoded_capacity = bytes;
+        self
+    }
+
+    /// With the GPU decode, the share (0 to 1) of the JPEGs the GPU could take that the
+    /// workers decode instead; `None` (the default): found from what each side costs, batch
+    /// by batch ([`DecodeSplit`]).
+    pub fn cpu_share(mut self, share: Option<f64>) -> Self {
+        self.cpu_share = share;
+        self
+    }
+
     /// Checks the settings and builds the transform.
     pub fn build(self) -> Result<ImageTransform> {
         let (h, w) = self.size;
@@ -322,9 +356,40 @@ impl ImageTransformBuilder {
                 "0 pixels allows no image at all",
             ));
         }
+        if let Some(s) = self.cpu_share
+            && !(0.0..=1.0).contains(&s)
+        {
+            return Err(Error::config(
+                "cpu_share",
+                format!("{s} is not a share from 0 to 1"),
+            ));
+        }
+        if self.decode != Decode::Cpu && self.filter != ResizeFilter::Bilinear {
+            return Err(Error::config(
+                "decode",
+                format!(
+                    "the GPU decode resizes with the bilinear filter only, not {:?}: choose decode=cpu for it",
+                    self.filter
+                ),
+            ));
+        }
+        let pixels = 3 * h as usize * w as usize;
+        if self.decode != Decode::Cpu && self.encoded_capacity < pixels {
+            return Err(Error::config(
+                "encoded_capacity",
+                format!(
+                    "{} bytes per sample cannot hold the {h}x{w} RGB pixels a worker writes for an image the GPU cannot decode ({pixels} bytes)",
+                    self.encoded_capacity
+                ),
+            ));
+        }
         Ok(ImageTransform {
             converter: PixelWriter::new(self.dtype, self.layout, self.normalize),
+            pixels: PixelWriter::new(DType::U8, Layout::Hwc, None),
             stats: Arc::new(ImageStats::default()),
+            on_gpu: OnceLock::new(),
+            split: Arc::new(DecodeSplit::new(self.cpu_share)),
+            gpu_stats: Arc::new(GpuDecodeStats::default()),
             cfg: self,
         })
     }
@@ -370,7 +435,13 @@ impl ImageTransformBuilder {
 pub struct ImageTransform {
     cfg: ImageTransformBuilder,
     converter: PixelWriter,
+    /// RGB8 HWC as it is: what a worker writes into a record for the GPU stage.
+    pixels: PixelWriter,
     stats: Arc<ImageStats>,
+    /// Whether the GPU decodes this transform's JPEGs, decided once, when a loader is built.
+    on_gpu: OnceLock<bool>,
+    split: Arc<DecodeSplit>,
+    gpu_stats: Arc<GpuDecodeStats>,
 }
 
 impl std::fmt::Debug for ImageTransform {
@@ -436,6 +507,9 @@ impl ImageTransform {
             label_field: Some("label".into()),
             filter: ResizeFilter::Bilinear,
             limits: DecodeLimits::default(),
+            decode: Decode::Cpu,
+            encoded_capacity: DEFAULT_ENCODED_CAPACITY,
+            cpu_share: None,
         }
     }
 
@@ -486,14 +560,56 @@ impl ImageTransform {
         BUFFERS.with(|cell| {
             let mut guard = cell.borrow_mut();
             let bufs = guard.get_or_insert_with(ThreadBuffers::new);
-            let result = self.apply_with(bufs, bytes, name, ctx, slot);
+            let result = self.apply_with(&self.converter, bufs, bytes, name, ctx, slot);
             bufs.shrink_oversized();
             result
         })
     }
 
+    /// The crop (in source pixels) and the flip of an image of `h` x `w` pixels, drawn from
+    /// `rng`: the crop first, then the flip.
+    fn geometry(&self, h: u32, w: u32, rng: &mut crate::transform::SampleRng) -> Placement {
+        let (out_h, out_w) = self.cfg.size;
+        match self.cfg.geometry {
+            Geometry::Train {
+                scale, ratio, flip, ..
+            } => {
+                let b = crop::random_resized_crop(h, w, scale, ratio, rng);
+                let flipped = flip > 0.0 && rng.next_f64() < flip;
+                Placement {
+                    region: Region::from(b),
+                    placed: whole_output(out_h, out_w),
+                    flipped,
+                }
+            }
+            Geometry::Eval { resize } => {
+                let c = crop::resize_center_crop(h, w, resize, out_h, out_w);
+                Placement {
+                    region: c.region,
+                    placed: c.placed,
+                    flipped: false,
+                }
+            }
+        }
+    }
+
+    /// Whether the eval geometry pads an `h` x `w` image (a centre crop larger than the resized
+    /// image along a side): the GPU kernels resize into the whole output, so such an image is
+    /// decoded by the workers.
+    fn pads(&self, h: u32, w: u32) -> bool {
+        let (out_h, out_w) = self.cfg.size;
+        match self.cfg.geometry {
+            Geometry::Eval { resize } => {
+                crop::resize_center_crop(h, w, resize, out_h, out_w).placed
+                    != whole_output(out_h, out_w)
+            }
+            Geometry::Train { .. } => false,
+        }
+    }
+
     fn apply_with(
         &self,
+        writer: &PixelWriter,
         bufs: &mut ThreadBuffers,
         bytes: &[u8],
         name: &str,
@@ -503,27 +619,7 @@ impl ImageTransform {
         let mut rng = ctx.rng();
         let (out_h, out_w) = self.cfg.size;
         let geometry =
-            |h: u32, w: u32, rng: &mut crate::transform::SampleRng| match self.cfg.geometry {
-                Geometry::Train {
-                    scale, ratio, flip, ..
-                } => {
-                    let b = crop::random_resized_crop(h, w, scale, ratio, rng);
-                    let flipped = flip > 0.0 && rng.next_f64() < flip;
-                    Placement {
-                        region: Region::from(b),
-                        placed: whole_output(out_h, out_w),
-                        flipped,
-                    }
-                }
-                Geometry::Eval { resize } => {
-                    let c = crop::resize_center_crop(h, w, resize, out_h, out_w);
-                    Placement {
-                        region: c.region,
-                        placed: c.placed,
-                        flipped: false,
-                    }
-                }
-            };
+            |h: u32, w: u32, rng: &mut crate::transform::SampleRng| self.geometry(h, w, rng);
         let (decoded, placement) = self.decode_for(bufs, bytes, name, &mut rng, geometry)?;
         let Placement {
             region,
@@ -569,7 +665,7 @@ impl ImageTransform {
                 .resize(&src, &mut inner, &options)
                 .map_err(|e| codec::image_error_from(name, "resize", e))
         };
-        if self.converter.is_identity() {
+        if writer.is_identity() {
             resize_into(&mut bufs.resizer, slot)?;
             if flipped {
                 crop::flip_horizontal(slot, out_w as usize, 3);
@@ -578,8 +674,7 @@ impl ImageTransform {
             bufs.resized.resize(pixels * 3, 0);
             resize_into(&mut bufs.resizer, &mut bufs.resized)?;
             let (w, h) = (out_w as usize, out_h as usize);
-            self.converter
-                .convert(&mut bufs.resized, w, h, flipped, slot);
+            writer.convert(&mut bufs.resized, w, h, flipped, slot);
         }
         self.stats.decoded.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -699,11 +794,40 @@ impl ImageTransform {
                 &named
             }
         };
-        let result = self.apply_image(bytes, name, ctx, slots.field(0)?);
+        let on_gpu = self.on_gpu.get() == Some(&true);
+        // The image's field: the image on the CPU path; with the GPU decode the metadata
+        // (field 0) and the record (the last field).
+        let records = if self.cfg.label_field.is_some() { 2 } else { 1 };
+        let result = if on_gpu {
+            self.gather(bytes, name, ctx, slots, records)
+                .and_then(|record| {
+                    record.write(slots.field(0)?);
+                    Ok(())
+                })
+        } else {
+            self.apply_image(bytes, name, ctx, slots.field(0)?)
+        };
         match (result, self.cfg.on_bad) {
             (Ok(()), _) => {}
             (Err(e @ Error::Image { .. }), OnBadImage::Skip) => {
                 slots.field(0)?.fill(0);
+                if on_gpu {
+                    SampleRecord {
+                        route: Route::Skipped,
+                        len: 0,
+                        width: 0,
+                        height: 0,
+                        flip: false,
+                        region: Region {
+                            left: 0.0,
+                            top: 0.0,
+                            width: 0.0,
+                            height: 0.0,
+                        },
+                    }
+                    .write(slots.field(0)?);
+                    slots.field(records)?.fill(0);
+                }
                 slots.mark_skipped();
                 self.stats.skipped.fetch_add(1, Ordering::Relaxed);
                 if let Ok(mut last) = self.stats.last_skipped.lock() {
@@ -733,6 +857,165 @@ impl ImageTransform {
             slots.field(1)?.copy_from_slice(&label.to_le_bytes());
         }
         Ok(())
+    }
+
+    /// The GPU decode's gather (see [`gpu`]): the JPEG's bytes into the record, with its crop
+    /// and flip, for a JPEG the GPU takes; else the worker decodes it into the record as
+    /// output-sized RGB8 pixels. Returns the sample's metadata.
+    fn gather(
+        &self,
+        bytes: &[u8],
+        name: &str,
+        ctx: &SampleContext,
+        slots: &mut Slots<'_>,
+        records: usize,
+    ) -> Result<SampleRecord> {
+        let t0 = Instant::now();
+        let header = match ImageKind::detect(bytes) {
+            Some(ImageKind::Jpeg) => codec::inspect_jpeg(bytes, name, &self.cfg.limits)?,
+            _ => None,
+        };
+        let route = header.as_ref().map_or(Route::Pixels, gpu::plan);
+        let slot = gpu::RecordSlot::new(slots.field(records)?);
+        let too_large = bytes.len() > slot.capacity();
+        let counts = &self.gpu_stats;
+        match header {
+            Some(h)
+                if route != Route::Pixels
+                    && !too_large
+                    && !self.pads(h.height, h.width)
+                    && !self.split.to_workers(ctx.position) =>
+            {
+                let mut rng = ctx.rng();
+                let Placement {
+                    region,
+                    flipped: flip,
+                    ..
+                } = self.geometry(h.height, h.width, &mut rng);
+                let size = Decoded {
+                    width: h.width,
+                    height: h.height,
+                };
+                nonempty(name, region, size)?;
+                slot.put(bytes.len(), |b| {
+                    b.copy_from_slice(bytes);
+                    Ok(())
+                })?;
+                self.split.measured_gather(t0.elapsed().as_nanos() as u64);
+                Ok(SampleRecord {
+                    route,
+                    len: bytes.len() as u32,
+                    width: h.width,
+                    height: h.height,
+                    flip,
+                    region,
+                })
+            }
+            _ => {
+                let (out_h, out_w) = self.cfg.size;
+                let pixels = 3 * out_h as usize * out_w as usize;
+                slot.put(pixels, |b| {
+                    BUFFERS.with(|cell| {
+                        let mut guard = cell.borrow_mut();
+                        let bufs = guard.get_or_insert_with(ThreadBuffers::new);
+                        let done = self.apply_with(&self.pixels, bufs, bytes, name, ctx, b);
+                        bufs.shrink_oversized();
+                        done
+                    })
+                })?;
+                let counter = if route == Route::Pixels {
+                    &counts.cpu_unsupported
+                } else if too_large {
+                    &counts.cpu_too_large
+                } else {
+                    &counts.cpu_share
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                self.split.measured_cpu(t0.elapsed().as_nanos() as u64);
+                Ok(SampleRecord {
+                    route: Route::Pixels,
+                    len: pixels as u32,
+                    width: out_w,
+                    height: out_h,
+                    flip: false,
+                    region: Region {
+                        left: 0.0,
+                        top: 0.0,
+                        width: f64::from(out_w),
+                        height: f64::from(out_h),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Where this transform decodes JPEGs.
+    pub fn decode_mode(&self) -> Decode {
+        self.cfg.decode
+    }
+
+    /// Decides, once, whether the GPU decodes this transform's JPEGs: a loader that feeds a
+    /// GPU (`cuda::DeviceLoader::from_builder`) calls it before it builds, with `nvjpeg`, the
+    /// outcome of loading nvJPEG. [`Decode::Gpu`] takes the GPU (or fails with `nvjpeg`'s
+    /// error), [`Decode::Auto`] takes it if nvJPEG loaded, [`Decode::Cpu`] never. A transform
+    /// already built into a loader keeps its decision: deciding otherwise is an error (give
+    /// each loader its own transform).
+    pub fn decide_decode(&self, nvjpeg: Result<()>) -> Result<bool> {
+        let want = match (self.cfg.decode, nvjpeg) {
+            (Decode::Cpu, _) => false,
+            (Decode::Gpu, Err(e)) => return Err(e),
+            (Decode::Gpu, Ok(())) => true,
+            (Decode::Auto, loaded) => loaded.is_ok(),
+        };
+        let got = *self.on_gpu.get_or_init(|| want);
+        if got != want {
+            return Err(Error::config(
+                "decode",
+                format!(
+                    "this ImageTransform was built into a loader that decodes on the {}; give each loader its own",
+                    if got { "GPU" } else { "CPU" }
+                ),
+            ));
+        }
+        Ok(got)
+    }
+
+    /// What the GPU stage needs, when the GPU decodes this transform's JPEGs
+    /// ([`decide_decode`](Self::decide_decode) said so).
+    pub fn gpu_decode_plan(&self) -> Option<GpuDecodePlan> {
+        if self.on_gpu.get() != Some(&true) {
+            return None;
+        }
+        let label = self.cfg.label_field.is_some();
+        Some(GpuDecodePlan {
+            size: self.cfg.size,
+            dtype: self.cfg.dtype,
+            layout: self.cfg.layout,
+            normalize: self.cfg.normalize,
+            on_bad: self.cfg.on_bad,
+            limits: self.cfg.limits,
+            meta_field: 0,
+            label_field: label.then_some(1),
+            records_field: if label { 2 } else { 1 },
+            capacity: self.record_capacity(),
+            split: Arc::clone(&self.split),
+            stats: Arc::clone(&self.gpu_stats),
+        })
+    }
+
+    /// The counts of the GPU decode (zero unless the GPU decodes this transform's JPEGs).
+    pub fn gpu_decode_stats(&self) -> Arc<GpuDecodeStats> {
+        Arc::clone(&self.gpu_stats)
+    }
+
+    /// The split between the GPU and the workers.
+    pub fn decode_split(&self) -> Arc<DecodeSplit> {
+        Arc::clone(&self.split)
+    }
+
+    fn record_capacity(&self) -> usize {
+        let (h, w) = self.cfg.size;
+        self.cfg.encoded_capacity.max(3 * h as usize * w as usize)
     }
 }
 
@@ -832,7 +1115,23 @@ impl SampleTransform for ImageTransform {
                 self.cfg.image_field
             )));
         }
-        let mut out = vec![self.image_output()];
+        if self.cfg.decode == Decode::Gpu && self.on_gpu.get().is_none() {
+            return Err(Error::config(
+                "decode",
+                "decode=gpu decodes on a GPU: build the loader with cuda::DeviceLoader::from_builder \
+                 (Python: Loader(..., device=...)), or choose decode=cpu or auto",
+            ));
+        }
+        let on_gpu = *self.on_gpu.get_or_init(|| false);
+        let mut out = if on_gpu {
+            vec![OutputField::new(
+                "image.meta",
+                DType::U8,
+                &[gpu::META_BYTES],
+            )]
+        } else {
+            vec![self.image_output()]
+        };
         if let Some(label) = &self.cfg.label_field {
             let k = input.index_of(label).ok_or_else(|| {
                 Error::mismatch(format!(
@@ -842,11 +1141,22 @@ impl SampleTransform for ImageTransform {
             label_dtype(input, k)?;
             out.push(OutputField::new("label", DType::I64, &[]));
         }
+        if on_gpu {
+            out.push(OutputField::new(
+                "image.records",
+                DType::U8,
+                &[self.record_capacity()],
+            ));
+        }
         Ok(out)
     }
 
     fn apply(&self, sample: Sample<'_>, ctx: &SampleContext, slots: &mut Slots<'_>) -> Result<()> {
         self.apply_sample(&sample, ctx, slots)
+    }
+
+    fn image_pipeline(&self) -> Option<&ImageTransform> {
+        Some(self)
     }
 }
 

@@ -102,6 +102,15 @@ pub struct Args {
     /// Stop the image pipeline after this many images (all epochs together) (with --images).
     #[arg(long)]
     pub limit: Option<u64>,
+    /// Where the image pipeline decodes JPEGs: cpu (the workers), gpu (nvJPEG on the
+    /// --device's GPU, crop/resize/normalise kernels there; the workers decode what it cannot)
+    /// or auto (gpu where nvJPEG loads) [default: cpu] (with --images).
+    #[arg(long, value_name = "cpu|gpu|auto")]
+    pub decode: Option<String>,
+    /// With --decode gpu|auto, the share (0 to 1) of the JPEGs the GPU could take that the
+    /// workers decode instead, or `auto` (found from what each side costs) [default: auto].
+    #[arg(long, value_name = "SHARE|auto")]
+    pub decode_split: Option<String>,
     /// Also print the loader's internals: its own stage table, queues, batch pool.
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -201,6 +210,8 @@ pub(super) fn check_flags(args: &Args) -> Result<()> {
         ("--image-field", args.image_field.is_some()),
         ("--skip-bad-images", args.skip_bad_images),
         ("--limit", args.limit.is_some()),
+        ("--decode", args.decode.is_some()),
+        ("--decode-split", args.decode_split.is_some()),
     ];
     if args.images.is_some() {
         if args.dataset.is_some() {

@@ -35,6 +35,27 @@ pub fn run_images(
     gpufeed_bench::bench_images_device(path, cfg, &open_device(ordinal)?)
 }
 
+/// The stage times of each epoch of a device image run (`sample_bytes`: one image in the
+/// device batch), from the loader's figures at each epoch's end.
+pub fn image_epoch_details(
+    r: &gpufeed_bench::ImageBenchReport,
+    sample_bytes: u64,
+) -> Vec<EpochDetail> {
+    r.device_stats
+        .windows(2)
+        .zip(&r.epoch_images_per_sec)
+        .map(|(w, &rate)| {
+            let images = w[1].samples.saturating_sub(w[0].samples);
+            let seconds = if rate > 0.0 {
+                images as f64 / rate
+            } else {
+                0.0
+            };
+            epoch_detail(&w[0], &w[1], seconds, images * sample_bytes)
+        })
+        .collect()
+}
+
 /// Runs the device bench; `builder` has every host setting already.
 pub fn run(
     args: &Args,

@@ -315,6 +315,35 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
             "--images takes an ImageFolder directory or a packed file of images",
         )?;
     }
+    let decode: gpufeed::transform::image::Decode = match args.decode.as_deref() {
+        None => gpufeed::transform::image::Decode::Cpu,
+        Some(v) => v
+            .parse()
+            .map_err(|_| refuse("--decode", format!("{v:?} is not one of cpu, gpu, auto")))?,
+    };
+    if decode != gpufeed::transform::image::Decode::Cpu && args.device.is_none() {
+        return Err(refuse(
+            "--decode",
+            "gpu and auto decode on a GPU: give --device N",
+        ));
+    }
+    let cpu_share = match args.decode_split.as_deref() {
+        None | Some("auto") => None,
+        Some(v) => Some(
+            v.parse::<f64>()
+                .ok()
+                .filter(|s| (0.0..=1.0).contains(s))
+                .ok_or_else(|| {
+                    refuse(
+                        "--decode-split",
+                        format!("{v:?} is not a share from 0 to 1, or auto"),
+                    )
+                })?,
+        ),
+    };
+    if cpu_share.is_some() && decode == gpufeed::transform::image::Decode::Cpu {
+        return Err(refuse("--decode-split", "applies to --decode gpu or auto"));
+    }
     let workers = workers(args);
     // The host's batches hold u8 images with --device (converted on the GPU), else `dtype`.
     let host_dtype = if args.device.is_some() {
@@ -357,6 +386,8 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         verify_checksums: args.verify,
         read_mode: args.read.mode(),
         stop: Some(interrupt_flag()),
+        decode,
+        cpu_share,
     };
     // Ctrl-C stops the run at the next batch, and the report says what ran.
     let _report_on_interrupt = ReportOnInterrupt::start();
@@ -396,8 +427,18 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         device: r.device.clone(),
         skipped: Some(r.skipped),
         interrupted: interrupted(),
+        decode: Some(r.decode),
+        #[cfg(feature = "cuda")]
+        decode_report: r.decode_report.clone(),
+        #[cfg(feature = "cuda")]
+        epoch_details: device::image_epoch_details(&r, sample_bytes),
         ..Report::default()
     };
-    let what = format!("{} ({}), {size}x{size} {dtype}", r.source, r.kind);
+    let what = format!(
+        "{} ({}), {size}x{size} {dtype}, decoded on the {}",
+        r.source,
+        r.kind,
+        r.decode.to_uppercase()
+    );
     print_report_with(args, report, None, &what)
 }

@@ -79,6 +79,12 @@ pub struct Report {
     pub epoch_bytes_per_sec: Vec<f64>,
     /// Images that could not be decoded and were skipped (images runs).
     pub skipped: Option<u64>,
+    /// The image pipeline's decode: `cpu` or `gpu` (`null` for records).
+    pub decode: Option<&'static str>,
+    /// The GPU decode stage's figures: library, engines, host and device seconds, which
+    /// engine took how many images, the split (`null` unless the GPU decoded).
+    #[cfg(feature = "cuda")]
+    pub decode_report: Option<gpufeed::cuda::nvjpeg::DecodeReport>,
     /// Seconds spent writing the generated data set (not part of the figures).
     pub generate_secs: f64,
     /// Milliseconds to open the GPU: load the driver, create the context and the copy stream

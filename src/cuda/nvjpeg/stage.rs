@@ -1,0 +1,692 @@
+//! The decode stage: what the copy thread does with a batch of the image pipeline's GPU decode
+//! instead of copying it whole (see [`transform::image::gpu`](crate::transform::image::gpu)).
+//!
+//! For each host batch, on the copy stream, in order:
+//!
+//! 1. one copy of the batch buffer's start (the samples' metadata and labels) into the device
+//!    batch; one copy per sample a worker decoded (its output-sized pixels) into scratch;
+//! 2. the hardware JPEG engines decode, in one batched call, the JPEGs they support, each into
+//!    scratch (only the crop's region and the resize's margin around it, where the library has
+//!    region decode for them); the GPU backend decodes the rest one by one; an image nvJPEG
+//!    refuses is decoded here on the CPU; one that cannot be decoded at all fails the batch
+//!    with an error naming the sample (or, under `OnBadImage::Skip`, is zeroed, its label set
+//!    to -1, and counted);
+//! 3. one copy of the per-sample descriptors, then the two resize kernels write every image,
+//!    cropped, resized, flipped, normalised and cast, into the device batch;
+//! 4. an event: the device batch's `ready` fence, behind which the scratch and the host batch
+//!    buffer (which nvJPEG reads the JPEGs from) are released.
+//!
+//! The host never waits for the device here except when a decoder's ring of states has gone
+//! round (a state is reused only once the GPU work that used it has completed).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaEvent, CudaStream, result, sys};
+
+use super::decoder::{GpuDecoder, HardwareDecoder, NvjpegError, Roi};
+use super::ffi::Image;
+use super::library::Library;
+use super::memory::DecodeMemory;
+use super::resize::{self, OutputSpec, ResizeKernels, ResizeSample};
+use super::{DecodeOptions, DecodeReport};
+use crate::codec::{self, Region};
+use crate::cuda::cuda_err;
+use crate::cuda::fence::EventFence;
+use crate::cuda::{Device, DeviceBuffer, PinnedBacking};
+use crate::error::{Error, Result};
+use crate::layout::{BatchLayout, FIELD_ALIGN};
+use crate::loader::Batch;
+use crate::memory::{HostBuffer, HostPool};
+use crate::transform::image::gpu::META_BYTES;
+use crate::transform::image::{GpuDecodePlan, OnBadImage, Route, SampleRecord};
+
+/// Bytes of pinned staging for descriptors and the stage's own CPU decodes.
+const STAGING_BUDGET: u64 = 1 << 30;
+
+/// Timings of batches not yet read: (start, end, images the GPU decoded, host time).
+type Pending = VecDeque<(CudaEvent, EventFence, usize, Duration)>;
+
+/// The decode stage of one device loader.
+pub(crate) struct DecodeStage {
+    plan: GpuDecodePlan,
+    out: OutputSpec,
+    meta_offset: usize,
+    label_offset: Option<usize>,
+    records_offset: usize,
+    /// Where the image field starts in the device buffer (the host batch's start, copied
+    /// as it is, comes first).
+    image_offset: usize,
+    kernels: ResizeKernels,
+    hardware: Option<HardwareDecoder>,
+    gpu: GpuDecoder,
+    staging: HostPool,
+    roi: bool,
+    pending: Pending,
+    report: Arc<Mutex<DecodeReport>>,
+    device: Device,
+    /// Dropped after the decoders (their handles' memory).
+    memory: Arc<DecodeMemory>,
+    _lib: Arc<Library>,
+}
+
+/// One sample's place in the batch's scratch.
+struct Item {
+    record: SampleRecord,
+    /// The decoded image (or region) and its size.
+    src: usize,
+    width: u32,
+    height: u32,
+    /// The region decoded, in the image's pixels (`None`: all of it).
+    roi: Option<Roi>,
+    /// The crop in the decoded pixels.
+    region: Region,
+    tmp: usize,
+    row0: u32,
+    rows: u32,
+    /// Written as zeros.
+    zero: bool,
+}
+
+fn aligned(n: usize) -> usize {
+    n.next_multiple_of(FIELD_ALIGN)
+}
+
+impl DecodeStage {
+    /// The stage for batches laid out as `layout` by a transform with `plan`, on `device`.
+    pub(crate) fn new(
+        device: &Device,
+        plan: GpuDecodePlan,
+        layout: &BatchLayout,
+        opts: &DecodeOptions,
+        workers: usize,
+    ) -> Result<DecodeStage> {
+        let lib = Library::get()?;
+        let out = OutputSpec::new(plan.size, plan.dtype, plan.layout, plan.normalize)?;
+        let offset = |k: usize| {
+            layout
+                .field_offset(k)
+                .ok_or_else(|| Error::mismatch(format!("the GPU decode's batch has no field {k}")))
+        };
+        let meta_offset = offset(plan.meta_field)?;
+        let label_offset = plan.label_field.map(offset).transpose()?;
+        let records_offset = offset(plan.records_field)?;
+        let image_offset = aligned(records_offset);
+        let stream = Arc::clone(device.copy_stream());
+        let batch = layout.batch_size();
+        let budget = opts
+            .memory
+            .unwrap_or_else(|| default_memory(batch, plan.size));
+        let memory = Arc::new(DecodeMemory::new(device, stream, budget, budget / 4));
+        let nvjpeg = |e: NvjpegError| e.into_error(&memory);
+        let hardware = if opts.hardware {
+            HardwareDecoder::new(&lib, &memory).ok()
+        } else {
+            None
+        };
+        let gpu = GpuDecoder::new(&lib, &memory).map_err(nvjpeg)?;
+        let kernels = ResizeKernels::load(device.context(), device.sm_count())?;
+        let (engines, cores) = hardware
+            .as_ref()
+            .map_or((0, 0), |h| h.handle().hardware_info());
+        let report = DecodeReport {
+            library: lib.path().to_owned(),
+            version: lib.version(),
+            hardware: hardware.is_some(),
+            hardware_engines: engines,
+            hardware_cores: cores,
+            pooled_memory: gpu.handle().pooled(),
+            roi: opts.roi,
+            memory_budget: budget,
+            ..DecodeReport::default()
+        };
+        plan.split.set_workers(workers);
+        Ok(DecodeStage {
+            out,
+            meta_offset,
+            label_offset,
+            records_offset,
+            image_offset,
+            kernels,
+            hardware,
+            gpu,
+            staging: HostPool::with_backing(PinnedBacking::small(device), STAGING_BUDGET),
+            roi: opts.roi,
+            pending: VecDeque::new(),
+            report: Arc::new(Mutex::new(report)),
+            device: device.clone(),
+            memory,
+            plan,
+            _lib: lib,
+        })
+    }
+
+    /// Where the image field starts in the device buffer.
+    pub(crate) fn image_offset(&self) -> usize {
+        self.image_offset
+    }
+
+    /// Bytes of the image field of a full batch of `n`.
+    pub(crate) fn image_bytes(&self, n: usize) -> usize {
+        n * self.out.sample_bytes
+    }
+
+    /// The per-sample shape of the image field.
+    pub(crate) fn image_shape(&self) -> Vec<usize> {
+        let (h, w) = (self.out.height as usize, self.out.width as usize);
+        match self.plan.layout {
+            crate::transform::image::Layout::Chw => vec![3, h, w],
+            crate::transform::image::Layout::Hwc => vec![h, w, 3],
+        }
+    }
+
+    /// The output dtype.
+    pub(crate) fn dtype(&self) -> crate::format::DType {
+        self.plan.dtype
+    }
+
+    /// The label field's host offset, if any.
+    pub(crate) fn label_offset(&self) -> Option<usize> {
+        self.label_offset
+    }
+
+    /// The stage's figures (shared: the device loader reads them).
+    pub(crate) fn report(&self) -> Arc<Mutex<DecodeReport>> {
+        Arc::clone(&self.report)
+    }
+
+    /// Enqueues the decode of `batch` into `buffer` on `stream` (see the module docs) and
+    /// returns the fence of the whole and the samples skipped. On an error the stream is
+    /// synchronised before any buffer is let go of.
+    pub(crate) fn enqueue(
+        &mut self,
+        batch: &mut Batch,
+        buffer: &DeviceBuffer,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(EventFence, usize)> {
+        self.read_timings();
+        let t0 = Instant::now();
+        let mut staged = Vec::new();
+        let done = self.enqueue_inner(batch, buffer, stream, &mut staged);
+        match done {
+            Ok((ready, skipped, start, gpu_images)) => {
+                batch.buffer_mut().release_after(Box::new(ready.clone()));
+                for mut s in staged {
+                    s.release_after(Box::new(ready.clone()));
+                }
+                self.pending
+                    .push_back((start, ready.clone(), gpu_images, t0.elapsed()));
+                if let Ok(mut r) = self.report.lock() {
+                    r.batches += 1;
+                    r.host_seconds += t0.elapsed().as_secs_f64();
+                }
+                Ok((ready, skipped))
+            }
+            Err(e) => {
+                // Work that reads the host batch, the scratch or the staging may be queued.
+                let _ = stream.synchronize();
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn enqueue_inner(
+        &mut self,
+        batch: &Batch,
+        buffer: &DeviceBuffer,
+        stream: &Arc<CudaStream>,
+        staged: &mut Vec<HostBuffer>,
+    ) -> Result<(EventFence, usize, CudaEvent, usize)> {
+        let n = batch.len();
+        let host = batch.buffer().as_slice();
+        let cap = self.plan.capacity;
+        let record_of =
+            |p: usize| &host[self.records_offset + p * cap..self.records_offset + (p + 1) * cap];
+        let (out_h, out_w) = (self.out.height, self.out.width);
+        // Where each sample goes in the scratch: descriptors first, then the images, then the
+        // resize's rows.
+        let mut items = Vec::with_capacity(n);
+        let mut at = aligned(n * std::mem::size_of::<ResizeSample>());
+        for p in 0..n {
+            let meta = &host[self.meta_offset + p * META_BYTES..];
+            let record = SampleRecord::read(meta).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "sample {} of batch {}: its GPU-decode record is not one a worker wrote",
+                    batch.indices().get(p).copied().unwrap_or(0),
+                    batch.number()
+                ))
+            })?;
+            let zero = record.route == Route::Skipped;
+            let (roi, width, height, region) = match record.route {
+                Route::Hardware | Route::Gpu if self.roi => {
+                    let roi = wide_roi(record.region, record.width, record.height, out_w, out_h);
+                    let region = Region {
+                        left: record.region.left - f64::from(roi.x),
+                        top: record.region.top - f64::from(roi.y),
+                        ..record.region
+                    };
+                    (Some(roi), roi.width, roi.height, region)
+                }
+                Route::Skipped => (None, 1, 1, record.region),
+                _ => (None, record.width, record.height, record.region),
+            };
+            // Each sample's places are sized for its whole image (whatever the region decoded
+            // and the rows resampled), rounded up below: a data set's batches then take a
+            // handful of block sizes, reused epoch after epoch, instead of a new one for each
+            // batch's crops.
+            let src = at;
+            let (full_w, full_h) = if zero {
+                (0, 0)
+            } else {
+                (record.width as usize, record.height as usize)
+            };
+            at += aligned(3 * full_w * full_h);
+            let (row0, rows) = resize::source_rows(region.top, region.height, height, out_h);
+            let tmp = at;
+            at += aligned(full_h * out_w as usize * 3);
+            items.push(Item {
+                record,
+                src,
+                width,
+                height,
+                roi,
+                region,
+                tmp,
+                row0,
+                rows,
+                zero,
+            });
+        }
+        let scratch = self.memory.scratch(at.next_power_of_two())?;
+        let base = scratch.addr();
+        self.device.bind()?;
+        scratch.order_on(stream)?;
+        buffer.order_on(stream)?;
+        let start = self
+            .device
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err("create an event"))?;
+        start
+            .record(stream)
+            .map_err(cuda_err("record an event (cuEventRecord)"))?;
+        // SAFETY: for this copy and every one below, the sources are the batch's pinned host
+        // buffer (or a pinned staging buffer), released behind the batch's `ready` fence by
+        // `enqueue`; the destinations are inside `buffer` (the prefix, `records_offset <=
+        // image_offset`) or inside `scratch` (placed above), both fenced behind `ready` too; on
+        // an error the stream is synchronised before either is let go of.
+        unsafe {
+            result::memcpy_htod_async(
+                buffer.addr(),
+                &host[..self.records_offset],
+                stream.cu_stream(),
+            )
+        }
+        .map_err(cuda_err("copy a batch's labels (cuMemcpyHtoDAsync)"))?;
+        let mut skipped = 0;
+        let mut hardware = Vec::new();
+        let mut gpu = Vec::new();
+        for (p, it) in items.iter().enumerate() {
+            match it.record.route {
+                Route::Pixels => {
+                    let len = it.record.len as usize;
+                    // SAFETY: see above; `len` is the pixels' length, within the record.
+                    unsafe {
+                        result::memcpy_htod_async(
+                            base + it.src as u64,
+                            &record_of(p)[..len],
+                            stream.cu_stream(),
+                        )
+                    }
+                    .map_err(cuda_err("copy a worker's pixels (cuMemcpyHtoDAsync)"))?;
+                }
+                Route::Hardware => match &self.hardware {
+                    Some(hw)
+                        if hw.supports(
+                            &record_of(p)[..it.record.len as usize],
+                            it.roi.filter(|_| hw.has_roi()),
+                        ) =>
+                    {
+                        hardware.push(p)
+                    }
+                    _ => gpu.push(p),
+                },
+                Route::Gpu => gpu.push(p),
+                Route::Skipped => {}
+            }
+        }
+        let mut hardware_ok = 0;
+        if !hardware.is_empty()
+            && let Some(hw) = &mut self.hardware
+        {
+            let roi_ok = hw.has_roi();
+            let inputs: Vec<(&[u8], Image, Option<Roi>)> = hardware
+                .iter()
+                .map(|&p| {
+                    let it = &items[p];
+                    let bytes = &record_of(p)[..it.record.len as usize];
+                    (
+                        bytes,
+                        Image::interleaved(base + it.src as u64, 3 * it.width as usize),
+                        it.roi,
+                    )
+                })
+                .collect();
+            // Without region decode in this library, a region decode is not possible: those
+            // images go to the GPU backend, which has it.
+            let (whole, regions): (Vec<_>, Vec<_>) = if roi_ok {
+                (inputs, Vec::new())
+            } else {
+                inputs.into_iter().partition(|(_, _, r)| r.is_none())
+            };
+            // SAFETY: every output is its item's place in `scratch`, sized for its region at
+            // pitch `3 * width`; scratch and the host records are fenced behind `ready`.
+            let decoded = unsafe { hw.decode(&whole, stream) };
+            let mut counts = whole.len();
+            if decoded.is_err() {
+                // No status per image: each goes to the GPU backend, which says which fails.
+                gpu.extend(hardware.iter().copied());
+                counts = 0;
+            } else if !regions.is_empty() {
+                let whole_set: std::collections::HashSet<usize> = hardware
+                    .iter()
+                    .copied()
+                    .filter(|&p| items[p].roi.is_none())
+                    .collect();
+                gpu.extend(hardware.iter().copied().filter(|p| !whole_set.contains(p)));
+            }
+            self.plan
+                .stats
+                .hardware
+                .fetch_add(counts as u64, Ordering::Relaxed);
+            hardware_ok = counts;
+        }
+        let mut gpu_images = 0;
+        for &p in &gpu {
+            let it = &items[p];
+            let bytes = &record_of(p)[..it.record.len as usize];
+            let out = Image::interleaved(base + it.src as u64, 3 * it.width as usize);
+            // SAFETY: as for the hardware decode.
+            match unsafe { self.gpu.decode(bytes, out, it.roi, stream) } {
+                Ok(()) => {
+                    gpu_images += 1;
+                    self.plan.stats.gpu.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(refused) => {
+                    let index = batch.indices().get(p).copied().unwrap_or(0);
+                    match self.decode_on_cpu(bytes, index, it, base, stream, staged) {
+                        Ok(()) => {
+                            self.plan
+                                .stats
+                                .stage_fallback
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) if self.plan.on_bad == OnBadImage::Skip => {
+                            let _ = e;
+                            skipped += 1;
+                            self.skip(p, &mut items, buffer, stream)?;
+                        }
+                        Err(e) => {
+                            return Err(Error::Sample {
+                                index,
+                                batch: batch.number(),
+                                source: Box::new(codec_error(index, refused, e)),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        gpu_images += hardware_ok;
+        // The descriptors.
+        let mut desc = self
+            .staging
+            .acquire(n * std::mem::size_of::<ResizeSample>())?;
+        let mut max_rows = 1;
+        for (p, it) in items.iter().enumerate() {
+            let s = if it.zero {
+                ResizeSample {
+                    kind: resize::KIND_ZERO,
+                    ..ResizeSample::default()
+                }
+            } else {
+                max_rows = max_rows.max(it.rows);
+                ResizeSample {
+                    src: base + it.src as u64,
+                    tmp: base + it.tmp as u64,
+                    left: it.region.left,
+                    top: it.region.top,
+                    width: it.region.width,
+                    height: it.region.height,
+                    pitch: 3 * it.width,
+                    src_w: it.width,
+                    src_h: it.height,
+                    row0: it.row0,
+                    rows: it.rows,
+                    flip: u32::from(it.record.flip),
+                    kind: 0,
+                    pad: 0,
+                }
+            };
+            desc.as_mut_slice()[p * 80..p * 80 + 80].copy_from_slice(&s.to_bytes());
+        }
+        // SAFETY: see the copies above; the staging buffer is released behind `ready`.
+        unsafe { result::memcpy_htod_async(base, &desc.as_slice()[..n * 80], stream.cu_stream()) }
+            .map_err(cuda_err("copy the resize descriptors (cuMemcpyHtoDAsync)"))?;
+        staged.push(desc);
+        // SAFETY: the descriptors were just copied to `base`; each addresses its image and rows
+        // in `scratch` as placed above, and the output is the image field of `buffer`, which
+        // holds `n` samples' images from `image_offset` (the plan's layout); all fenced
+        // behind `ready`.
+        unsafe {
+            self.kernels.launch(
+                stream,
+                base,
+                n,
+                max_rows,
+                buffer.addr() + self.image_offset as u64,
+                &self.out,
+            )
+        }?;
+        let ready = EventFence::record(stream)?;
+        scratch.add_use(stream, ready.clone());
+        Ok((ready, skipped, start, gpu_images))
+    }
+
+    /// Decodes on this thread a JPEG nvJPEG refused, its region into a pinned staging buffer,
+    /// copied into the item's place in the scratch.
+    fn decode_on_cpu(
+        &self,
+        bytes: &[u8],
+        index: u64,
+        it: &Item,
+        base: u64,
+        stream: &Arc<CudaStream>,
+        staged: &mut Vec<HostBuffer>,
+    ) -> Result<()> {
+        let name = format!("sample {index}");
+        let (mut pixels, mut scratch) = (Vec::new(), Vec::new());
+        let d = codec::decode_rgb8(bytes, &name, &self.plan.limits, &mut pixels, &mut scratch)?;
+        if (d.width, d.height) != (it.record.width, it.record.height) {
+            return Err(codec::image_error(
+                &name,
+                format!(
+                    "decodes to {}x{}, but its header declares {}x{}",
+                    d.width, d.height, it.record.width, it.record.height
+                ),
+            ));
+        }
+        let roi = it.roi.unwrap_or(Roi {
+            x: 0,
+            y: 0,
+            width: d.width,
+            height: d.height,
+        });
+        let pitch = 3 * roi.width as usize;
+        let mut out = self.staging.acquire(pitch * roi.height as usize)?;
+        let full = 3 * d.width as usize;
+        for (r, row) in out
+            .as_mut_slice()
+            .chunks_exact_mut(pitch)
+            .take(roi.height as usize)
+            .enumerate()
+        {
+            let from = (roi.y as usize + r) * full + 3 * roi.x as usize;
+            row.copy_from_slice(&pixels[from..from + pitch]);
+        }
+        // SAFETY: the staging buffer is pinned and released behind `ready`; the destination
+        // is the item's place in the scratch, sized for this region.
+        unsafe {
+            result::memcpy_htod_async(
+                base + it.src as u64,
+                &out.as_slice()[..pitch * roi.height as usize],
+                stream.cu_stream(),
+            )
+        }
+        .map_err(cuda_err("copy a CPU-decoded image (cuMemcpyHtoDAsync)"))?;
+        staged.push(out);
+        Ok(())
+    }
+
+    /// Marks sample `p` skipped: written as zeros, its label set to -1 on the device.
+    fn skip(
+        &self,
+        p: usize,
+        items: &mut [Item],
+        buffer: &DeviceBuffer,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        items[p].zero = true;
+        if let Some(label) = self.label_offset {
+            // SAFETY: the label field's slot of sample `p`, inside the copied prefix of
+            // `buffer`, fenced behind `ready`.
+            unsafe {
+                result::memset_d8_async(
+                    buffer.addr() + (label + 8 * p) as u64,
+                    0xFF,
+                    8,
+                    stream.cu_stream(),
+                )
+            }
+            .map_err(cuda_err("set a skipped sample's label (cuMemsetD8Async)"))?;
+        }
+        Ok(())
+    }
+
+    /// Reads the device time of completed batches and tells the split what the GPU costs.
+    fn read_timings(&mut self) {
+        while let Some((start, end, images, host)) = self.pending.front() {
+            if !end.event().try_is_complete().unwrap_or(true) {
+                break;
+            }
+            // SAFETY: both events are live, recorded on the copy stream, and `end` completed.
+            let ms = unsafe { result::event::elapsed(start.cu_event(), end.event().cu_event()) }
+                .unwrap_or(0.0);
+            let device = Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+            let busy = device.max(*host);
+            self.plan
+                .split
+                .measured_gpu(busy.as_nanos() as u64, *images);
+            if let Ok(mut r) = self.report.lock() {
+                r.device_seconds += device.as_secs_f64();
+                r.images += *images as u64;
+                r.cpu_share = self.plan.split.share();
+            }
+            self.pending.pop_front();
+        }
+    }
+}
+
+/// The error of an image neither nvJPEG nor the CPU decoder could decode.
+fn codec_error(index: u64, refused: NvjpegError, cpu: Error) -> Error {
+    match cpu {
+        Error::Image {
+            source_name,
+            what,
+            source,
+        } => Error::Image {
+            source_name,
+            what: format!("nvJPEG refused it ({refused}), and the CPU decoder: {what}"),
+            source,
+        },
+        other => codec::image_error(
+            &format!("sample {index}"),
+            format!("nvJPEG refused it ({refused}), and the CPU decoder: {other}"),
+        ),
+    }
+}
+
+/// The region to decode for a crop: the crop and the resize's support around it (the filter
+/// reads up to `max(scale, 1)` pixels beyond each output pixel's centre), plus a pixel, within
+/// the image.
+fn wide_roi(crop: Region, width: u32, height: u32, out_w: u32, out_h: u32) -> Roi {
+    let margin = |len: f64, out: u32| (len / f64::from(out)).max(1.0).ceil() + 2.0;
+    let (mx, my) = (margin(crop.width, out_w), margin(crop.height, out_h));
+    let x0 = (crop.left - mx).floor().max(0.0) as u32;
+    let y0 = (crop.top - my).floor().max(0.0) as u32;
+    let x1 = ((crop.left + crop.width + mx).ceil() as u32)
+        .min(width)
+        .max(x0 + 1);
+    let y1 = ((crop.top + crop.height + my).ceil() as u32)
+        .min(height)
+        .max(y0 + 1);
+    Roi {
+        x: x0,
+        y: y0,
+        width: x1 - x0,
+        height: y1 - y0,
+    }
+}
+
+/// The default device budget of a stage: eight batches of decoded 1024 x 768 images, plus the
+/// resize's rows, at least 1 GiB.
+fn default_memory(batch: usize, (h, w): (u32, u32)) -> u64 {
+    let image = 1024 * 768 * 3 + 1024 * w as u64 * 3;
+    let _ = h;
+    (8 * batch as u64 * image).max(1 << 30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_region_decoded_covers_the_resize_support_within_the_image() {
+        let crop = Region {
+            left: 100.0,
+            top: 50.0,
+            width: 300.0,
+            height: 200.0,
+        };
+        let roi = wide_roi(crop, 500, 375, 224, 224);
+        // Across, 300 / 224: a support of 2 (rounded up) and 2 more; down, 200 / 224: 1 and 2.
+        assert_eq!((roi.x, roi.y, roi.width, roi.height), (96, 47, 308, 206));
+        // Every tap of every output pixel is inside the region.
+        let left = crop.left - f64::from(roi.x);
+        for x in 0..224 {
+            let (first, n) = resize::taps(crop.left, crop.width, 500, 224, x);
+            assert!(
+                first >= roi.x && first + n <= roi.x + roi.width,
+                "column {x}"
+            );
+            let (f2, n2) = resize::taps(left, crop.width, roi.width, 224, x);
+            assert_eq!(
+                (f2 + roi.x, n2),
+                (first, n),
+                "column {x}: the same taps in the region"
+            );
+        }
+        // At the image's edges the region stops there.
+        let edge = Region {
+            left: 0.0,
+            top: 0.0,
+            width: 500.0,
+            height: 375.0,
+        };
+        let roi = wide_roi(edge, 500, 375, 224, 224);
+        assert_eq!((roi.x, roi.y, roi.width, roi.height), (0, 0, 500, 375));
+    }
+}

@@ -1,0 +1,359 @@
+//! The GPU decode (nvJPEG, then gpufeed's resize kernels) against the CPU path: the same
+//! batches, pixels within the tolerance for every kind of image, corrupt and huge
+//! JPEGs as typed errors (or skipped), resume, and device memory that does not grow.
+
+use gpufeed::cuda::nvjpeg::{self, DecodeOptions};
+use gpufeed::cuda::{DeviceLoader, DeviceLoaderOptions};
+use gpufeed::source::ImageFolder;
+use gpufeed::transform::image::{Decode, ImageTransform, ImageTransformBuilder, OnBadImage};
+use gpufeed::{BatchStream, DType, Error, Loader, LoaderBuilder};
+
+use crate::cuda_common::device;
+use crate::image_common;
+
+const SEED: u64 = 5;
+
+fn builder(dir: &std::path::Path, t: ImageTransform, batch: usize) -> LoaderBuilder {
+    Loader::builder(ImageFolder::open(dir).unwrap())
+        .transform(t)
+        .batch_size(batch)
+        .shuffle(SEED)
+        .workers(3)
+        .shard(0, 1)
+}
+
+fn gpu(t: ImageTransformBuilder) -> ImageTransform {
+    t.decode(Decode::Gpu).cpu_share(Some(0.0)).build().unwrap()
+}
+
+/// nvJPEG loads, or its absence is the typed error that says how to get it (runs everywhere;
+/// with GPUFEED_REQUIRE_GPU=1 it must load).
+pub fn nvjpeg_loads_or_says_what_is_missing() {
+    match nvjpeg::load() {
+        Ok(lib) => {
+            eprintln!("nvJPEG {:?} from {}", lib.version(), lib.path());
+            assert!(lib.version().0 >= 11, "{:?}", lib.version());
+        }
+        Err(e @ Error::MissingLibrary { .. }) => {
+            assert!(
+                std::env::var("GPUFEED_REQUIRE_GPU").as_deref() != Ok("1"),
+                "GPUFEED_REQUIRE_GPU=1 but {e}"
+            );
+            assert!(
+                e.to_string().contains("pip install nvidia-nvjpeg-cu12"),
+                "{e}"
+            );
+        }
+        Err(other) => panic!("not a MissingLibrary error: {other}"),
+    }
+}
+
+/// Mean absolute difference and 99.9th percentile of |a - b| over u8 pixels.
+fn differences(a: &[u8], b: &[u8]) -> (f64, u8) {
+    assert_eq!(a.len(), b.len());
+    let mut d: Vec<u8> = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).collect();
+    let mean = d.iter().map(|&v| f64::from(v)).sum::<f64>() / d.len() as f64;
+    d.sort_unstable();
+    (mean, d[(d.len() * 999 / 1000).min(d.len() - 1)])
+}
+
+/// Every kind (baseline 4:2:0, 4:2:2, 4:4:4, progressive, gray, CMYK, PNG), u8 CHW: the same
+/// batches, labels and order as the CPU path, pixels within mean 1.0 and 99.9th percentile 8;
+/// then f16 normalised within the same tolerance in pixel units.
+pub fn gpu_decoded_batches_match_the_cpu_path_for_every_kind() {
+    let Some(device) = device() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    image_common::kinds_folder(dir.path(), 6);
+    for (roi, hardware) in [(true, true), (false, true), (true, false)] {
+        let host: Vec<_> = builder(dir.path(), ImageTransform::train(64).build().unwrap(), 8)
+            .build()
+            .unwrap()
+            .map(|b| {
+                let b = b.unwrap();
+                (
+                    b.field_bytes("image").unwrap().to_vec(),
+                    b.field_bytes("label").unwrap().to_vec(),
+                    b.indices().to_vec(),
+                )
+            })
+            .collect();
+        let opts = DeviceLoaderOptions::default().decode(DecodeOptions {
+            roi,
+            hardware,
+            ..DecodeOptions::default()
+        });
+        let mut feed = DeviceLoader::from_builder(
+            builder(dir.path(), gpu(ImageTransform::train(64)), 8),
+            &device,
+            opts,
+        )
+        .unwrap();
+        let (mut all_gpu, mut all_cpu) = (Vec::new(), Vec::new());
+        for (k, got) in feed.by_ref().enumerate() {
+            let got = got.unwrap();
+            let (image, label, indices) = &host[k];
+            assert_eq!(got.indices(), &indices[..], "batch {k}: the same samples");
+            let f = got.field_bytes("image").unwrap();
+            assert_eq!(
+                (f.dtype(), f.shape()),
+                (DType::U8, vec![got.len(), 3, 64, 64])
+            );
+            let pixels = got.field_to_host("image").unwrap();
+            assert_eq!(&got.field_to_host("label").unwrap(), label, "batch {k}");
+            all_gpu.extend_from_slice(&pixels);
+            all_cpu.extend_from_slice(image);
+        }
+        let (mean, p999) = differences(&all_gpu, &all_cpu);
+        let report = feed.decode_report().unwrap();
+        eprintln!("roi {roi}, hardware {hardware}: mean {mean:.3}, p99.9 {p999}; {report:?}");
+        assert!(
+            mean <= 1.0 && p999 <= 8,
+            "roi {roi}, hardware {hardware}: mean {mean}, p99.9 {p999}"
+        );
+        assert!(
+            report.pooled_memory,
+            "nvJPEG's memory comes from the stage's pools"
+        );
+        assert!(
+            report.counts.cpu_unsupported > 0 && report.counts.gpu + report.counts.hardware > 0,
+            "{report:?}"
+        );
+    }
+    // f16, normalised: the same values, in pixel units, within the same tolerance.
+    let n = gpufeed::transform::image::Normalize::IMAGENET;
+    let host: Vec<u8> = builder(dir.path(), ImageTransform::train(64).build().unwrap(), 8)
+        .build()
+        .unwrap()
+        .flat_map(|b| b.unwrap().field_bytes("image").unwrap().to_vec())
+        .collect();
+    let feed = DeviceLoader::from_builder(
+        builder(
+            dir.path(),
+            gpu(ImageTransform::train(64).dtype(DType::F16).normalize(n)),
+            8,
+        ),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
+    let mut back = Vec::new();
+    for b in feed {
+        let b = b.unwrap();
+        let bytes = b.field_to_host("image").unwrap();
+        // Back to pixel levels: v = (x * std + mean) * 255, per channel (CHW).
+        for (i, h) in bytes.chunks_exact(2).enumerate() {
+            let c = (i / (64 * 64)) % 3;
+            let x = half::f16::from_bits(u16::from_le_bytes([h[0], h[1]])).to_f32();
+            back.push(
+                ((x * n.std[c] + n.mean[c]) * 255.0)
+                    .round()
+                    .clamp(0.0, 255.0) as u8,
+            );
+        }
+    }
+    let (mean, p999) = differences(&back, &host);
+    assert!(mean <= 1.0 && p999 <= 8, "f16: mean {mean}, p99.9 {p999}");
+}
+
+/// A JPEG whose scan header names a component its frame does not have: nvJPEG and the CPU
+/// decoder both refuse it.
+fn corrupt_jpeg() -> Vec<u8> {
+    let (_, mut b) = image_common::image_kinds().into_iter().next().unwrap();
+    let sos = b.windows(2).position(|m| m == [0xFF, 0xDA]).unwrap();
+    // SOS: FF DA, length (2), count (1), then (selector, tables) per component.
+    b[sos + 5] = 0x29;
+    b
+}
+
+/// Corrupt and truncated JPEGs: a typed error naming the sample, the next batches unharmed (no
+/// device fault, no poisoned context); under Skip, counted, zeroed, labelled -1.
+pub fn corrupt_jpegs_are_typed_errors_naming_the_sample_or_skipped() {
+    let Some(device) = device() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let class = dir.path().join("a");
+    std::fs::create_dir_all(&class).unwrap();
+    let kinds = image_common::image_kinds();
+    for i in 0..4 {
+        std::fs::write(class.join(format!("{i}_good.jpg")), &kinds[0].1).unwrap();
+    }
+    std::fs::write(class.join("4_corrupt.jpg"), corrupt_jpeg()).unwrap();
+    std::fs::write(
+        class.join("5_truncated.jpg"),
+        &kinds[0].1[..kinds[0].1.len() / 2],
+    )
+    .unwrap();
+    for i in 6..8 {
+        std::fs::write(class.join(format!("{i}_good.jpg")), &kinds[3].1).unwrap();
+    }
+    let seq = |t: ImageTransform| {
+        Loader::builder(ImageFolder::open(dir.path()).unwrap())
+            .transform(t)
+            .batch_size(1)
+            .workers(2)
+            .shard(0, 1)
+    };
+    let fail = DeviceLoader::from_builder(
+        seq(gpu(ImageTransform::train(32))),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
+    let results: Vec<_> = fail.collect();
+    assert_eq!(results.len(), 8);
+    for (k, r) in results.iter().enumerate() {
+        match (k, r) {
+            (4 | 5, Err(Error::Sample { index, source, .. })) => {
+                assert_eq!(*index, k as u64);
+                assert!(
+                    matches!(**source, Error::Image { .. }),
+                    "sample {k}: {source}"
+                );
+            }
+            (4 | 5, other) => panic!("sample {k}: {other:?}"),
+            (_, Ok(b)) => assert_eq!(b.field_to_host("image").unwrap().len(), 3 * 32 * 32),
+            (_, Err(e)) => panic!("sample {k}: {e}"),
+        }
+    }
+    let skip = DeviceLoader::from_builder(
+        seq(gpu(ImageTransform::train(32).on_bad_image(OnBadImage::Skip))),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
+    for (k, b) in skip.enumerate() {
+        let b = b.unwrap();
+        let label = i64::from_le_bytes(b.field_to_host("label").unwrap()[..8].try_into().unwrap());
+        let image = b.field_to_host("image").unwrap();
+        if k == 4 || k == 5 {
+            assert_eq!((b.skipped(), label), (1, -1), "sample {k}");
+            assert!(image.iter().all(|&v| v == 0), "sample {k} zeroed");
+        } else {
+            assert_eq!((b.skipped(), label), (0, 0), "sample {k}");
+            assert!(image.iter().any(|&v| v != 0), "sample {k} decoded");
+        }
+    }
+}
+
+/// A JPEG declaring 60000 x 60000 is refused by the pixel limit before anything is allocated:
+/// the device holds no more memory than for a plain batch.
+pub fn huge_declared_jpegs_are_refused_before_allocation() {
+    let Some(device) = device() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let class = dir.path().join("a");
+    std::fs::create_dir_all(&class).unwrap();
+    let (_, mut huge) = image_common::image_kinds().into_iter().next().unwrap();
+    let at = huge.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+    huge[at + 5..at + 9].copy_from_slice(&[0xEA, 0x60, 0xEA, 0x60]);
+    huge.truncate(huge.len() - 2);
+    huge.extend(std::iter::repeat_n(0u8, 1 << 20));
+    huge.extend([0xFF, 0xD9]);
+    std::fs::write(class.join("huge.jpg"), &huge).unwrap();
+    let before = gpufeed::cuda::reserved_bytes();
+    let mut feed = DeviceLoader::from_builder(
+        Loader::builder(ImageFolder::open(dir.path()).unwrap())
+            .transform(gpu(ImageTransform::train(32)))
+            .batch_size(1),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
+    match feed.next() {
+        Some(Err(Error::Sample { source, .. })) => {
+            assert!(source.to_string().contains("max_pixels"), "{source}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // 60000 x 60000 RGB would be 10.8 GB.
+    assert!(gpufeed::cuda::reserved_bytes() < before + (64 << 20));
+}
+
+/// A resumed GPU-decode loader delivers the same batches, byte for byte (a fixed split).
+pub fn resumed_gpu_decode_delivers_the_same_batches() {
+    let Some(device) = device() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    image_common::kinds_folder(dir.path(), 4);
+    let t = || {
+        ImageTransform::train(48)
+            .decode(Decode::Gpu)
+            .cpu_share(Some(0.25))
+            .build()
+            .unwrap()
+    };
+    let feed = DeviceLoader::from_builder(
+        builder(dir.path(), t(), 4),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
+    let mut feed = feed;
+    let whole: Vec<Vec<u8>> = feed
+        .by_ref()
+        .map(|b| b.unwrap().field_to_host("image").unwrap())
+        .collect();
+    let mut first = DeviceLoader::from_builder(
+        builder(dir.path(), t(), 4),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
+    for _ in 0..3 {
+        first.next().unwrap().unwrap();
+    }
+    let state = first.state();
+    drop(first);
+    let mut resumed = DeviceLoader::from_builder(
+        builder(dir.path(), t(), 4).resume(state),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
+    resumed.set_epoch(0);
+    let rest: Vec<Vec<u8>> = resumed
+        .by_ref()
+        .map(|b| b.unwrap().field_to_host("image").unwrap())
+        .collect();
+    assert_eq!(rest.len(), whole.len() - 3);
+    for (k, (a, b)) in rest.iter().zip(&whole[3..]).enumerate() {
+        assert!(a == b, "batch {} differs after the resume", k + 3);
+    }
+}
+
+/// Device memory after 50 epochs is what it was after 5 (nvJPEG's buffers and the stage's
+/// scratch come from budgeted pools and are reused).
+pub fn device_memory_does_not_grow_over_50_epochs() {
+    let Some(device) = device() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    image_common::kinds_folder(dir.path(), 4);
+    let mut feed = DeviceLoader::from_builder(
+        builder(
+            dir.path(),
+            ImageTransform::train(48)
+                .decode(Decode::Gpu)
+                .build()
+                .unwrap(),
+            7,
+        ),
+        &device,
+        DeviceLoaderOptions::default(),
+    )
+    .unwrap();
+    let mut after_5 = 0;
+    for epoch in 0..50 {
+        feed.set_epoch(epoch);
+        for b in feed.by_ref() {
+            b.unwrap();
+        }
+        device.synchronize().unwrap();
+        if epoch == 4 {
+            after_5 = gpufeed::cuda::reserved_bytes();
+        }
+    }
+    let after_50 = gpufeed::cuda::reserved_bytes();
+    let report = feed.decode_report().unwrap();
+    eprintln!("reserved after 5 epochs {after_5}, after 50 {after_50}; {report:?}");
+    assert!(report.pooled_memory);
+    assert!(
+        after_50 <= after_5,
+        "device memory grew from {after_5} to {after_50} bytes"
+    );
+}
