@@ -235,6 +235,7 @@ fn make_batch(
         skipped,
         epoch: order.epoch(),
         number,
+        tokens: None,
     };
     Some(finish(shared, buffer, info, permit))
 }
@@ -323,6 +324,7 @@ fn make_part(
                     skipped: state.skipped,
                     epoch: order.epoch(),
                     number,
+                    tokens: None,
                 };
                 Some(finish(shared, buffer, info, permit))
             }

@@ -111,13 +111,18 @@ impl TokenSource for DocumentTokens {
                 });
             }
             let at = start as usize * item;
-            decode_tokens(&bytes[at..at + out.len() * item], self.dtype, out, |i, v| {
-                Error::mismatch(format!(
-                    "field `{}` of sample {doc}: token {} is {v}, not a token id",
-                    self.name,
-                    start + i as u64
-                ))
-            })
+            decode_tokens(
+                &bytes[at..at + out.len() * item],
+                self.dtype,
+                out,
+                |i, v| {
+                    Error::mismatch(format!(
+                        "field `{}` of sample {doc}: token {} is {v}, not a token id",
+                        self.name,
+                        start + i as u64
+                    ))
+                },
+            )
         })
     }
 

@@ -157,11 +157,9 @@ impl TokenSource for FlatTokens {
             });
         }
         let item = self.dtype.size() as u64;
-        let bytes = self.file().bytes_at(
-            &self.path,
-            self.offset + start * item,
-            (n * item) as usize,
-        )?;
+        let bytes =
+            self.file()
+                .bytes_at(&self.path, self.offset + start * item, (n * item) as usize)?;
         decode_tokens(&bytes, self.dtype, out, |i, v| Error::Malformed {
             path: self.path.clone(),
             format: "flat token",

@@ -336,11 +336,9 @@ impl TokenSource for IndexedTokens {
             });
         }
         let item = self.dtype.size() as u64;
-        let bytes = self.data.bytes_at(
-            &self.bin_path,
-            at + start * item,
-            (n * item) as usize,
-        )?;
+        let bytes = self
+            .data
+            .bytes_at(&self.bin_path, at + start * item, (n * item) as usize)?;
         decode_tokens(&bytes, self.dtype, out, |i, v| {
             self.bad_bin(format!(
                 "document {doc}: token {} is {v}, not a token id",
@@ -410,8 +408,7 @@ impl Header {
         let (sequences, doc_entries) = (u64_at(18), u64_at(26));
         if doc_entries == 0 {
             return Err(
-                "the document index is empty (a builder writes at least its first entry, 0)"
-                    .into(),
+                "the document index is empty (a builder writes at least its first entry, 0)".into(),
             );
         }
         let need = sequences
@@ -498,9 +495,14 @@ mod tests {
         let tokens: Vec<u8> = (0..9u16).flat_map(|t| (t + 100).to_le_bytes()).collect();
         std::fs::write(with_suffix(&prefix, "bin"), tokens).unwrap();
         let t = IndexedTokens::open(&prefix).unwrap();
-        assert_eq!((t.documents(), t.sequences(), t.dtype()), (3, 3, DType::U16));
         assert_eq!(
-            (0..3).map(|d| t.document_len(d).unwrap()).collect::<Vec<_>>(),
+            (t.documents(), t.sequences(), t.dtype()),
+            (3, 3, DType::U16)
+        );
+        assert_eq!(
+            (0..3)
+                .map(|d| t.document_len(d).unwrap())
+                .collect::<Vec<_>>(),
             [5, 0, 4]
         );
         let mut out = [0u32; 3];

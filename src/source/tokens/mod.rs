@@ -208,7 +208,9 @@ pub fn open_tokens(
             ),
         ));
     };
-    Ok(std::sync::Arc::new(FlatTokens::open_with(path, dtype, mode)?))
+    Ok(std::sync::Arc::new(FlatTokens::open_with(
+        path, dtype, mode,
+    )?))
 }
 
 #[cfg(test)]
@@ -227,7 +229,10 @@ mod tests {
         let b: Vec<u8> = [7i32, -1, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
         let e = decode_tokens(&b, DType::I32, &mut out, bad).unwrap_err();
         assert!(e.to_string().contains("token 1 is -1"), "{e}");
-        let b: Vec<u8> = [1i64 << 33, 0, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let b: Vec<u8> = [1i64 << 33, 0, 0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         let e = decode_tokens(&b, DType::I64, &mut out, bad).unwrap_err();
         assert!(e.to_string().contains("token 0 is 8589934592"), "{e}");
         assert!(decode_tokens(&[0; 12], DType::F32, &mut out, bad).is_err());
