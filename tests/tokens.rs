@@ -197,9 +197,16 @@ proptest! {
                     continue;
                 }
                 // The label is the next token of the stream: the same document's next, or the
-                // first of the document that follows.
+                // first of the document that follows (none at the epoch's end), also for the
+                // row's last input (the window's extra token).
                 if t + 1 < seq_len && row.docs[t + 1] != -1 {
                     prop_assert_eq!(row.labels[t], row.input[t + 1]);
+                }
+                let (doc, offset) = split(row.input[t]);
+                if offset + 1 < lengths[doc] {
+                    prop_assert_eq!(split(row.labels[t]), (doc, offset + 1));
+                } else {
+                    prop_assert!(row.labels[t] == -100 || split(row.labels[t]).1 == 0);
                 }
                 // Positions count from each document's piece.
                 let first = t == 0 || row.docs[t] != row.docs[t - 1];
