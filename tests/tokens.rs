@@ -567,3 +567,147 @@ fn corrupt_and_truncated_indexes_are_typed_errors_naming_the_file() {
     let e = TokenLoader::builder(4, 2).source(t).build().unwrap_err();
     assert!(matches!(e, Error::Malformed { .. }), "{e}");
 }
+
+/// The fixtures of `crates/bench/scripts/megatron_fixture.py` (megatron-core's builder, numpy),
+/// or the directory GPUFEED_TOKEN_FIXTURES names (the script's `--check`, with files it wrote).
+fn token_fixtures() -> std::path::PathBuf {
+    std::env::var_os("GPUFEED_TOKEN_FIXTURES").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokens"),
+        Into::into,
+    )
+}
+
+fn all_tokens(source: &dyn TokenSource, doc: u64) -> Vec<u64> {
+    let mut out = vec![0u32; source.document_len(doc).unwrap() as usize];
+    source.read(doc, 0, &mut out).unwrap();
+    out.into_iter().map(u64::from).collect()
+}
+
+fn json_tokens(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn files_written_by_megatron_core_and_numpy_read_as_those_tools_read_them() {
+    let dir = token_fixtures();
+    let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for name in ["megatron_u16", "megatron_i32"] {
+        let want = &expected[name];
+        let source = IndexedTokens::open(dir.join(name)).unwrap();
+        assert_eq!(u64::from(source.dtype_code()), want["dtype_code"], "{name}");
+        assert_eq!(source.sequences(), want["sequences"], "{name}");
+        let docs = want["documents"].as_array().unwrap();
+        assert_eq!(source.documents(), docs.len() as u64, "{name}");
+        // Checks every entry, as the loader's build does.
+        let total: u64 = docs
+            .iter()
+            .map(|d| d.as_array().unwrap().len() as u64)
+            .sum();
+        assert_eq!(source.verify().unwrap(), total, "{name}");
+        for (d, doc) in docs.iter().enumerate() {
+            assert_eq!(
+                all_tokens(&source, d as u64),
+                json_tokens(doc),
+                "{name} document {d}"
+            );
+        }
+        // Concatenated in file order, the loader delivers megatron's documents end to end.
+        let mut loader = TokenLoader::builder(37, 3)
+            .source(Arc::new(IndexedTokens::open(dir.join(name)).unwrap()))
+            .workers(1)
+            .build()
+            .unwrap();
+        let mut stream = Vec::new();
+        for batch in loader.by_ref() {
+            let batch = batch.unwrap();
+            let ids = batch.field::<i64>("input_ids").unwrap();
+            let docs = batch.field::<i32>("document_ids").unwrap();
+            stream.extend(
+                ids.iter()
+                    .zip(docs)
+                    .filter(|(_, d)| **d != -1)
+                    .map(|(t, _)| *t as u64),
+            );
+        }
+        let want: Vec<u64> = docs.iter().flat_map(json_tokens).collect();
+        assert_eq!(stream, want, "{name} through the loader");
+    }
+    let train = FlatTokens::open(dir.join("train.bin"), DType::U16).unwrap();
+    assert_eq!(train.documents(), 1);
+    assert_eq!(all_tokens(&train, 0), json_tokens(&expected["train_bin"]));
+    let npy = FlatTokens::open_npy(dir.join("tokens.npy")).unwrap();
+    assert_eq!(npy.dtype(), DType::U32);
+    assert_eq!(all_tokens(&npy, 0), json_tokens(&expected["tokens_npy"]));
+}
+
+fn npy_with(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+    let mut text = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + text.len() + 1) % 64 != 0 {
+        text.push(' ');
+    }
+    text.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend((text.len() as u16).to_le_bytes());
+    b.extend(text.as_bytes());
+    b.extend(data);
+    b
+}
+
+#[test]
+fn flat_token_files_of_the_wrong_size_or_dtype_are_typed_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = |e: &Error, p: &Path| {
+        let text = e.to_string();
+        assert!(text.contains(&p.display().to_string()), "no file in {text}");
+    };
+    // An odd number of bytes is no whole number of uint16 tokens: truncated, or of another dtype.
+    let odd = dir.path().join("odd.bin");
+    std::fs::write(&odd, [1u8, 0, 2, 0, 3]).unwrap();
+    let e = FlatTokens::open(&odd, DType::U16).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(
+        e.to_string().contains("5 bytes are not a whole number"),
+        "{e}"
+    );
+    names(&e, &odd);
+    // The same five bytes are five uint8 tokens.
+    assert_eq!(FlatTokens::open(&odd, DType::U8).unwrap().tokens(), 5);
+    let e = FlatTokens::open(&odd, DType::F32).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    // A .npy of tokens is 1-D, of integers.
+    let two_d = dir.path().join("two_d.npy");
+    std::fs::write(&two_d, npy_with("<u2", "(2, 2)", &[0; 8])).unwrap();
+    let e = FlatTokens::open_npy(&two_d).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(e.to_string().contains("1-D"), "{e}");
+    names(&e, &two_d);
+    let floats = dir.path().join("floats.npy");
+    std::fs::write(&floats, npy_with("<f4", "(2,)", &[0; 8])).unwrap();
+    let e = FlatTokens::open_npy(&floats).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    names(&e, &floats);
+    let short = dir.path().join("short.npy");
+    std::fs::write(&short, npy_with("<u2", "(4,)", &[0; 6])).unwrap();
+    let e = FlatTokens::open_npy(&short).unwrap_err();
+    names(&e, &short);
+    // A negative id is no token: an error when the row holding it is read, not a huge id.
+    let negative = dir.path().join("negative.npy");
+    let data: Vec<u8> = [5i32, -3, 7].iter().flat_map(|t| t.to_le_bytes()).collect();
+    std::fs::write(&negative, npy_with("<i4", "(3,)", &data)).unwrap();
+    let source = Arc::new(FlatTokens::open_npy(&negative).unwrap());
+    let mut out = [0u32; 3];
+    let e = source.read(0, 0, &mut out).unwrap_err();
+    names(&e, &negative);
+    let mut loader = TokenLoader::builder(2, 2)
+        .source(source)
+        .workers(1)
+        .build()
+        .unwrap();
+    let e = loader.next().unwrap().unwrap_err();
+    assert!(e.to_string().contains("-3"), "{e}");
+}
