@@ -1,6 +1,6 @@
 //! [`TokenLoader`]: the token stream as a loader, and [`TokenLoaderBuilder`], its settings.
 //!
-//! A token loader is a [`Loader`] (or, on a GPU, a `cuda::DeviceLoader`) over this rank's rows,
+//! A token loader is a [`Loader`] over this rank's rows,
 //! with the rules of a global stream around it: the inner loader orders the rank's rows
 //! sequentially, one global batch per batch, and its transform ([`RowWriter`]) makes each row
 //! from the global stream; its batch hook lays out each batch's `cu_seqlens`. Workers, batches
@@ -225,7 +225,7 @@ impl TokenLoaderBuilder {
     }
 
     /// The checks and the inner loader's settings; `host_dtypes`: the row dtypes the host
-    /// writes, when they are not the user's (a GPU widens them).
+    /// writes, when they are not the user's (for a loader that widens them after the copy).
     fn prepare(self, host_dtypes: Option<RowDtypes>) -> Result<Built> {
         if self.sources.is_empty() {
             return Err(Error::config("sources", "no source of tokens was given"));
@@ -533,9 +533,9 @@ impl TokenStats {
 /// `seq_len` tokens from one source or a weighted blend, each rank's share of every global
 /// batch, resumable exactly under any world size. See the [module docs](super).
 ///
-/// `L` is the loader underneath: [`Loader`] (host batches; [`TokenLoaderBuilder::build`]) or
-/// `cuda::DeviceLoader` (device batches, the integer fields widened on the GPU;
-/// `TokenLoaderBuilder::build_device`, feature `cuda`).
+/// `L` is the loader underneath: [`Loader`] (host batches; [`TokenLoaderBuilder::build`]).
+/// The face is generic so that a device loader can sit there; device batches with the integer
+/// fields widened on the GPU are not built yet (the host writes the dtypes the builder names).
 pub struct TokenLoader<L = Loader> {
     inner: L,
     settings: Settings,

@@ -18,8 +18,8 @@
 //!   pinned buffers, resume)        cu_seqlens and the batch's TokenCounts
 //!      │
 //!      ▼
-//!  TokenLoader: BatchStream of host batches, or of device batches (feature `cuda`, the
-//!  integer fields widened on the GPU)
+//!  TokenLoader: BatchStream of host batches (input_ids, labels, position_ids of the dtypes
+//!  the builder names: u16 over PCIe and widening on the GPU are not built yet)
 //! ```
 //!
 //! What each module owns:
