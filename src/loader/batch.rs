@@ -25,7 +25,8 @@ pub struct BatchInfo {
     pub(crate) epoch: u64,
     pub(crate) number: u64,
     /// What a batch of token rows holds beyond its fields (token loaders only).
-    pub(crate) tokens: Option<TokenCounts>,
+    // Boxed: a batch of another kind carries 8 bytes for it, not the counts.
+    pub(crate) tokens: Option<Box<TokenCounts>>,
 }
 
 /// What a batch of token rows ([`TokenLoader`](crate::tokens::TokenLoader)) holds, counted on
@@ -94,7 +95,7 @@ impl BatchInfo {
 
     /// Its token counts, for a batch of token rows (see [`TokenCounts`]); `None` otherwise.
     pub fn tokens(&self) -> Option<&TokenCounts> {
-        self.tokens.as_ref()
+        self.tokens.as_deref()
     }
 }
 

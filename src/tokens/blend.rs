@@ -244,7 +244,7 @@ mod tests {
         assert!(b.counts()[4] >= 199);
         let seq = sequence(&b);
         let window = 10_000usize;
-        let mut count = vec![0i64; 5];
+        let mut count = [0i64; 5];
         for &i in &seq[..window] {
             count[i] += 1;
         }

@@ -360,12 +360,15 @@ enum Cached {
 /// Entries a thread keeps: a few batches' worth of windows is all a global shuffle revisits.
 const CACHE_ENTRIES: usize = 16;
 
+/// What a cache entry is found by: (source, epoch or `u64::MAX` for a packed window, window).
+type EntryKey = (CacheKey, u64, u64);
+
 thread_local! {
-    static CACHE: RefCell<Vec<((CacheKey, u64, u64), Cached)>> = const { RefCell::new(Vec::new()) };
+    static CACHE: RefCell<Vec<(EntryKey, Cached)>> = const { RefCell::new(Vec::new()) };
     static SCRATCH: RefCell<PackScratch> = RefCell::new(PackScratch::default());
 }
 
-fn cached(key: &(CacheKey, u64, u64)) -> Option<Cached> {
+fn cached(key: &EntryKey) -> Option<Cached> {
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         let i = c.iter().position(|(k, _)| k == key)?;
@@ -377,7 +380,7 @@ fn cached(key: &(CacheKey, u64, u64)) -> Option<Cached> {
     })
 }
 
-fn remember(key: (CacheKey, u64, u64), value: Cached) {
+fn remember(key: EntryKey, value: Cached) {
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         c.truncate(CACHE_ENTRIES - 1);

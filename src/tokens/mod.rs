@@ -101,11 +101,11 @@
 //! # }
 //! ```
 
-mod blend;
+pub mod blend;
 mod index;
 mod loader;
 pub mod pack;
-mod rows;
+pub mod rows;
 mod stream;
 
 pub use blend::Blend;

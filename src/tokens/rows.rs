@@ -377,7 +377,7 @@ impl RowWriter {
         counts.tokens = rows * len as u64 - pad_tokens;
         batch.info.indices = indices;
         batch.info.padding = padding_rows;
-        batch.info.tokens = Some(counts);
+        batch.info.tokens = Some(Box::new(counts));
         Ok(())
     }
 }

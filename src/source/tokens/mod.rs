@@ -21,7 +21,7 @@
 
 mod documents;
 mod flat;
-mod indexed;
+pub mod indexed;
 
 use std::ops::Range;
 
