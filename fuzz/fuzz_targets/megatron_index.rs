@@ -67,9 +67,16 @@ fn read_all(prefix: &std::path::Path, mode: ReadMode) -> Vec<Outcome> {
                 assert!(lengths_read, "verify passed a document without a length");
                 assert_eq!(*n, tokens);
             }
-            Err(_) => assert!(!lengths_read, "verify failed on documents that all have one"),
+            Err(_) => assert!(
+                !lengths_read,
+                "verify failed on documents that all have one"
+            ),
         }
     }
-    out.push(verified.map(|n| vec![n as u32, (n >> 32) as u32]).map_err(|e| e.to_string()));
+    out.push(
+        verified
+            .map(|n| vec![n as u32, (n >> 32) as u32])
+            .map_err(|e| e.to_string()),
+    );
     out
 }
