@@ -20,6 +20,7 @@
 //! | batch buffers: a caching pool with a byte budget | [`memory`] |
 //! | worker threads, channels, [`Batch`], stats | [`loader`] |
 //! | pinned buffers, device pool, async copies, device batches (feature `cuda`) | `cuda` |
+//! | token streams for language models: packed or concatenated rows, blends, elastic resume | [`tokens`] |
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] names the file, record or sample at
 //! fault. Nothing panics on bad input.
@@ -53,6 +54,7 @@ pub mod loader;
 pub mod memory;
 pub mod sampler;
 pub mod source;
+pub mod tokens;
 pub mod transform;
 
 #[cfg(doctest)]

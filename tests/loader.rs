@@ -731,6 +731,7 @@ fn load_state_on_a_running_loader_continues_from_the_state() {
         next_batch: 6,
         start: 0,
         order: l.order_spec().clone(),
+        tokens: None,
     };
     l.load_state(state).unwrap();
     let rest = readme_loop(&mut l, 1, 2, None, 0);

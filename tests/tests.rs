@@ -25,5 +25,6 @@ mod s3_common;
 mod shard_errors;
 mod shard_fixtures;
 mod shard_fuzz;
+mod tokens;
 mod typed_transforms;
 mod zip_sources;

@@ -25,6 +25,27 @@ pub struct BatchInfo {
     pub(crate) skipped: usize,
     pub(crate) epoch: u64,
     pub(crate) number: u64,
+    /// What a batch of token rows holds beyond its fields (token loaders only).
+    // Boxed: a batch of another kind carries 8 bytes for it, not the counts.
+    pub(crate) tokens: Option<Box<TokenCounts>>,
+}
+
+/// What a batch of token rows ([`TokenLoader`](crate::tokens::TokenLoader)) holds, counted on
+/// the host when it was made: how many sequences its `cu_seqlens` delimits and the longest (what
+/// flash-attention's varlen kernels take with it), its tokens and padding, and its rows per
+/// source.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenCounts {
+    /// Sequences `cu_seqlens` delimits (its first `sequences + 1` entries), padding included.
+    pub sequences: u64,
+    /// The longest of them.
+    pub max_seqlen: u64,
+    /// Tokens of documents (inputs that are not padding).
+    pub tokens: u64,
+    /// Padding tokens (of padded rows, and of padding rows).
+    pub padding: u64,
+    /// Rows of each source, in the order the sources were given.
+    pub rows_per_source: Vec<u64>,
 }
 
 impl BatchInfo {
@@ -71,6 +92,11 @@ impl BatchInfo {
     /// Its number within the epoch (0-based, for this rank).
     pub fn number(&self) -> u64 {
         self.number
+    }
+
+    /// Its token counts, for a batch of token rows (see [`TokenCounts`]); `None` otherwise.
+    pub fn tokens(&self) -> Option<&TokenCounts> {
+        self.tokens.as_deref()
     }
 }
 

@@ -49,15 +49,16 @@ mod worker;
 
 use std::sync::Arc;
 
-pub use batch::{Batch, BatchInfo};
+pub use batch::{Batch, BatchInfo, TokenCounts};
 pub use builder::LoaderBuilder;
 pub use host::{Loader, SHUTDOWN_WAIT, detached_workers};
 pub use sizing::{
     MAX_WORKERS, default_parts, default_prefetch, default_ragged_budget, default_workers,
     rank_from_env,
 };
-pub use state::LoaderState;
 pub(crate) use state::Position;
+pub use state::{LoaderState, TokenSourceState, TokenState};
+pub use state::{LoaderState, TokenSourceState, TokenState};
 pub(crate) use stats::Delivered;
 pub use stats::{LoaderStats, StageSnapshot};
 pub use stream::{BatchStream, Next};

@@ -99,6 +99,49 @@ pub struct LoaderState {
     /// The settings that decide the order; a resumed loader must have the same data, batch
     /// size, shuffle and remainder policy.
     pub order: OrderSpec,
+    /// A token loader's stream: its settings and where each source stands (`None` for other
+    /// loaders; see [`TokenState`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenState>,
+}
+
+/// What a [`TokenLoader`](crate::tokens::TokenLoader)'s state holds beyond the global batch it
+/// stands at (`next_batch` counts global batches, the same on every rank): the settings that
+/// decide its stream, which a resume checks, and the blend's and each source's place at that
+/// batch.
+///
+/// The stream is a pure function of (seed, epoch, global position) and these settings, so the
+/// places are what the position implies: a resume recomputes them from `next_batch` (they are
+/// here to be read, and so that a checkpoint says how far each source is).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenState {
+    /// Tokens per row.
+    pub seq_len: u64,
+    /// How rows are made: `concatenated` or `packed`.
+    pub mode: String,
+    /// Documents per window (of a shuffle, or of packing).
+    pub window: u64,
+    /// Each source, in the order given.
+    pub sources: Vec<TokenSourceState>,
+}
+
+/// One source of a [`TokenState`]: what it is (checked on resume) and where it stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenSourceState {
+    /// Its documents.
+    pub documents: u64,
+    /// Its tokens.
+    pub tokens: u64,
+    /// Rows (samples) in one of its own epochs.
+    pub rows: u64,
+    /// Its samples in each epoch of the loader: the blend's exact count.
+    pub per_epoch: u64,
+    /// Its samples in the loader's epoch before the state's position.
+    pub taken: u64,
+    /// The source's own epoch that its next sample belongs to.
+    pub epoch: u64,
+    /// That sample's row in that epoch.
+    pub row: u64,
 }
 
 impl LoaderState {
@@ -183,6 +226,7 @@ impl Position {
             next_batch: self.next_batch,
             start: self.start,
             order: self.spec.clone(),
+            tokens: None,
         }
     }
 

@@ -240,6 +240,7 @@ fn make_batch(
         skipped,
         epoch: order.epoch(),
         number,
+        tokens: None,
     };
     Some(finish(shared, buffer, info, permit))
 }
@@ -352,6 +353,7 @@ fn make_part(
                     skipped: state.skipped,
                     epoch: order.epoch(),
                     number,
+                    tokens: None,
                 };
                 Some(finish(shared, buffer, info, permit))
             }

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use blocks::BlockSequence;
 pub use blocks::BlockShuffle;
 pub use permutation::Permutation;
-use permutation::{mix, splitmix};
+pub(crate) use permutation::{mix, splitmix};
 
 use crate::error::{Error, Result};
 

@@ -8,6 +8,8 @@
 //!   (`images.npy` and `labels.npy`, say), sharded where they are;
 //! - [`shards`]: sharded datasets (packed shards, WebDataset tar shards, MosaicML MDS), each
 //!   shard opened on first use, a bounded number open at once;
+//! - [`tokens`]: documents of token ids for language models (Megatron's `.bin`/`.idx`,
+//!   nanoGPT's `train.bin`, a field of any dataset), read in place;
 //! - [`open`]: whichever of these a path names.
 //!
 //! A source never copies a sample: [`Dataset::get`] returns a view into its mapping, and the
@@ -52,6 +54,7 @@ mod image_folder;
 mod npy;
 mod packed;
 pub mod shards;
+pub mod tokens;
 mod zip;
 
 use std::borrow::Cow;

@@ -296,6 +296,12 @@ impl NpyArray {
         Ok(self.data_offset + i as usize * self.row_bytes)
     }
 
+    /// The file's bytes (a mapping, or the file to read at offsets), for readers of the whole
+    /// array in place (a 1-D array of tokens).
+    pub(crate) fn file_data(&self) -> &FileData {
+        &self.data
+    }
+
     /// Checks that the path still names the file opened, with the same size, modification
     /// time and status-change time; see [`Dataset::check_unchanged`].
     pub fn check_unchanged(&self) -> Result<()> {

@@ -1,4 +1,5 @@
-//! `gpufeed inspect`: prints what a packed record file, a `.npy` array, a sharded data set
+//! `gpufeed inspect`: prints what a packed record file, a `.npy` array, a Megatron indexed
+//! dataset (`.bin` + `.idx`), a flat token file (`--token-dtype`), a sharded data set
 //! (`shards.rs`) or an ImageFolder directory holds.
 //!
 //! The kind of file is told by its magic bytes, as [`gpufeed::source::open`] does. Without
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use gpufeed::codec::probe;
 use gpufeed::format::{FieldKind, ReadMode, ReadOptions, RecordFile};
 use gpufeed::source::ImageFolder;
+use gpufeed::source::tokens::{FlatTokens, IndexedTokens, MEGATRON_MAGIC};
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
@@ -24,10 +26,14 @@ use crate::messages::{fields_json, fields_text};
 /// Arguments of `gpufeed inspect`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A packed record file, a `.npy` array, a sharded data set (a directory of shards:
-    /// packed or MDS, with their `index.json`, or `.tar` files; a `.tar` file or a brace
-    /// pattern of them; a URL of one, `s3://bucket/prefix`), or an ImageFolder directory.
+    /// A packed record file, a `.npy` array, a Megatron indexed dataset (its `.idx`, its
+    /// `.bin` or their prefix), a sharded data set (a directory of shards: packed or MDS, with
+    /// their `index.json`, or `.tar` files; a `.tar` file or a brace pattern of them; a URL of
+    /// one, `s3://bucket/prefix`), or an ImageFolder directory.
     file: PathBuf,
+    /// Read FILE as a flat file of tokens of this dtype (nanoGPT's `train.bin`: u16).
+    #[arg(long, value_name = "DTYPE")]
+    token_dtype: Option<String>,
     /// Check every record (offsets, schema, checksum; an ImageFolder's image headers); fail on
     /// the first fault.
     #[arg(long)]
@@ -41,7 +47,8 @@ pub struct Args {
 }
 
 /// What inspect reads, for a path that is none of it.
-const READS: &str = "inspect reads packed files, .npy arrays, shard directories (packed or MDS \
+const READS: &str = "inspect reads packed files, .npy arrays, Megatron .bin/.idx datasets, flat \
+     token files (with --token-dtype), shard directories (packed or MDS \
      shards with their index.json, WebDataset .tar shards), a .tar file or a brace pattern of \
      them, URLs of those (s3://...), and ImageFolder directories (class subdirectories of \
      JPEG/PNG files)";
@@ -64,6 +71,19 @@ struct Sizes {
 /// Runs `gpufeed inspect`.
 pub fn run(args: Args) -> Result<()> {
     let path = args.file.as_path();
+    if let Some(dtype) = &args.token_dtype {
+        crate::pack::check_inputs(&[path], READS)?;
+        return print(
+            inspect_flat_tokens(path, dtype, args.read.mode())?,
+            args.json,
+        );
+    }
+    if let Some(prefix) = megatron_prefix(path)? {
+        return print(
+            inspect_megatron(&prefix, args.verify, args.read.mode())?,
+            args.json,
+        );
+    }
     if crate::shards::is_input(path) {
         args.read
             .refuse_for("a sharded data set's shards are mapped by its store")?;
@@ -111,6 +131,102 @@ struct Report {
     json: Value,
     text: String,
     fault: Option<Error>,
+}
+
+/// The prefix of the Megatron dataset `path` names (its `.idx`, its `.bin`, or the prefix),
+/// when the index starts with Megatron's magic.
+fn megatron_prefix(path: &Path) -> Result<Option<PathBuf>> {
+    let Some(prefix) = IndexedTokens::prefix_of(path) else {
+        return Ok(None);
+    };
+    let idx = PathBuf::from(format!("{}.idx", prefix.display()));
+    let mut magic = [0u8; 9];
+    let mut f = std::fs::File::open(&idx).map_err(|e| io(&idx, "open", e))?;
+    let got = f.read(&mut magic).map_err(|e| io(&idx, "read", e))?;
+    // An index too short for the magic is still Megatron's by name: opening says what is wrong.
+    Ok((got < magic.len() || &magic == MEGATRON_MAGIC).then_some(prefix))
+}
+
+/// `gpufeed inspect` of a Megatron indexed dataset: its header and sizes (O(1)); with
+/// `verify`, every document's entries checked and its tokens counted.
+fn inspect_megatron(prefix: &Path, verify: bool, mode: ReadMode) -> Result<Report> {
+    let t = IndexedTokens::open_with(prefix, mode)?;
+    use gpufeed::source::tokens::TokenSource;
+    let dtype = t.dtype();
+    let tokens = t.data_len() / dtype.size() as u64;
+    let mut json = json!({
+        "path": prefix.display().to_string(),
+        "format": "megatron",
+        "idx": t.idx_path().display().to_string(),
+        "bin": t.bin_path().display().to_string(),
+        "dtype": dtype.name(),
+        "dtype_code": t.dtype_code(),
+        "sequences": t.sequences(),
+        "documents": t.documents(),
+        "multimodal": t.multimodal(),
+        "data_bytes": t.data_len(),
+        "data_tokens": tokens,
+    });
+    let mut text = format!(
+        "file:          {} (.idx + .bin)\nformat:        Megatron indexed dataset (MMIDIDX v1){}\n\
+         dtype:         {dtype} (code {})\nsequences:     {}\ndocuments:     {}\n\
+         data bytes:    {} ({tokens} tokens)\n",
+        prefix.display(),
+        if t.multimodal() { ", multimodal" } else { "" },
+        t.dtype_code(),
+        t.sequences(),
+        t.documents(),
+        t.data_len(),
+    );
+    let mut fault = None;
+    if verify {
+        match t.verify() {
+            Ok(n) => {
+                json["verified"] = Value::Bool(true);
+                json["tokens"] = json!(n);
+                text.push_str(&format!(
+                    "verified:      every document's entries ({n} tokens in documents)\n"
+                ));
+            }
+            Err(e) => {
+                json["verified"] = Value::Bool(false);
+                fault = Some(e);
+            }
+        }
+    }
+    Ok(Report { json, text, fault })
+}
+
+/// `gpufeed inspect --token-dtype DTYPE FILE`: a flat file of tokens (or a 1-D `.npy`).
+fn inspect_flat_tokens(path: &Path, dtype: &str, mode: ReadMode) -> Result<Report> {
+    let t = if is_npy(path)? {
+        FlatTokens::open_npy_with(path, mode)?
+    } else {
+        let d = gpufeed::format::DType::from_name(dtype).ok_or_else(|| {
+            Error::user(format!(
+                "--token-dtype: `{dtype}` is no dtype (u16, u32, i32, ...)"
+            ))
+        })?;
+        FlatTokens::open_with(path, d, mode)?
+    };
+    use gpufeed::source::tokens::TokenSource;
+    let json = json!({
+        "path": path.display().to_string(),
+        "format": "flat_tokens",
+        "dtype": t.dtype().name(),
+        "tokens": t.tokens(),
+    });
+    let text = format!(
+        "file:          {}\nformat:        flat tokens, {}\ntokens:        {}\n",
+        path.display(),
+        t.dtype(),
+        t.tokens()
+    );
+    Ok(Report {
+        json,
+        text,
+        fault: None,
+    })
 }
 
 /// `gpufeed inspect DIR` of an ImageFolder: its classes and images; with `verify`, every

@@ -937,3 +937,70 @@ fn a_bytes_field_benches_as_values_plus_offsets_within_its_budget() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["ragged"].is_null(), "{v}");
 }
+
+#[test]
+fn bench_runs_the_token_loader_over_a_blend_and_reports_shares_and_padding() {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokens");
+    let u16 = fixtures.join("megatron_u16");
+    let train = format!("{}=1", fixtures.join("train.bin").display());
+    // One source, concatenated: every token of each epoch once.
+    let o = gpufeed(&[
+        "bench",
+        "--json",
+        "--tokens",
+        s(&u16),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "2",
+        "--workers",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["kind"], "tokens");
+    assert_eq!(v["mode"], "concatenated");
+    assert_eq!(v["tokens"], 2 * 3964, "{v}");
+    // A blend 3 : 1 of it and nanoGPT's train.bin, packed.
+    let weighted = format!("{}=3", u16.display());
+    let o = gpufeed(&[
+        "bench",
+        "--json",
+        "--tokens",
+        &weighted,
+        "--tokens",
+        &train,
+        "--token-dtype",
+        "u16",
+        "--token-mode",
+        "packed",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mode"], "packed");
+    let sources = v["sources"].as_array().unwrap();
+    assert_eq!(sources.len(), 2);
+    assert_eq!(sources[0]["weight"], 0.75);
+    let share = sources[0]["share"].as_f64().unwrap();
+    assert!((share - 0.75).abs() < 0.02, "{v}");
+    assert!(v["padding_fraction"].as_f64().unwrap() > 0.0, "{v}");
+    // Flags of other runs are refused, naming the flag.
+    let o = gpufeed(&["bench", "--tokens", s(&u16), "--verify"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--verify"), "{}", stderr(&o));
+    let o = gpufeed(&["bench", "--seq-len", "8", "--no-baseline"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--tokens"), "{}", stderr(&o));
+    let o = gpufeed(&["bench", "--tokens", s(&fixtures.join("train.bin"))]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--token-dtype"), "{}", stderr(&o));
+}

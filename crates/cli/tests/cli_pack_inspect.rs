@@ -467,3 +467,50 @@ fn pack_reports_the_input_s_size_and_the_output_s() {
         "input {input}, written {written}: {text}"
     );
 }
+
+#[test]
+fn inspect_reads_megatron_datasets_and_flat_token_files() {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokens");
+    // megatron-core's builder wrote it: 40 one-sequence documents, one of three, one empty.
+    for name in ["megatron_u16.idx", "megatron_u16.bin", "megatron_u16"] {
+        let o = gpufeed(&["inspect", "--json", "--verify", s(&fixtures.join(name))]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["format"], "megatron", "{name}");
+        assert_eq!(v["dtype"], "u16");
+        assert_eq!(v["dtype_code"], 8);
+        assert_eq!(v["sequences"], 43);
+        assert_eq!(v["documents"], 42);
+        assert_eq!(v["verified"], true);
+        assert_eq!(v["tokens"], v["data_tokens"]);
+    }
+    // A corrupt entry is the command's error, naming the file.
+    let dir = tempfile::tempdir().unwrap();
+    let mut idx = std::fs::read(fixtures.join("megatron_u16.idx")).unwrap();
+    std::fs::copy(fixtures.join("megatron_u16.bin"), dir.path().join("m.bin")).unwrap();
+    idx[34..38].copy_from_slice(&(-5i32).to_le_bytes());
+    std::fs::write(dir.path().join("m.idx"), &idx).unwrap();
+    let o = gpufeed(&["inspect", "--verify", s(&dir.path().join("m.idx"))]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("m.idx"), "{}", stderr(&o));
+    let o = gpufeed(&[
+        "inspect",
+        "--json",
+        "--token-dtype",
+        "u16",
+        s(&fixtures.join("train.bin")),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["format"], "flat_tokens");
+    assert_eq!(v["tokens"], 3000);
+    let o = gpufeed(&[
+        "inspect",
+        "--token-dtype",
+        "f9",
+        s(&fixtures.join("train.bin")),
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--token-dtype"), "{}", stderr(&o));
+}

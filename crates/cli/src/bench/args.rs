@@ -135,6 +135,20 @@ pub struct Args {
     /// The cache of shards downloaded from a URL.
     #[command(flatten)]
     pub cache: crate::shards::CacheFlags,
+    /// Run the token loader over this source of tokens (a Megatron dataset's `.idx`, `.bin`
+    /// or prefix, a 1-D `.npy`, or a flat file with --token-dtype), `=WEIGHT` for a blend;
+    /// repeat for several. --batch-size is then the global batch, in rows.
+    #[arg(long, value_name = "SOURCE[=WEIGHT]")]
+    pub tokens: Vec<String>,
+    /// Tokens per row (with --tokens) [default: 2048].
+    #[arg(long, value_name = "N")]
+    pub seq_len: Option<usize>,
+    /// Rows of the token loader: concatenated or packed (with --tokens) [default: concatenated].
+    #[arg(long, value_name = "MODE")]
+    pub token_mode: Option<String>,
+    /// The dtype of flat token files (nanoGPT's train.bin: u16) (with --tokens).
+    #[arg(long, value_name = "DTYPE")]
+    pub token_dtype: Option<String>,
 }
 
 /// `RANK/WORLD` as two whole numbers.

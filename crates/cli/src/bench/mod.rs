@@ -21,6 +21,7 @@ mod data;
 #[cfg(feature = "cuda")]
 mod device;
 mod report;
+mod tokens;
 
 pub use args::Args;
 
@@ -45,6 +46,15 @@ use report::{RaggedTally, Report, print_report_with, report_of};
 /// Runs `gpufeed bench`.
 pub fn run(args: Args) -> Result<()> {
     check_flags(&args)?;
+    if !args.tokens.is_empty() {
+        return tokens::run(&args);
+    }
+    if args.seq_len.is_some() || args.token_mode.is_some() || args.token_dtype.is_some() {
+        return Err(refuse(
+            "--seq-len",
+            "--seq-len, --token-mode and --token-dtype apply to token runs (--tokens)",
+        ));
+    }
     if let Some(images) = &args.images {
         return run_images(&args, images);
     }

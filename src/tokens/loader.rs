@@ -1,0 +1,712 @@
+//! [`TokenLoader`]: the token stream as a loader, and [`TokenLoaderBuilder`], its settings.
+//!
+//! A token loader is a [`Loader`] over this rank's rows,
+//! with the rules of a global stream around it: the inner loader orders the rank's rows
+//! sequentially, one global batch per batch, and its transform ([`RowWriter`]) makes each row
+//! from the global stream; its batch hook lays out each batch's `cu_seqlens`. Workers, batches
+//! made in parts, the pool and its budget, pinned buffers, the copy stream, the epoch made
+//! ahead, the file checks at each epoch and the shutdown are the loader's own. What this adds
+//! is the translation of positions: the inner loader counts batches of this rank, which are
+//! the global batches one for one, so a state is (epoch, global batch) with the global order's
+//! settings, and resumes under any world size.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::blend::Blend;
+use super::index::{SampleMode, SourceIndex};
+use super::rows::{Labels, RowDtypes, RowSlots, RowWriter};
+use super::stream::{Shares, Stream};
+use crate::error::{Error, Result};
+use crate::format::DType;
+use crate::loader::{
+    BatchInfo, BatchStream, Loader, LoaderBuilder, LoaderState, Next, TokenSourceState, TokenState,
+    rank_from_env,
+};
+use crate::sampler::{OrderSpec, Remainder};
+use crate::source::tokens::TokenSource;
+
+/// Settings of a [`TokenLoader`]; see [`TokenLoader::builder`].
+pub struct TokenLoaderBuilder {
+    sources: Vec<(Arc<dyn TokenSource>, f64)>,
+    seq_len: usize,
+    global_batch: usize,
+    mode: SampleMode,
+    seed: Option<u64>,
+    window: u64,
+    samples_per_epoch: Option<u64>,
+    shard: Option<(u64, u64)>,
+    shard_env: bool,
+    drop_last: bool,
+    ignore_index: i64,
+    mask_document_ends: Option<bool>,
+    pad_id: u32,
+    dtypes: RowDtypes,
+    workers: Option<usize>,
+    prefetch: Option<usize>,
+    batch_parts: Option<usize>,
+    pool_budget: Option<u64>,
+    epoch: u64,
+    resume: Option<LoaderState>,
+    across_epochs: bool,
+}
+
+/// What a token loader knows beyond its inner loader: the stream, the shares, the global
+/// order's settings; what translates its states.
+#[derive(Clone)]
+struct Settings {
+    stream: Arc<Stream>,
+    shares: Shares,
+    spec: OrderSpec,
+    /// The inner loader's order settings (to translate states).
+    inner_spec: OrderSpec,
+    window: u64,
+    mode: SampleMode,
+    seq_len: u64,
+    dtypes: RowDtypes,
+}
+
+/// A token loader's settings and the inner loader's builder, before it is built.
+struct Built {
+    settings: Settings,
+    inner: LoaderBuilder,
+}
+
+impl TokenLoaderBuilder {
+    /// Adds a source with weight 1 (see [`weighted`](Self::weighted)).
+    pub fn source(self, source: Arc<dyn TokenSource>) -> Self {
+        self.weighted(source, 1.0)
+    }
+
+    /// Adds a source of this weight in the blend: each epoch takes its share of the epoch's
+    /// samples exactly (see [`Blend`]). Weights need not sum to 1.
+    pub fn weighted(mut self, source: Arc<dyn TokenSource>, weight: f64) -> Self {
+        self.sources.push((source, weight));
+        self
+    }
+
+    /// How rows are made (default [`SampleMode::Concatenated`]).
+    pub fn mode(mut self, mode: SampleMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Shuffles with this seed: windows, documents within windows and rows, anew each epoch
+    /// (default: sequential, in file order).
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Documents per window (default 1,024): concatenated rows shuffle documents within
+    /// windows and windows within the epoch; packed rows pack each window alone (more
+    /// documents pack tighter). The memory kept is 8 bytes per window.
+    pub fn window(mut self, documents: u64) -> Self {
+        self.window = documents;
+        self
+    }
+
+    /// Samples (rows) in an epoch (default: one epoch of every source, their rows summed).
+    /// Each source gives its weight's share of them, exactly; a source whose share is more
+    /// than its rows goes round its own epochs (each a new shuffle), one with fewer reads part
+    /// of one.
+    pub fn samples_per_epoch(mut self, n: u64) -> Self {
+        self.samples_per_epoch = Some(n);
+        self
+    }
+
+    /// This rank's share of every global batch (default rank 0 of 1: the whole batch).
+    pub fn shard(mut self, rank: u64, world: u64) -> Self {
+        self.shard = Some((rank, world));
+        self.shard_env = false;
+        self
+    }
+
+    /// Reads the rank and world size at `build()` from torchrun's or Slurm's variables
+    /// ([`rank_from_env`]).
+    pub fn shard_from_env(mut self) -> Self {
+        self.shard_env = true;
+        self
+    }
+
+    /// Drops an epoch's last global batch if it is short (default false: it is shared as any
+    /// other, and ranks' missing rows are padding rows).
+    pub fn drop_last(mut self, yes: bool) -> Self {
+        self.drop_last = yes;
+        self
+    }
+
+    /// The label where there is nothing to predict (default -100, PyTorch's).
+    pub fn ignore_index(mut self, index: i64) -> Self {
+        self.ignore_index = index;
+        self
+    }
+
+    /// Ignores the label of each document's last token (default: on for packed rows, off for
+    /// concatenated rows, as Megatron's `GPTDataset`).
+    pub fn mask_document_ends(mut self, yes: bool) -> Self {
+        self.mask_document_ends = Some(yes);
+        self
+    }
+
+    /// The token that pads rows (default 0); its labels are ignored.
+    pub fn pad_id(mut self, id: u32) -> Self {
+        self.pad_id = id;
+        self
+    }
+
+    /// The dtype of `input_ids` (default i64; u16, u32, i32 also).
+    pub fn input_dtype(mut self, dtype: DType) -> Self {
+        self.dtypes.input_ids = dtype;
+        self
+    }
+
+    /// The dtype of `labels` (default i64; i32 also).
+    pub fn label_dtype(mut self, dtype: DType) -> Self {
+        self.dtypes.labels = dtype;
+        self
+    }
+
+    /// The dtype of `position_ids` (default i64; i32 also).
+    pub fn position_dtype(mut self, dtype: DType) -> Self {
+        self.dtypes.position_ids = dtype;
+        self
+    }
+
+    /// Worker threads (default: the loader's, [`default_workers`](crate::loader::default_workers)).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n);
+        self
+    }
+
+    /// Batches in flight (default: the loader's).
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = Some(n);
+        self
+    }
+
+    /// Parts each batch is made in (default: the loader's: by every worker for batches of
+    /// 4 MiB or more).
+    pub fn batch_parts(mut self, n: usize) -> Self {
+        self.batch_parts = Some(n);
+        self
+    }
+
+    /// The byte budget of the batch buffers (default: the loader's).
+    pub fn pool_budget(mut self, bytes: u64) -> Self {
+        self.pool_budget = Some(bytes);
+        self
+    }
+
+    /// The first epoch (default 0).
+    pub fn epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
+    /// Resumes from a token loader's state, under any world size: the next batch is the
+    /// state's next global batch.
+    pub fn resume(mut self, state: LoaderState) -> Self {
+        self.resume = Some(state);
+        self
+    }
+
+    /// Makes the next epoch's first batches while an epoch ends (default true).
+    pub fn prefetch_across_epochs(mut self, yes: bool) -> Self {
+        self.across_epochs = yes;
+        self
+    }
+
+    /// Checks the settings, reads every source's index once, and starts the workers.
+    pub fn build(self) -> Result<TokenLoader> {
+        let built = self.prepare(None)?;
+        let loader = built.inner.build()?;
+        Ok(TokenLoader::wrap(loader, built.settings))
+    }
+
+    /// The checks and the inner loader's settings; `host_dtypes`: the row dtypes the host
+    /// writes, when they are not the user's (for a loader that widens them after the copy).
+    fn prepare(self, host_dtypes: Option<RowDtypes>) -> Result<Built> {
+        if self.sources.is_empty() {
+            return Err(Error::config("sources", "no source of tokens was given"));
+        }
+        if self.seq_len == 0 {
+            return Err(Error::config("seq_len", "a row holds at least one token"));
+        }
+        if self.global_batch == 0 {
+            return Err(Error::config("global_batch", "must be at least 1"));
+        }
+        if self.window == 0 {
+            return Err(Error::config(
+                "window",
+                "a window holds at least one document",
+            ));
+        }
+        let (rank, world) = match (self.shard_env, self.shard) {
+            (true, _) => rank_from_env()?,
+            (false, Some(s)) => s,
+            (false, None) => (0, 1),
+        };
+        if world == 0 {
+            return Err(Error::config("world", "the world size must be at least 1"));
+        }
+        if rank >= world {
+            return Err(Error::config(
+                "rank",
+                format!("rank {rank} is not below the world size {world}"),
+            ));
+        }
+        let labels = Labels {
+            ignore_index: self.ignore_index,
+            mask_document_ends: self
+                .mask_document_ends
+                .unwrap_or(self.mode == SampleMode::Packed),
+        };
+        self.dtypes.check(&labels, self.seq_len as u64)?;
+        let rows = (self.global_batch as u64).div_ceil(world);
+        // cu_seqlens are i32 offsets into a batch's tokens, as flash-attention takes them.
+        if rows.saturating_mul(self.seq_len as u64 + 1) > i32::MAX as u64 {
+            return Err(Error::config(
+                "seq_len",
+                format!(
+                    "{rows} rows of {} tokens are more than i32 cu_seqlens can count",
+                    self.seq_len
+                ),
+            ));
+        }
+        let seq_len = self.seq_len as u64;
+        let indexes = self
+            .sources
+            .iter()
+            .map(|(s, _)| SourceIndex::build(Arc::clone(s), self.mode, seq_len, self.window))
+            .collect::<Result<Vec<_>>>()?;
+        let samples = self
+            .samples_per_epoch
+            .unwrap_or_else(|| indexes.iter().map(|i| i.rows).sum());
+        if samples == 0 {
+            return Err(Error::config(
+                "samples_per_epoch",
+                "an epoch holds at least one sample",
+            ));
+        }
+        let weights: Vec<f64> = self.sources.iter().map(|(_, w)| *w).collect();
+        let blend = if indexes.len() == 1 {
+            Blend::from_counts(vec![samples])
+        } else {
+            Blend::new(&weights, samples)?
+        };
+        let stream = Arc::new(Stream::new(indexes, blend, self.seed));
+        let shares = Shares {
+            samples,
+            global_batch: self.global_batch as u64,
+            rank,
+            world,
+            drop_last: self.drop_last,
+        };
+        let batches = shares.batches();
+        if batches == 0 {
+            return Err(Error::config(
+                "drop_last",
+                format!(
+                    "an epoch of {samples} samples holds no whole global batch of {}",
+                    self.global_batch
+                ),
+            ));
+        }
+        let spec = OrderSpec {
+            len: samples,
+            batch_size: self.global_batch as u64,
+            shuffle: self.seed,
+            rank,
+            world,
+            remainder: if self.drop_last {
+                Remainder::Drop
+            } else {
+                Remainder::Mask
+            },
+            blocks: None,
+        };
+        let inner_spec = OrderSpec {
+            len: batches * rows,
+            batch_size: rows,
+            shuffle: None,
+            rank: 0,
+            world: 1,
+            remainder: Remainder::Wrap,
+            blocks: None,
+        };
+        let writer = Arc::new(RowWriter {
+            stream: Arc::clone(&stream),
+            shares,
+            seq_len: self.seq_len,
+            dtypes: host_dtypes.unwrap_or(self.dtypes),
+            labels,
+            pad_id: self.pad_id,
+        });
+        let hook = Arc::clone(&writer);
+        let dataset = RowSlots::new(Arc::clone(&stream), batches * rows)?;
+        let mut inner = Loader::builder(dataset)
+            .batch_size(rows as usize)
+            .transform(writer)
+            .batch_hook(move |batch| hook.finish(batch))
+            .epoch(self.epoch)
+            .prefetch_across_epochs(self.across_epochs);
+        if let Some(w) = self.workers {
+            inner = inner.workers(w);
+        }
+        if let Some(p) = self.prefetch {
+            inner = inner.prefetch(p);
+        }
+        if let Some(p) = self.batch_parts {
+            inner = inner.batch_parts(p);
+        }
+        if let Some(b) = self.pool_budget {
+            inner = inner.pool_budget(b);
+        }
+        let settings = Settings {
+            stream,
+            shares,
+            spec,
+            inner_spec,
+            window: self.window,
+            mode: self.mode,
+            seq_len,
+            dtypes: self.dtypes,
+        };
+        if let Some(state) = self.resume {
+            inner = inner.resume(settings.translate(&state)?);
+        }
+        Ok(Built { settings, inner })
+    }
+}
+
+impl Settings {
+    /// The token part of a state of this stream at global batch `next_batch` of `epoch`.
+    fn token_state(&self, epoch: u64, next_batch: u64) -> TokenState {
+        let g = next_batch
+            .saturating_mul(self.shares.global_batch)
+            .min(self.shares.samples);
+        let taken = self.stream.blend.taken_before(g);
+        let sources = self
+            .stream
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let place = self.stream.place_of(i, epoch, taken[i]).ok();
+                TokenSourceState {
+                    documents: s.documents,
+                    tokens: s.tokens,
+                    rows: s.rows,
+                    per_epoch: self.stream.blend.counts()[i],
+                    taken: taken[i],
+                    epoch: place.map_or(0, |p| p.source_epoch),
+                    row: place.map_or(0, |p| p.row),
+                }
+            })
+            .collect();
+        TokenState {
+            seq_len: self.seq_len,
+            mode: self.mode.name().to_owned(),
+            window: self.window,
+            sources,
+        }
+    }
+
+    /// The inner loader's state for a token loader's `state`, checked against these settings
+    /// (any rank and world size).
+    fn translate(&self, state: &LoaderState) -> Result<LoaderState> {
+        if !state.order.same_sequence(&self.spec) {
+            return Err(Error::mismatch(format!(
+                "cannot resume: the state was saved with order settings {:?}, this token loader has {:?}",
+                state.order, self.spec
+            )));
+        }
+        let Some(tokens) = &state.tokens else {
+            return Err(Error::mismatch(
+                "cannot resume: the state is not a token loader's (it has no token stream settings)",
+            ));
+        };
+        let ours = self.token_state(state.epoch, state.next_batch);
+        let same = tokens.seq_len == ours.seq_len
+            && tokens.mode == ours.mode
+            && tokens.window == ours.window
+            && tokens.sources.len() == ours.sources.len()
+            && tokens.sources.iter().zip(&ours.sources).all(|(a, b)| {
+                (a.documents, a.tokens, a.rows, a.per_epoch)
+                    == (b.documents, b.tokens, b.rows, b.per_epoch)
+            });
+        if !same {
+            let settings = |t: &TokenState| {
+                let sources: Vec<String> = t
+                    .sources
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{} documents, {} tokens, {} rows, {} per epoch",
+                            s.documents, s.tokens, s.rows, s.per_epoch
+                        )
+                    })
+                    .collect();
+                format!(
+                    "seq_len {}, {} rows, windows of {}, sources [{}]",
+                    t.seq_len,
+                    t.mode,
+                    t.window,
+                    sources.join("; ")
+                )
+            };
+            return Err(Error::mismatch(format!(
+                "cannot resume: the state's token stream ({}) is not this loader's ({})",
+                settings(tokens),
+                settings(&ours)
+            )));
+        }
+        let batches = self.shares.batches();
+        if state.next_batch > batches {
+            return Err(Error::mismatch(format!(
+                "cannot resume: the state's next batch {} is past the epoch's {batches} global batches",
+                state.next_batch
+            )));
+        }
+        Ok(LoaderState {
+            epoch: state.epoch,
+            next_batch: state.next_batch,
+            start: 0,
+            order: self.inner_spec.clone(),
+            tokens: None,
+        })
+    }
+}
+
+/// What a token loader delivered: rows, tokens, padding, and each source's rows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TokenStats {
+    /// Batches delivered.
+    pub batches: u64,
+    /// Rows delivered (padding rows included).
+    pub rows: u64,
+    /// Tokens of documents delivered.
+    pub tokens: u64,
+    /// Padding tokens delivered.
+    pub padding: u64,
+    /// Rows of each source, in the order the sources were given.
+    pub rows_per_source: Vec<u64>,
+}
+
+impl TokenStats {
+    /// The share of the delivered tokens that is padding (0 to 1).
+    pub fn padding_fraction(&self) -> f64 {
+        let all = self.tokens + self.padding;
+        if all == 0 {
+            0.0
+        } else {
+            self.padding as f64 / all as f64
+        }
+    }
+
+    /// Each source's share of the rows that came from a source (0 to 1 each).
+    pub fn shares(&self) -> Vec<f64> {
+        let all: u64 = self.rows_per_source.iter().sum();
+        self.rows_per_source
+            .iter()
+            .map(|&r| if all == 0 { 0.0 } else { r as f64 / all as f64 })
+            .collect()
+    }
+
+    fn add(&mut self, info: &BatchInfo) {
+        let Some(t) = info.tokens() else { return };
+        self.batches += 1;
+        self.rows += info.len() as u64;
+        self.tokens += t.tokens;
+        self.padding += t.padding;
+        if self.rows_per_source.len() < t.rows_per_source.len() {
+            self.rows_per_source.resize(t.rows_per_source.len(), 0);
+        }
+        for (a, b) in self.rows_per_source.iter_mut().zip(&t.rows_per_source) {
+            *a += b;
+        }
+    }
+}
+
+/// Language-model batches of a global token stream: concatenated or packed rows of
+/// `seq_len` tokens from one source or a weighted blend, each rank's share of every global
+/// batch, resumable exactly under any world size. See the [module docs](super).
+///
+/// `L` is the loader underneath: [`Loader`] (host batches; [`TokenLoaderBuilder::build`]).
+/// The face is generic so that a device loader can sit there; device batches with the integer
+/// fields widened on the GPU are not built yet (the host writes the dtypes the builder names).
+pub struct TokenLoader<L = Loader> {
+    inner: L,
+    settings: Settings,
+    delivered: TokenStats,
+}
+
+impl<L> std::fmt::Debug for TokenLoader<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenLoader")
+            .field("order", &self.settings.spec)
+            .field("seq_len", &self.settings.seq_len)
+            .field("mode", &self.settings.mode)
+            .finish()
+    }
+}
+
+impl TokenLoader {
+    /// A builder of rows of `seq_len` tokens in global batches of `global_batch` rows; add
+    /// sources with [`source`](TokenLoaderBuilder::source) or
+    /// [`weighted`](TokenLoaderBuilder::weighted).
+    pub fn builder(seq_len: usize, global_batch: usize) -> TokenLoaderBuilder {
+        TokenLoaderBuilder {
+            sources: Vec::new(),
+            seq_len,
+            global_batch,
+            mode: SampleMode::Concatenated,
+            seed: None,
+            window: 1024,
+            samples_per_epoch: None,
+            shard: None,
+            shard_env: false,
+            drop_last: false,
+            ignore_index: -100,
+            mask_document_ends: None,
+            pad_id: 0,
+            dtypes: RowDtypes {
+                input_ids: DType::I64,
+                labels: DType::I64,
+                position_ids: DType::I64,
+            },
+            workers: None,
+            prefetch: None,
+            batch_parts: None,
+            pool_budget: None,
+            epoch: 0,
+            resume: None,
+            across_epochs: true,
+        }
+    }
+}
+
+impl<L> TokenLoader<L> {
+    fn wrap(inner: L, settings: Settings) -> TokenLoader<L> {
+        TokenLoader {
+            inner,
+            settings,
+            delivered: TokenStats::default(),
+        }
+    }
+
+    /// The loader underneath (its figures: [`Loader::stats`]).
+    pub fn loader(&self) -> &L {
+        &self.inner
+    }
+
+    /// What was delivered so far: rows, tokens, padding, rows per source.
+    pub fn token_stats(&self) -> &TokenStats {
+        &self.delivered
+    }
+
+    /// Tokens per row.
+    pub fn seq_len(&self) -> u64 {
+        self.settings.seq_len
+    }
+
+    /// Rows of every batch of this rank (`ceil(global_batch / world)`).
+    pub fn rows_per_batch(&self) -> u64 {
+        self.settings.shares.rows()
+    }
+
+    /// How rows are made.
+    pub fn mode(&self) -> SampleMode {
+        self.settings.mode
+    }
+
+    /// The dtypes of the integer fields as delivered.
+    pub fn dtypes(&self) -> RowDtypes {
+        self.settings.dtypes
+    }
+
+    /// Each source's samples in an epoch (the blend's exact counts).
+    pub fn samples_per_source(&self) -> &[u64] {
+        self.settings.stream.blend.counts()
+    }
+
+    /// Each source's rows in one of its own epochs, and its tokens.
+    pub fn source_sizes(&self) -> Vec<(u64, u64)> {
+        self.settings
+            .stream
+            .sources
+            .iter()
+            .map(|s| (s.rows, s.tokens))
+            .collect()
+    }
+}
+
+impl<L> Iterator for TokenLoader<L>
+where
+    L: BatchStream,
+    L::Batch: std::ops::Deref<Target = BatchInfo>,
+{
+    type Item = Result<L::Batch>;
+
+    fn next(&mut self) -> Option<Result<L::Batch>> {
+        let next = self.inner.next();
+        if let Some(Ok(batch)) = &next {
+            self.delivered.add(batch);
+        }
+        next
+    }
+}
+
+impl<L> BatchStream for TokenLoader<L>
+where
+    L: BatchStream,
+    L::Batch: std::ops::Deref<Target = BatchInfo>,
+{
+    type Batch = L::Batch;
+
+    fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+
+    /// Global batches in an epoch (each rank gets a share of every one).
+    fn batches_per_epoch(&self) -> u64 {
+        self.inner.batches_per_epoch()
+    }
+
+    /// The global order: samples of an epoch, the global batch, the seed, this rank and world.
+    fn order_spec(&self) -> &OrderSpec {
+        &self.settings.spec
+    }
+
+    /// The epoch and the global batches delivered in it, with the stream's settings and
+    /// places ([`TokenState`]).
+    fn state(&self) -> LoaderState {
+        let inner = self.inner.state();
+        LoaderState {
+            epoch: inner.epoch,
+            next_batch: inner.next_batch,
+            start: 0,
+            order: self.settings.spec.clone(),
+            tokens: Some(self.settings.token_state(inner.epoch, inner.next_batch)),
+        }
+    }
+
+    /// Puts the loader at the state's next global batch, whatever world size saved it.
+    fn load_state(&mut self, state: LoaderState) -> Result<()> {
+        let inner = self.settings.translate(&state)?;
+        self.inner.load_state(inner)
+    }
+
+    fn set_epoch(&mut self, epoch: u64) {
+        self.inner.set_epoch(epoch)
+    }
+
+    fn next_timeout(&mut self, timeout: Duration) -> Next<L::Batch> {
+        let next = self.inner.next_timeout(timeout);
+        if let Next::Ready(Ok(batch)) = &next {
+            self.delivered.add(batch);
+        }
+        next
+    }
+}
