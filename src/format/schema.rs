@@ -124,6 +124,10 @@ pub enum Codec {
     Jpeg,
     /// A PNG image.
     Png,
+    /// JSON text (UTF-8).
+    Json,
+    /// A NumPy `.npy` array (header and values), of any dtype and shape.
+    Npy,
     /// A codec this version does not know (written by a newer minor version); read as bytes.
     Other(u8),
 }
@@ -136,6 +140,8 @@ impl Codec {
             Codec::Utf8 => 1,
             Codec::Jpeg => 2,
             Codec::Png => 3,
+            Codec::Json => 4,
+            Codec::Npy => 5,
             Codec::Other(c) => c,
         }
     }
@@ -147,6 +153,8 @@ impl Codec {
             1 => Codec::Utf8,
             2 => Codec::Jpeg,
             3 => Codec::Png,
+            4 => Codec::Json,
+            5 => Codec::Npy,
             c => Codec::Other(c),
         }
     }
@@ -158,6 +166,8 @@ impl Codec {
             Codec::Utf8 => "utf8".into(),
             Codec::Jpeg => "jpeg".into(),
             Codec::Png => "png".into(),
+            Codec::Json => "json".into(),
+            Codec::Npy => "npy".into(),
             Codec::Other(c) => format!("codec#{c}"),
         }
     }

@@ -23,9 +23,18 @@
 //! | `int` | tensor i64 `[]` |
 //! | `uint8` … `int64`, `float16`, `float32`, `float64` | tensor of that dtype, `[]` |
 //! | `ndarray:DTYPE:D0,D1,...` (fixed dtype and shape) | tensor of that dtype and shape |
-//! | `bytes`, `pil`, `pkl`, `list[...]`, `jpeg_array`, `ndarray`, `ndarray:DTYPE` | bytes, raw (a variable `ndarray`'s header is kept: [`decode_ndarray`]) |
-//! | `str`, `str_int`, `str_float`, `str_decimal`, `json` | bytes, utf8 |
+//! | `str_int` (`str(int)`) | tensor i64 `[]`, decoded from the text |
+//! | `str_float` (`str(float)`) | tensor f64 `[]`, decoded from the text |
+//! | `str`, `str_decimal` | bytes, utf8 (checked to be UTF-8) |
+//! | `json` | bytes, json (checked to be UTF-8) |
 //! | `jpeg`, `png` | bytes, jpeg / png (the encoded image) |
+//! | `bytes`, `pil`, `list[...]`, `jpeg_array`, `ndarray`, `ndarray:DTYPE` | bytes, raw (a variable `ndarray`'s header is kept: [`decode_ndarray`]) |
+//! | `pkl` | refused: unpickling runs code the data set chose; declare the column `raw` to read its bytes |
+//!
+//! A column is declared otherwise by its name ([`ShardOptions::decode`]): a variable
+//! `ndarray` (or `bytes`) column whose values have one dtype and shape, as a tensor
+//! (`u16[2048]`: each value's header is checked against it, and the field is its values in
+//! place); `str_int` as `utf8` text; `pkl` as `raw` bytes.
 //!
 //! Fields are views of the shard's mapping (tensor fields are not aligned in memory). A shard
 //! is checked when opened against its index entry (its size, sample count, the offset table,
@@ -44,13 +53,14 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::decode::{Decoder, FieldDecode, Value};
 use super::{
     IndexedFormat, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
     check_shard_name,
 };
 use crate::error::{Error, Result};
-use crate::format::{Codec, DType, Field, FieldKind, Schema};
-use crate::source::Sample;
+use crate::format::{Codec, DType, FieldKind, Schema};
+use crate::source::{FieldSpan, Sample};
 
 /// The index file's name in an MDS directory.
 pub const MDS_INDEX_FILE: &str = "index.json";
@@ -234,6 +244,11 @@ pub enum MdsEncoding {
     },
     /// A variable-size column: bytes with this codec.
     Bytes(Codec),
+    /// A variable-size column of numbers written as text (`str_int`: [`FieldDecode::Int`],
+    /// `str_float`: [`FieldDecode::Float`]).
+    Text(FieldDecode),
+    /// A column of Python pickles (`pkl`), which gpufeed does not unpickle.
+    Pickle,
 }
 
 fn numpy_dtype(name: &str) -> Option<DType> {
@@ -303,12 +318,14 @@ impl MdsEncoding {
                 dtype: DType::I64,
                 shape: Vec::new(),
             },
-            "str" | "str_int" | "str_float" | "str_decimal" | "json" => {
-                MdsEncoding::Bytes(Codec::Utf8)
-            }
+            "str" | "str_decimal" => MdsEncoding::Bytes(Codec::Utf8),
+            "json" => MdsEncoding::Bytes(Codec::Json),
+            "str_int" => MdsEncoding::Text(FieldDecode::Int),
+            "str_float" => MdsEncoding::Text(FieldDecode::Float),
+            "pkl" => MdsEncoding::Pickle,
             "jpeg" => MdsEncoding::Bytes(Codec::Jpeg),
             "png" => MdsEncoding::Bytes(Codec::Png),
-            "bytes" | "ndarray" | "pil" | "pkl" | "jpeg_array" | "jpegarray" | "list[pil]"
+            "bytes" | "ndarray" | "pil" | "jpeg_array" | "jpegarray" | "list[pil]"
             | "list[jpeg]" | "list[png]" => MdsEncoding::Bytes(Codec::Raw),
             _ => return Err(format!("unknown MDS encoding `{encoding}`")),
         })
@@ -323,7 +340,23 @@ impl MdsEncoding {
                     .try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d))
                     .unwrap_or(u64::MAX),
             ),
-            MdsEncoding::Bytes(_) => None,
+            MdsEncoding::Bytes(_) | MdsEncoding::Text(_) | MdsEncoding::Pickle => None,
+        }
+    }
+
+    /// The field a column of this encoding is read as by streaming's conventions, or why it
+    /// is not read unless declared (`pkl`).
+    pub fn decode(&self) -> std::result::Result<FieldDecode, String> {
+        match self {
+            MdsEncoding::Tensor { dtype, shape } => Ok(FieldDecode::Tensor {
+                dtype: *dtype,
+                shape: shape.clone(),
+            }),
+            MdsEncoding::Bytes(codec) => Ok(FieldDecode::Bytes(*codec)),
+            MdsEncoding::Text(d) => Ok(d.clone()),
+            MdsEncoding::Pickle => Err(
+                "encoded pkl (Python pickles): unpickling runs whatever code the data set chose, so gpufeed reads no pickle; write the column as json, bytes or ndarray, or declare it `raw` to read its bytes as they are".into(),
+            ),
         }
     }
 }
@@ -427,17 +460,19 @@ pub struct MdsShards {
     files: Vec<ShardFile>,
     /// Every shard's columns (their sizes: `None` for a variable one).
     layout: Layout,
+    /// Each column's encoding, parsed.
+    encodings: Vec<MdsEncoding>,
+    /// Each column's decoder (set when the dataset is made, from the declarations).
+    decoders: Vec<Decoder>,
 }
 
 /// A dataset of MDS shards.
 pub type MdsDataset = ShardedDataset<MdsShards>;
 
-/// What an MDS index says: the format reader, the shards (name, samples) and the schema of
-/// their columns.
+/// What an MDS index says: the format reader and the shards (name, samples).
 pub(crate) struct ReadIndex {
     pub format: MdsShards,
     pub shards: Vec<(String, u64)>,
-    pub schema: Schema,
 }
 
 /// An open MDS shard: its bytes and where its samples start.
@@ -467,11 +502,8 @@ impl ShardedDataset<MdsShards> {
         store: Arc<dyn ShardStore>,
         options: ShardOptions,
     ) -> Result<MdsDataset> {
-        let ReadIndex {
-            format,
-            shards,
-            schema,
-        } = index;
+        let ReadIndex { mut format, shards } = index;
+        let schema = format.declare(&options)?;
         ShardedDataset::from_parts(format, store, shards, schema, options)?.check_empty_shards()
     }
 }
@@ -517,7 +549,7 @@ impl MdsShards {
                 layout.sizes.len()
             )));
         }
-        let mut fields = Vec::with_capacity(n);
+        let mut encodings = Vec::with_capacity(n);
         for ((name, enc), &size) in layout
             .names
             .iter()
@@ -531,22 +563,78 @@ impl MdsShards {
                     e.size()
                 )));
             }
-            fields.push(match e {
-                MdsEncoding::Tensor { dtype, shape } => Field::tensor(name.clone(), dtype, &shape),
-                MdsEncoding::Bytes(codec) => Field::bytes(name.clone(), codec),
-            });
+            encodings.push(e);
         }
-        let schema = Schema::validated(fields).map_err(|e| bad(format!("columns: {e}")))?;
         let format = MdsShards {
             index_path: index_path.to_path_buf(),
             files,
             layout,
+            encodings,
+            decoders: Vec::new(),
         };
-        Ok(ReadIndex {
-            format,
-            shards,
-            schema,
-        })
+        Ok(ReadIndex { format, shards })
+    }
+
+    /// The schema of the columns, each read by streaming's conventions or as `options.decode`
+    /// declares it, and the decoder of each.
+    fn declare(&mut self, options: &ShardOptions) -> Result<Schema> {
+        let bad = |what: String| Error::Malformed {
+            path: self.index_path.clone(),
+            format: "MDS index",
+            what,
+        };
+        if let Some(name) = options
+            .decode
+            .keys()
+            .find(|n| !self.layout.names.contains(n))
+        {
+            return Err(Error::config(
+                "decode",
+                format!(
+                    "no column `{name}` to declare: the columns are {:?}",
+                    self.layout.names
+                ),
+            ));
+        }
+        let mut fields = Vec::with_capacity(self.encodings.len());
+        let mut decoders = Vec::with_capacity(self.encodings.len());
+        for ((name, enc), e) in self
+            .layout
+            .names
+            .iter()
+            .zip(&self.layout.encodings)
+            .zip(&self.encodings)
+        {
+            let decode = match options.decode.get(name) {
+                Some(d) => {
+                    if let (Some(size), FieldDecode::Tensor { .. }) = (e.size(), d) {
+                        let want = d.field(name).fixed_bytes();
+                        if want != usize::try_from(size).ok() {
+                            return Err(Error::config(
+                                "decode",
+                                format!(
+                                    "column `{name}` ({enc}) holds {size} bytes a sample, `{d}` is {want:?}"
+                                ),
+                            ));
+                        }
+                    }
+                    d.clone()
+                }
+                None => e
+                    .decode()
+                    .map_err(|what| bad(format!("column `{name}`: {what}")))?,
+            };
+            let ndarray =
+                (e.size().is_none() && enc.starts_with("ndarray")).then_some(enc.as_str());
+            decoders.push(match (e, &decode) {
+                // A fixed column read as what it is: its bytes in place.
+                (MdsEncoding::Tensor { .. }, FieldDecode::Tensor { .. }) => Decoder::Verbatim,
+                _ => Decoder::new(&decode, false, ndarray),
+            });
+            fields.push(decode.field(name));
+        }
+        self.decoders = decoders;
+        Schema::validated(fields).map_err(|e| bad(format!("columns: {e}")))
     }
 
     /// What the index says of shard `k`'s raw file.
@@ -793,14 +881,39 @@ impl ShardFormat for MdsShards {
             });
         }
         let (start, end) = MdsShards::sample_range(shard, index)?;
-        let columns =
-            self.columns(shard.bytes.get(start..end)?)
-                .map_err(|what| Error::BadRecord {
-                    path: shard.bytes.path().to_path_buf(),
-                    record: index,
-                    what,
-                })?;
-        Sample::shared_fields(shard.bytes.share(start..end)?, columns, schema)
+        let data = shard.bytes.share(start..end)?;
+        let bad = |what: String| Error::BadRecord {
+            path: shard.bytes.path().to_path_buf(),
+            record: index,
+            what,
+        };
+        let columns = self.columns(&data).map_err(bad)?;
+        let mut fields = Vec::with_capacity(columns.len());
+        let mut decoded = Vec::new();
+        for ((c, range), decoder) in columns.into_iter().enumerate().zip(&self.decoders) {
+            if decoder.is_verbatim() {
+                fields.push(FieldSpan::Shared(range));
+                continue;
+            }
+            match decoder.decode(&data[range.clone()]) {
+                Ok(Value::Within(r)) => {
+                    fields.push(FieldSpan::Shared(
+                        range.start + r.start..range.start + r.end,
+                    ));
+                }
+                Ok(Value::Decoded(v)) => {
+                    fields.push(FieldSpan::Decoded(decoded.len()..decoded.len() + v.len()));
+                    decoded.extend_from_slice(&v);
+                }
+                Err(what) => {
+                    return Err(bad(format!(
+                        "column `{}` ({}): {what}",
+                        self.layout.names[c], self.layout.encodings[c]
+                    )));
+                }
+            }
+        }
+        Sample::spans(data, fields, decoded, schema)
     }
 
     fn verify_shard(

@@ -44,6 +44,7 @@
 //! shard at every epoch (a dataset opened again looks again). See
 //! [`ShardStore::files_may_change`].
 
+pub mod decode;
 mod lru;
 pub mod mds;
 mod open;
@@ -57,6 +58,7 @@ pub mod webdataset;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use decode::FieldDecode;
 pub use lru::OpenShardStats;
 pub use open::{is_shard_dir, is_shard_spec, is_store_url, open, open_with};
 pub use store::{
@@ -94,6 +96,11 @@ pub struct ShardOptions {
     /// (packed records). Tar shards, which have no checksums, are indexed again from their
     /// bytes instead of from the cache.
     pub verify: bool,
+    /// Fields declared by name, over what the reader infers from the writer's conventions
+    /// (see [`decode`]): how the WebDataset member of that extension, or the MDS column of
+    /// that name, becomes the field. A name the data set does not have is an error when it
+    /// is opened; packed shards, whose schema is stored, take no declaration.
+    pub decode: std::collections::BTreeMap<String, FieldDecode>,
 }
 
 impl Default for ShardOptions {
@@ -101,6 +108,7 @@ impl Default for ShardOptions {
         ShardOptions {
             max_open_shards: DEFAULT_MAX_OPEN_SHARDS,
             verify: false,
+            decode: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -384,7 +392,10 @@ impl<F: ShardFormat> ShardedDataset<F> {
             .format
             .sample(&shard, k, index, &self.schema, &self.options);
         if let Err(e) = &sample
-            && matches!(e.kind(), crate::error::ErrorKind::Remote | crate::error::ErrorKind::Io)
+            && matches!(
+                e.kind(),
+                crate::error::ErrorKind::Remote | crate::error::ErrorKind::Io
+            )
         {
             self.open.close(k, &shard);
         }
