@@ -248,7 +248,11 @@ fn members_that_do_not_decode_are_errors_naming_shard_member_and_field() {
 
 /// Writes a one-shard MDS data set as mosaicml-streaming's `MDSWriter` lays it out: columns
 /// (name, encoding, fixed size), sorted by name, and each sample's values in column order.
-fn write_mds(dir: &Path, columns: &[(&str, &str, Option<u64>)], samples: &[Vec<Vec<u8>>]) {
+pub(crate) fn write_mds(
+    dir: &Path,
+    columns: &[(&str, &str, Option<u64>)],
+    samples: &[Vec<Vec<u8>>],
+) {
     let names: Vec<&str> = columns.iter().map(|c| c.0).collect();
     let encodings: Vec<&str> = columns.iter().map(|c| c.1).collect();
     let sizes: Vec<Option<u64>> = columns.iter().map(|c| c.2).collect();

@@ -42,9 +42,12 @@
 //! column sizes fill it exactly): each fault is a typed error naming the shard (and sample).
 //! The index's hashes of a shard (`xxh64`, `xxh3_64`, `xxh3_128`/`xxh128`, `xxh32`; others
 //! are not checked) are checked under [`ShardOptions::verify`] and by
-//! [`ShardedDataset::verify`]. Compressed shards are read from their raw (decompressed) file
-//! when it is there, as Streaming leaves it in its local cache, else refused with an error
-//! naming the file.
+//! [`ShardedDataset::verify`]. A compressed shard (`compression`: `zstd` or `gz`) is read
+//! from its raw file when that is there (as streaming's local cache leaves it), else
+//! decompressed once into the cache directory and read from there (see `compressed`:
+//! checked against both files' sizes and hashes, within the cache's byte limit); a shard
+//! compressed otherwise (`br`, `bz2`, `snappy`) without its raw file is refused with an
+//! error naming its compression.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -53,6 +56,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::compressed::{CompressedShard, Compression, Decompressor, FileCheck};
 use super::decode::{Decoder, FieldDecode, Value};
 use super::{
     IndexedFormat, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
@@ -114,14 +118,100 @@ pub(crate) struct ShardHashes {
 }
 
 /// What a data set keeps of a shard's index entry beyond its name and sample count: its raw
-/// file's size and hashes, and for a compressed shard what to say when its raw file is
-/// missing. (The column layout is the same for every shard: kept once.)
+/// file's size and hashes, and for a compressed shard its compressed file. (The column
+/// layout is the same for every shard: kept once.)
 #[derive(Debug)]
 pub(crate) struct ShardFile {
     pub bytes: u64,
     pub hashes: ShardHashes,
-    /// The compressed file and its compression, for a shard that has one.
-    zip: Option<Box<(String, Option<String>)>>,
+    /// The compressed file, for a shard that has one.
+    pub zip: Option<Box<ZipFile>>,
+}
+
+/// A shard's compressed file (`zip_data`) and its compression.
+#[derive(Debug)]
+pub(crate) struct ZipFile {
+    pub name: String,
+    pub compression: Option<String>,
+    pub bytes: u64,
+    pub hashes: ShardHashes,
+}
+
+impl ShardHashes {
+    /// The hashes of an index entry's `hashes` that gpufeed computes, or what is wrong.
+    fn read(
+        k: usize,
+        hashes: &BTreeMap<Cow<'_, str>, Cow<'_, str>>,
+    ) -> std::result::Result<ShardHashes, String> {
+        let mut out = ShardHashes::default();
+        for (algo, want) in hashes {
+            let hex = |bits: u32| {
+                u128::from_str_radix(want, 16)
+                    .ok()
+                    .filter(|v| bits == 128 || *v >> bits == 0)
+                    .ok_or_else(|| {
+                        format!("shard {k}: its {algo} `{want}` is not a {bits}-bit hex digest")
+                    })
+            };
+            match &**algo {
+                "xxh64" => out.xxh64 = Some(hex(64)? as u64),
+                "xxh3_64" => out.xxh3_64 = Some(hex(64)? as u64),
+                "xxh3_128" | "xxh128" => out.xxh3_128 = Some(hex(128)?),
+                "xxh32" => out.xxh32 = Some(hex(32)? as u32),
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl FileCheck for ShardHashes {
+    fn check(&self, all: &[u8]) -> std::result::Result<(), String> {
+        let checks = [
+            self.xxh64.map(|w| {
+                (
+                    "xxh64",
+                    u128::from(xxhash_rust::xxh64::xxh64(all, 0)),
+                    u128::from(w),
+                    16,
+                )
+            }),
+            self.xxh3_64.map(|w| {
+                (
+                    "xxh3_64",
+                    u128::from(xxhash_rust::xxh3::xxh3_64(all)),
+                    u128::from(w),
+                    16,
+                )
+            }),
+            self.xxh3_128
+                .map(|w| ("xxh3_128", xxhash_rust::xxh3::xxh3_128(all), w, 32)),
+            self.xxh32.map(|w| {
+                (
+                    "xxh32",
+                    u128::from(xxhash_rust::xxh32::xxh32(all, 0)),
+                    u128::from(w),
+                    8,
+                )
+            }),
+        ];
+        for (algo, got, want, width) in checks.into_iter().flatten() {
+            if got != want {
+                return Err(format!(
+                    "{algo} is {got:0width$x}, the index says {want:0width$x}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn version(&self) -> Option<String> {
+        self.xxh3_64
+            .map(|h| format!("xxh3_64-{h:016x}"))
+            .or_else(|| self.xxh64.map(|h| format!("xxh64-{h:016x}")))
+            .or_else(|| self.xxh3_128.map(|h| format!("xxh3_128-{h:032x}")))
+            .or_else(|| self.xxh32.map(|h| format!("xxh32-{h:08x}")))
+    }
 }
 
 /// The column layout of every shard, as the index gives it.
@@ -172,27 +262,16 @@ impl ShardList {
                 ));
             }
         }
-        let mut hashes = ShardHashes::default();
-        for (algo, want) in &e.raw_data.hashes {
-            let hex = |bits: u32| {
-                u128::from_str_radix(want, 16)
-                    .ok()
-                    .filter(|v| bits == 128 || *v >> bits == 0)
-                    .ok_or_else(|| {
-                        format!("shard {k}: its {algo} `{want}` is not a {bits}-bit hex digest")
-                    })
-            };
-            match &**algo {
-                "xxh64" => hashes.xxh64 = Some(hex(64)? as u64),
-                "xxh3_64" => hashes.xxh3_64 = Some(hex(64)? as u64),
-                "xxh3_128" | "xxh128" => hashes.xxh3_128 = Some(hex(128)?),
-                "xxh32" => hashes.xxh32 = Some(hex(32)? as u32),
-                _ => {}
-            }
-        }
-        let zip = e
-            .zip_data
-            .map(|z| Box::new((z.basename.into_owned(), e.compression.map(Cow::into_owned))));
+        let hashes = ShardHashes::read(k, &e.raw_data.hashes)?;
+        let zip = match e.zip_data {
+            Some(z) => Some(Box::new(ZipFile {
+                hashes: ShardHashes::read(k, &z.hashes)?,
+                name: z.basename.into_owned(),
+                compression: e.compression.map(Cow::into_owned),
+                bytes: z.bytes,
+            })),
+            None => None,
+        };
         self.files.push(ShardFile {
             bytes: e.raw_data.bytes,
             hashes,
@@ -464,6 +543,16 @@ pub struct MdsShards {
     encodings: Vec<MdsEncoding>,
     /// Each column's decoder (set when the dataset is made, from the declarations).
     decoders: Vec<Decoder>,
+    /// Whether a compressed shard is read from its raw file when that is there (as
+    /// streaming's local cache leaves it): true for a local directory; a remote store's has
+    /// the compressed files only.
+    pub(crate) raw_first: bool,
+    /// Where compressed shards are decompressed to (the cache's root, limit and this data
+    /// set's key in it), for a data set that has some.
+    decompress_at: Option<(PathBuf, u64, String)>,
+    /// The decompressor, made on first use (so that a data set read from its raw files
+    /// makes no cache directory).
+    decompressor: std::sync::OnceLock<Decompressor>,
 }
 
 /// A dataset of MDS shards.
@@ -504,6 +593,20 @@ impl ShardedDataset<MdsShards> {
     ) -> Result<MdsDataset> {
         let ReadIndex { mut format, shards } = index;
         let schema = format.declare(&options)?;
+        if format.files.iter().any(|f| f.zip.is_some()) {
+            let (dir, limit) = super::cache::settings_from_env()?;
+            let root = options
+                .cache_dir
+                .clone()
+                .or(dir)
+                .unwrap_or_else(super::cache::default_root);
+            let limit = options
+                .cache_limit
+                .or(limit)
+                .unwrap_or(super::cache::DEFAULT_LIMIT);
+            let key = store.locate(MDS_INDEX_FILE).to_string_lossy().into_owned();
+            format.decompress_at = Some((root, limit, key));
+        }
         ShardedDataset::from_parts(format, store, shards, schema, options)?.check_empty_shards()
     }
 }
@@ -537,7 +640,7 @@ impl MdsShards {
         }
         for f in &files {
             if let Some(z) = &f.zip {
-                check_shard_name(index_path, "MDS index", &z.0)?;
+                check_shard_name(index_path, "MDS index", &z.name)?;
             }
         }
         let n = layout.names.len();
@@ -571,6 +674,9 @@ impl MdsShards {
             layout,
             encodings,
             decoders: Vec::new(),
+            raw_first: true,
+            decompress_at: None,
+            decompressor: std::sync::OnceLock::new(),
         };
         Ok(ReadIndex { format, shards })
     }
@@ -653,45 +759,64 @@ impl MdsShards {
 
     /// Checks the hashes the index gives for the raw file that we know how to compute.
     fn check_hashes(&self, k: usize, bytes: &ShardBytes) -> Result<()> {
-        let h = &self.files[k].hashes;
-        let all = bytes.all()?;
-        let checks = [
-            h.xxh64.map(|w| {
-                (
-                    "xxh64",
-                    u128::from(xxhash_rust::xxh64::xxh64(all, 0)),
-                    u128::from(w),
-                    16,
-                )
-            }),
-            h.xxh3_64.map(|w| {
-                (
-                    "xxh3_64",
-                    u128::from(xxhash_rust::xxh3::xxh3_64(all)),
-                    u128::from(w),
-                    16,
-                )
-            }),
-            h.xxh3_128
-                .map(|w| ("xxh3_128", xxhash_rust::xxh3::xxh3_128(all), w, 32)),
-            h.xxh32.map(|w| {
-                (
-                    "xxh32",
-                    u128::from(xxhash_rust::xxh32::xxh32(all, 0)),
-                    u128::from(w),
-                    8,
-                )
-            }),
-        ];
-        for (algo, got, want, width) in checks.into_iter().flatten() {
-            if got != want {
-                return Err(self.disagrees(
-                    bytes.path(),
-                    format!("{algo} of the file is {got:0width$x}, the index says {want:0width$x}"),
-                ));
+        self.files[k]
+            .hashes
+            .check(bytes.all()?)
+            .map_err(|what| self.disagrees(bytes.path(), format!("the file's {what}")))
+    }
+
+    /// The compression of the data set's shards, if any is compressed (`zstd`, ...).
+    pub fn compression(&self) -> Option<&str> {
+        self.files
+            .iter()
+            .find_map(|f| f.zip.as_ref())
+            .map(|z| z.compression.as_deref().unwrap_or("unknown"))
+    }
+
+    /// Shard `k`'s raw bytes from its compressed file `zip`, decompressed (once) into the
+    /// cache.
+    fn decompressed(
+        &self,
+        store: &dyn ShardStore,
+        k: usize,
+        name: &str,
+        zip: &ZipFile,
+    ) -> Result<ShardBytes> {
+        let path = store.locate(name);
+        let missing = |what: String| Error::Malformed {
+            path: path.clone(),
+            format: "MDS shard",
+            what,
+        };
+        let compression = Compression::parse(zip.compression.as_deref().unwrap_or("none"))
+            .map_err(|what| {
+                missing(format!(
+                    "missing, and its compressed file {} is {what}",
+                    zip.name
+                ))
+            })?;
+        let decompressor = match self.decompressor.get() {
+            Some(d) => d,
+            None => {
+                let (root, limit, key) = self.decompress_at.as_ref().ok_or_else(|| {
+                    missing("compressed, and no cache to decompress it to".into())
+                })?;
+                let d = Decompressor::new(root.clone(), *limit, key)?;
+                self.decompressor.get_or_init(|| d)
             }
-        }
-        Ok(())
+        };
+        decompressor.open(
+            store,
+            &CompressedShard {
+                zip_name: &zip.name,
+                zip_bytes: zip.bytes,
+                zip_hashes: &zip.hashes,
+                raw_name: name,
+                raw_bytes: self.files[k].bytes,
+                raw_hashes: &self.files[k].hashes,
+                compression,
+            },
+        )
     }
 
     fn u32_at(bytes: &ShardBytes, at: u64) -> Result<u32> {
@@ -768,6 +893,10 @@ impl ShardFormat for MdsShards {
         "MDS"
     }
 
+    fn compression(&self) -> Option<String> {
+        MdsShards::compression(self).map(str::to_owned)
+    }
+
     fn open_shard(
         &self,
         store: &dyn ShardStore,
@@ -778,25 +907,16 @@ impl ShardFormat for MdsShards {
         options: &ShardOptions,
     ) -> Result<MdsShard> {
         let file = &self.files[k];
-        let bytes = match store.open(name) {
-            Ok(b) => b,
-            Err(Error::Io { path, source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound && file.zip.is_some() =>
-            {
-                let (zip, compression) = file
-                    .zip
-                    .as_deref()
-                    .map_or(("", None), |(z, c)| (z.as_str(), c.as_deref()));
-                return Err(Error::Malformed {
-                    path,
-                    format: "MDS shard",
-                    what: format!(
-                        "missing; the shard is compressed ({}) and gpufeed reads the uncompressed file: decompress {zip} first",
-                        compression.unwrap_or("?"),
-                    ),
-                });
-            }
-            Err(e) => return Err(e),
+        let bytes = match file.zip.as_deref() {
+            None => store.open(name)?,
+            Some(zip) if !self.raw_first => self.decompressed(store, k, name, zip)?,
+            Some(zip) => match store.open(name) {
+                Ok(b) => b,
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    self.decompressed(store, k, name, zip)?
+                }
+                Err(e) => return Err(e),
+            },
         };
         let path = bytes.path().to_path_buf();
         if bytes.len() != file.bytes {
