@@ -27,6 +27,7 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
         "size" => "--image-size",
         "image_dtype" | "dtype" => "--image-dtype",
         "image_field" => "--image-field",
+        "label_field" => "--label-field",
         "fields" => "--fields",
         "records" => "--records",
         "record_bytes" => "--record-bytes",
