@@ -271,3 +271,18 @@ fn bench_images_runs_the_image_pipeline_on_webdataset_and_mds_shards() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("txt"), "{}", stderr(&o));
 }
+
+#[cfg(not(feature = "remote"))]
+#[test]
+fn a_url_in_a_build_without_object_stores_names_the_command_that_builds_one() {
+    // A user of the command is told the cargo command for the command, not a library feature.
+    let o = gpufeed(&["inspect", "s3://bucket/train"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("s3://bucket/train"), "{err}");
+    assert!(
+        err.contains("cargo install --path crates/cli --features s3"),
+        "{err}"
+    );
+    assert!(!err.contains("build it with"), "{err}");
+}

@@ -62,7 +62,7 @@ use std::sync::Arc;
 
 pub use decode::FieldDecode;
 pub use lru::OpenShardStats;
-pub use open::{is_shard_dir, is_shard_spec, is_store_url, open, open_with};
+pub use open::{NO_STORE_ADVICE, is_shard_dir, is_shard_spec, is_store_url, open, open_with};
 pub use store::{
     LocalDir, MemoryStore, ShardArrival, ShardBytes, ShardStat, ShardStore, StoreStats,
 };
