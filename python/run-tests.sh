@@ -13,6 +13,8 @@ fi
 # Constraints reach pip's isolated build environment too: the wheel is built by the pinned maturin.
 export PIP_CONSTRAINT="$PWD/python/requirements-ci.txt"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-ci.txt
+# The real writers the tests compare with, without their own (unused, heavy) requirements.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r python/requirements-writers.txt
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./python
 # From the root, where no `gpufeed` folder hides the installed package (python/gpufeed has no
 # compiled module).

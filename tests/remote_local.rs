@@ -327,7 +327,8 @@ fn tar_shards_from_a_url_read_back() {
     for n in 0..200u32 {
         let s = d.get(u64::from(n)).unwrap();
         assert_eq!(s.field_named("bin").unwrap(), &record(n)[..]);
-        assert_eq!(s.field_named("cls").unwrap(), n.to_string().as_bytes());
+        // `str(int)`, read as webdataset reads it.
+        assert_eq!(*s.field_as::<i64>("cls").unwrap(), [i64::from(n)]);
     }
 }
 
@@ -510,4 +511,41 @@ fn a_single_tar_url_is_bounded_by_its_size() {
     // One HEAD, then the shard's parts (`options`: 8 KiB each), with no retry.
     assert_eq!(s.retries, 0, "{s}");
     assert_eq!(s.requests, 1 + size.div_ceil(8 << 10), "{s}");
+}
+
+#[test]
+fn compressed_mds_shards_from_a_url_are_fetched_compressed_and_decompressed_into_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let zip = crate::shard_compressed::compressed_set(dir.path(), "zstd", true);
+    let d = open(dir.path(), options(cache.path()));
+    assert_eq!(d.compression().as_deref(), Some("zstd"));
+    for i in 0..20u64 {
+        let s = d.get(i).unwrap();
+        assert_eq!(*s.field_as::<i64>("id").unwrap(), [i as i64]);
+        assert_eq!(
+            s.field_named("payload").unwrap(),
+            vec![i as u8; 100 + i as usize]
+        );
+    }
+    let stats = d.store_stats().unwrap();
+    assert_eq!(
+        (stats.cache_misses, stats.checksum_failures),
+        (1, 0),
+        "{stats:?}"
+    );
+    // The compressed object, changed: refused by its checksum, naming it and the sample.
+    let mut b = std::fs::read(&zip).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 1;
+    std::fs::write(&zip, &b).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let d = open(dir.path(), options(cache.path()));
+    match d.get(5).unwrap_err() {
+        Error::Remote { shard, kind, .. } => {
+            assert_eq!(kind, RemoteErrorKind::Checksum);
+            assert!(shard.ends_with("shard.00000.mds.zstd"), "{shard:?}");
+        }
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
 }

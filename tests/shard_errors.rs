@@ -411,7 +411,11 @@ fn an_mds_index_that_disagrees_with_its_shards_is_an_error_naming_the_shard() {
     let d = MdsDataset::open(dir.path()).unwrap();
     assert!(d.get(0).is_ok(), "hashes are not checked without verify");
     let e = d.verify(|_| {}).unwrap_err();
-    malformed_at(&e, &dir.path().join("shard.00000.mds"), "xxh64 of the file");
+    malformed_at(
+        &e,
+        &dir.path().join("shard.00000.mds"),
+        "the file's xxh64 is",
+    );
 }
 
 /// A shard holding no sample is never opened for a sample, so an index that says `samples: 0`
@@ -509,7 +513,7 @@ fn a_truncated_or_corrupt_mds_shard_is_an_error_naming_shard_and_sample() {
 }
 
 #[test]
-fn compressed_mds_shards_are_read_from_their_raw_file_or_refused() {
+fn a_compressed_mds_shard_is_read_from_its_raw_file_or_its_compressed_one() {
     let dir = mds_copy();
     edit_index(dir.path(), |v| {
         v["shards"][0]["compression"] = "zstd".into();
@@ -517,16 +521,24 @@ fn compressed_mds_shards_are_read_from_their_raw_file_or_refused() {
             "basename": "shard.00000.mds.zstd", "bytes": 10, "hashes": {}
         });
     });
-    let d = MdsDataset::open(dir.path()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let options = || ShardOptions {
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..ShardOptions::default()
+    };
+    let d = MdsDataset::open_with(dir.path(), options()).unwrap();
     assert!(d.get(0).is_ok(), "the raw file is there");
-    std::fs::remove_file(dir.path().join("shard.00000.mds")).unwrap();
-    let d = MdsDataset::open(dir.path()).unwrap();
-    let e = d.get(0).unwrap_err();
-    malformed_at(
-        &e,
-        &dir.path().join("shard.00000.mds"),
-        "decompress shard.00000.mds.zstd first",
+    assert_eq!(
+        std::fs::read_dir(cache.path()).unwrap().count(),
+        0,
+        "nothing decompressed"
     );
+    std::fs::remove_file(dir.path().join("shard.00000.mds")).unwrap();
+    let d = MdsDataset::open_with(dir.path(), options()).unwrap();
+    match d.get(0).unwrap_err() {
+        Error::Io { path, .. } => assert_eq!(path, dir.path().join("shard.00000.mds.zstd")),
+        other => panic!("expected the compressed file missing, got {other:?}"),
+    }
 }
 
 // ---- Packed shards --------------------------------------------------------------------

@@ -22,6 +22,8 @@ mod remote_local;
 mod remote_s3;
 #[cfg(feature = "s3")]
 mod s3_common;
+mod shard_compressed;
+mod shard_decode;
 mod shard_errors;
 mod shard_fixtures;
 mod shard_fuzz;

@@ -202,6 +202,14 @@ fn config_message(setting: &str, what: &str, defaults: Defaults<'_>) -> String {
 
 /// The message: gpufeed's, with settings named as in Python.
 fn message(e: &Error, defaults: Defaults<'_>) -> String {
+    // A package built without object stores: the pip command that builds one with them.
+    raw_message(e, defaults).replace(
+        gpufeed::source::shards::NO_STORE_ADVICE,
+        "install the package with them: pip install ./python --config-settings=build-args=\"--features s3\" (or gcs, azure, http)",
+    )
+}
+
+fn raw_message(e: &Error, defaults: Defaults<'_>) -> String {
     match e {
         Error::InvalidConfig { setting, what } => config_message(setting, what, defaults),
         Error::Spawn {

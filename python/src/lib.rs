@@ -26,6 +26,7 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dlpack::Array>()?;
     m.add_function(wrap_pyfunction!(pack::pack, m)?)?;
     m.add_function(wrap_pyfunction!(pack::inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::read_sample, m)?)?;
     m.add_function(wrap_pyfunction!(loader::_live, m)?)?;
     m.add_function(wrap_pyfunction!(loader::_device_memory, m)?)?;
     m.add("HAS_CUDA", cfg!(feature = "cuda"))?;

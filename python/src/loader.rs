@@ -309,6 +309,25 @@ impl ImageArgs {
         self.decode.parse()
     }
 
+    /// The image and label fields a data set's writer named otherwise than the defaults (a
+    /// WebDataset's `jpg` and `cls`, an MDS `jpeg` column), taken where the defaults are not
+    /// the data set's: the library's `default_image_fields`, as `gpufeed bench --images`.
+    fn take_fields_of(&mut self, schema: &gpufeed::Schema) {
+        let (image, label) = gpufeed::transform::image::default_image_fields(schema);
+        if self.image_field == DEFAULT_IMAGE_FIELD
+            && schema.index_of(DEFAULT_IMAGE_FIELD).is_none()
+            && let Some(image) = image
+        {
+            self.image_field = image;
+        }
+        if self.label_field.as_deref() == Some(DEFAULT_LABEL_FIELD)
+            && schema.index_of(DEFAULT_LABEL_FIELD).is_none()
+            && let Some(label) = label
+        {
+            self.label_field = Some(label);
+        }
+    }
+
     /// True for a float dtype: on a device loader the GPU converts (the workers write u8).
     fn converts(&self) -> bool {
         // The GPU decode writes the dtype itself.
@@ -572,15 +591,21 @@ fn check_reserved(s: &Settings, loader: &Loader) -> Result<(), BuildError> {
 /// A loader built from the arguments, and its image pipeline's figures (with `images=`).
 type Built = (Box<dyn Feed>, Option<Arc<ImageStats>>);
 
-fn build(s: Settings) -> Result<Built, BuildError> {
+fn build(mut s: Settings) -> Result<Built, BuildError> {
     let on_device = s.device.is_some();
     // The image options first: they are wrong whatever the data.
+    if let Some(i) = &s.images {
+        i.transform(on_device)?;
+    }
+    let dataset = open_dataset(&s)?;
+    if let Some(i) = s.images.as_mut() {
+        i.take_fields_of(dataset.schema());
+    }
     let transform = s
         .images
         .as_ref()
         .map(|i| i.transform(on_device))
         .transpose()?;
-    let dataset = open_dataset(&s)?;
     check_names(&s, dataset.schema())?;
     if s.images.is_none() && s.fields.is_none() {
         // Encoded images are decoded with images=, not loaded as their bytes, unless fields=

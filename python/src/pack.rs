@@ -358,9 +358,22 @@ enum Found {
         verified: Option<gpufeed::Result<()>>,
     },
     Folder(ImageFolder),
+    Shards {
+        data: Box<dyn gpufeed::source::shards::ShardedSource>,
+        verified: Option<gpufeed::Result<()>>,
+    },
 }
 
 fn look(path: &Path, verify: bool) -> gpufeed::Result<Found> {
+    use gpufeed::source::shards;
+    // What `gpufeed inspect` reads as a sharded data set: a directory of shards (an
+    // index.json, or .tar files), a .tar file, a brace pattern, a URL.
+    let spec = path.to_str().unwrap_or("");
+    if shards::is_shard_dir(path) || (!path.is_dir() && shards::is_shard_spec(spec)) {
+        let data = shards::open(spec)?;
+        let verified = verify.then(|| data.verify(&mut |_| {}));
+        return Ok(Found::Shards { data, verified });
+    }
     if path.is_dir() {
         return Ok(Found::Folder(ImageFolder::open(path)?));
     }
@@ -482,6 +495,76 @@ pub fn inspect<'py>(py: Python<'py>, path: PathBuf, verify: bool) -> PyResult<Bo
             d.set_item("classes", folder.classes().to_vec())?;
             d.set_item("fields", fields_list(py, folder.schema())?)?;
         }
+        Found::Shards { data, verified } => {
+            // The keys of `gpufeed inspect --json` of a sharded data set.
+            let sizes = data.shard_sizes().unwrap_or_default();
+            let names = data.shard_names();
+            d.set_item("format", data.format_name())?;
+            d.set_item("shards", names.len())?;
+            d.set_item("samples", data.len())?;
+            d.set_item("records", data.len())?;
+            d.set_item("fields", fields_list(py, data.schema())?)?;
+            let per = PyDict::new(py);
+            per.set_item("min", sizes.iter().copied().min().unwrap_or(0))?;
+            let mean = if sizes.is_empty() {
+                0.0
+            } else {
+                data.len() as f64 / sizes.len() as f64
+            };
+            per.set_item("mean", mean)?;
+            per.set_item("max", sizes.iter().copied().max().unwrap_or(0))?;
+            d.set_item("samples_per_shard", per)?;
+            d.set_item("first_shard", names.first())?;
+            d.set_item("last_shard", names.last())?;
+            d.set_item("compression", data.compression())?;
+            if let Some(result) = verified {
+                result.map_err(|e| errors::to_py(py, &e))?;
+                d.set_item("verified", true)?;
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// Sample `index` of the data set at `path` (anything `gpufeed.Loader` opens as one path),
+/// as the library reads it: for each field, `(bytes, kind, dtype_or_codec, shape)`, where a
+/// tensor field's bytes are its values (little-endian) and a bytes field's its bytes (a
+/// variable-size field, which a batch cannot hold yet). See `gpufeed.read_sample`.
+#[pyfunction]
+pub fn read_sample<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    index: u64,
+) -> PyResult<Bound<'py, PyDict>> {
+    type Fields = Vec<(String, Vec<u8>, &'static str, String, Vec<u64>)>;
+    let caught = py.detach(|| {
+        catch(|| -> gpufeed::Result<Fields> {
+            let data = gpufeed::source::open(&path)?;
+            let sample = data.get(index)?;
+            let mut out = Vec::new();
+            for (k, f) in data.schema().fields().iter().enumerate() {
+                let bytes = sample.try_field(k)?.to_vec();
+                out.push(match &f.kind {
+                    FieldKind::Tensor { dtype, shape } => (
+                        f.name.clone(),
+                        bytes,
+                        "tensor",
+                        crate::dlpack::dtype_name(*dtype).to_owned(),
+                        shape.clone(),
+                    ),
+                    FieldKind::Bytes { codec } => {
+                        (f.name.clone(), bytes, "bytes", codec.name(), Vec::new())
+                    }
+                });
+            }
+            Ok(out)
+        })
+    });
+    let fields = errors::lift(py, caught)?;
+    let d = PyDict::new(py);
+    for (name, bytes, kind, what, shape) in fields {
+        let value = (pyo3::types::PyBytes::new(py, &bytes), kind, what, shape);
+        d.set_item(name, value)?;
     }
     Ok(d)
 }

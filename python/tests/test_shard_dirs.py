@@ -79,3 +79,8 @@ def test_a_url_reaches_the_library(monkeypatch):
     with pytest.raises(gpufeed.Error) as e:
         gpufeed.Loader("s3://no-bucket-here/prefix", batch_size=4)
     assert "s3://no-bucket-here/prefix" in str(e.value), e.value
+    if "reads no object store" in str(e.value):
+        # A pip user is told the pip command that builds the package with them, not a
+        # cargo feature.
+        assert 'pip install ./python --config-settings=build-args="--features s3"' in str(e.value), e.value
+        assert "build it with" not in str(e.value), e.value

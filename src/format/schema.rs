@@ -124,6 +124,10 @@ pub enum Codec {
     Jpeg,
     /// A PNG image.
     Png,
+    /// JSON text (UTF-8).
+    Json,
+    /// A NumPy `.npy` array (header and values), of any dtype and shape.
+    Npy,
     /// Little-endian values of one dtype, back to back: a variable-length array (a document's
     /// tokens, say). The loader batches the field as a ragged field of that dtype (values and
     /// offsets); its length in every record must be a whole number of values. Stored as code
@@ -141,6 +145,8 @@ impl Codec {
             Codec::Utf8 => 1,
             Codec::Jpeg => 2,
             Codec::Png => 3,
+            Codec::Json => 4,
+            Codec::Npy => 5,
             Codec::Elements(dtype) => ELEMENTS_CODE | dtype.code(),
             Codec::Other(c) => c,
         }
@@ -153,6 +159,8 @@ impl Codec {
             1 => Codec::Utf8,
             2 => Codec::Jpeg,
             3 => Codec::Png,
+            4 => Codec::Json,
+            5 => Codec::Npy,
             c => match DType::from_code(c.wrapping_sub(ELEMENTS_CODE)) {
                 Some(dtype) if c >= ELEMENTS_CODE => Codec::Elements(dtype),
                 _ => Codec::Other(c),
@@ -167,6 +175,8 @@ impl Codec {
             Codec::Utf8 => "utf8".into(),
             Codec::Jpeg => "jpeg".into(),
             Codec::Png => "png".into(),
+            Codec::Json => "json".into(),
+            Codec::Npy => "npy".into(),
             Codec::Elements(dtype) => format!("{dtype} values"),
             Codec::Other(c) => format!("codec#{c}"),
         }

@@ -58,7 +58,6 @@ pub use sizing::{
 };
 pub(crate) use state::Position;
 pub use state::{LoaderState, TokenSourceState, TokenState};
-pub use state::{LoaderState, TokenSourceState, TokenState};
 pub(crate) use stats::Delivered;
 pub use stats::{LoaderStats, StageSnapshot};
 pub use stream::{BatchStream, Next};

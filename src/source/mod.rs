@@ -205,11 +205,14 @@ pub struct Sample<'a> {
 enum SampleBytes<'a> {
     Borrowed(&'a [u8]),
     Owned(Vec<u8>),
-    /// One range of `data` per field, in schema order; `data` keeps its buffer (a shard's
-    /// mapping) alive, so the sample outlives the shard's place in a cache of open shards.
+    /// One span per field, in schema order, of `data` or of `decoded`; `data` keeps its
+    /// buffer (a shard's mapping) alive, so the sample outlives the shard's place in a cache
+    /// of open shards. `decoded` holds the values decoded from the container's bytes (an
+    /// integer written as text), empty (no allocation) when there are none.
     Shared {
         data: bytes::Bytes,
-        fields: Vec<std::ops::Range<usize>>,
+        fields: Vec<FieldSpan>,
+        decoded: Vec<u8>,
     },
     /// Read from a file into a reusable per-thread buffer.
     Read(RecordBuf),
@@ -223,6 +226,26 @@ enum SampleBytes<'a> {
         fields: &'a [(usize, usize)],
         record: OnceLock<Vec<u8>>,
     },
+}
+
+/// Where one field of a sample made of spans ([`Sample::shared_fields`], and the shard
+/// formats' decoded samples) lies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum FieldSpan {
+    /// Bytes of the shared buffer (a member or column in place).
+    Shared(std::ops::Range<usize>),
+    /// Bytes of the sample's own buffer of decoded values.
+    Decoded(std::ops::Range<usize>),
+}
+
+impl FieldSpan {
+    /// The field's bytes, from the shared buffer or the decoded values.
+    fn of<'s>(&self, data: &'s [u8], decoded: &'s [u8]) -> Option<&'s [u8]> {
+        match self {
+            FieldSpan::Shared(r) => data.get(r.clone()),
+            FieldSpan::Decoded(r) => decoded.get(r.clone()),
+        }
+    }
 }
 
 /// Where a fixed-size record lies in a file opened with [`ReadMode::Pread`].
@@ -351,21 +374,35 @@ impl<'a> Sample<'a> {
         fields: Vec<std::ops::Range<usize>>,
         schema: &'a Schema,
     ) -> Result<Sample<'a>> {
-        if fields.len() != schema.fields().len() {
+        let spans = fields.into_iter().map(FieldSpan::Shared).collect();
+        Sample::spans(data, spans, Vec::new(), schema)
+    }
+
+    /// A sample whose field `k` is `spans[k]`: a range of `data` (in place) or of `decoded`
+    /// (values the format decoded from its container's bytes, such as an integer written as
+    /// text). Checked as [`Sample::shared_fields`] checks.
+    pub(crate) fn spans(
+        data: bytes::Bytes,
+        spans: Vec<FieldSpan>,
+        decoded: Vec<u8>,
+        schema: &'a Schema,
+    ) -> Result<Sample<'a>> {
+        if spans.len() != schema.fields().len() {
             return Err(Error::mismatch(format!(
                 "{} field ranges for a schema of {} fields",
-                fields.len(),
+                spans.len(),
                 schema.fields().len()
             )));
         }
-        for (k, (range, field)) in fields.iter().zip(schema.fields()).enumerate() {
-            if range.start > range.end || range.end > data.len() {
+        for (k, (span, field)) in spans.iter().zip(schema.fields()).enumerate() {
+            let (range, within, what) = match span {
+                FieldSpan::Shared(r) => (r, data.len(), "the sample's"),
+                FieldSpan::Decoded(r) => (r, decoded.len(), "the decoded values'"),
+            };
+            if range.start > range.end || range.end > within {
                 return Err(Error::mismatch(format!(
-                    "field `{}`: range {}..{} is outside the sample's {} bytes",
-                    field.name,
-                    range.start,
-                    range.end,
-                    data.len()
+                    "field `{}`: range {}..{} is outside {what} {within} bytes",
+                    field.name, range.start, range.end,
                 )));
             }
             if let Some(want) = schema.fixed_range(k).map(|r| r.len())
@@ -379,7 +416,11 @@ impl<'a> Sample<'a> {
             }
         }
         Ok(Sample {
-            bytes: SampleBytes::Shared { data, fields },
+            bytes: SampleBytes::Shared {
+                data,
+                fields: spans,
+                decoded,
+            },
             schema,
         })
     }
@@ -390,7 +431,11 @@ impl<'a> Sample<'a> {
     /// if that read fails this is `None` too: [`Sample::try_field`] returns the error.
     pub fn field(&self, k: usize) -> Option<&[u8]> {
         match &self.bytes {
-            SampleBytes::Shared { data, fields } => data.get(fields.get(k)?.clone()),
+            SampleBytes::Shared {
+                data,
+                fields,
+                decoded,
+            } => fields.get(k)?.of(data, decoded),
             SampleBytes::Zipped { parts, fields, .. } => {
                 let &(part, j) = fields.get(k)?;
                 parts.get(part)?.field(j)
@@ -402,10 +447,15 @@ impl<'a> Sample<'a> {
     /// The bytes of field `k`, or an error: no such field, or (for a sample of a file opened
     /// with [`ReadMode::Pread`]) the read failed.
     pub fn try_field(&self, k: usize) -> Result<&[u8]> {
-        if let SampleBytes::Shared { data, fields } = &self.bytes {
+        if let SampleBytes::Shared {
+            data,
+            fields,
+            decoded,
+        } = &self.bytes
+        {
             return fields
                 .get(k)
-                .and_then(|r| data.get(r.clone()))
+                .and_then(|span| span.of(data, decoded))
                 .ok_or_else(|| {
                     Error::mismatch(format!(
                         "no field {k} in a sample of schema [{}]",

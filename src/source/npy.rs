@@ -471,6 +471,13 @@ pub(crate) enum HeaderError {
 }
 
 impl HeaderError {
+    /// What is wrong, for a message that names the file or member itself.
+    pub(crate) fn what(self) -> String {
+        match self {
+            HeaderError::Malformed(what) | HeaderError::Unsupported(what) => what,
+        }
+    }
+
     fn at(self, path: &Path) -> Error {
         match self {
             HeaderError::Malformed(what) => Error::Malformed {
@@ -486,8 +493,21 @@ impl HeaderError {
     }
 }
 
-/// Parses the header of a `.npy` file (its first bytes).
+/// Parses the header of a `.npy` file (its first bytes) whose rows are samples: an array of
+/// at least one dimension.
 pub(crate) fn parse_header(b: &[u8]) -> Result<NpyHeader, HeaderError> {
+    let header = parse_array_header(b)?;
+    if header.shape.is_empty() {
+        return Err(HeaderError::Unsupported(
+            "a 0-dimensional array has no rows to use as samples".into(),
+        ));
+    }
+    Ok(header)
+}
+
+/// Parses the header of a `.npy` file (its first bytes) of any shape, a 0-dimensional one (a
+/// scalar) included: one value, such as a WebDataset member.
+pub(crate) fn parse_array_header(b: &[u8]) -> Result<NpyHeader, HeaderError> {
     use HeaderError::{Malformed, Unsupported};
     if b.is_empty() {
         return Err(Malformed("the file is empty".into()));
@@ -543,11 +563,6 @@ pub(crate) fn parse_header(b: &[u8]) -> Result<NpyHeader, HeaderError> {
             .collect::<Result<Vec<u64>, _>>()?,
         other => return Err(Malformed(format!("shape is {other:?}, not a tuple"))),
     };
-    if shape.is_empty() {
-        return Err(Unsupported(
-            "a 0-dimensional array has no rows to use as samples".into(),
-        ));
-    }
     if fortran && shape.iter().filter(|&&d| d != 1).count() > 1 {
         return Err(Unsupported(format!(
             "Fortran-ordered array of shape {shape:?}: rows are not contiguous; save it with np.ascontiguousarray"

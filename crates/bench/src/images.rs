@@ -12,7 +12,7 @@ use serde::Serialize;
 use gpufeed::format::DType;
 use gpufeed::loader::{Loader, LoaderBuilder};
 use gpufeed::source::{self, AnySource, ImageFolder};
-use gpufeed::transform::image::{ImageTransform, OnBadImage};
+use gpufeed::transform::image::{ImageTransform, OnBadImage, default_image_fields};
 use gpufeed::{Error, Result};
 
 /// Settings of [`bench_images`].
@@ -46,8 +46,13 @@ pub struct ImageBenchConfig {
     pub parts: Option<usize>,
     /// Stop each epoch after this many batches; `None`: every epoch to its end.
     pub max_batches: Option<u64>,
-    /// The field of encoded images (`None`: `image`, as packed image folders name it).
+    /// The field of encoded images (`None`: the data set's by
+    /// [`default_image_fields`](gpufeed::transform::image::default_image_fields): `image`, or
+    /// its one field of JPEG or PNG bytes).
     pub image_field: Option<String>,
+    /// The field of integer labels (`None`: `label`, else `cls`, where there is one; else no
+    /// label).
+    pub label_field: Option<String>,
     /// Check every record of a packed file against its checksum as it is read
     /// ([`ReadOptions::verify_checksums`](gpufeed::format::ReadOptions::verify_checksums)); an
     /// image folder has no checksums, and refuses it.
@@ -81,6 +86,7 @@ impl Default for ImageBenchConfig {
             parts: None,
             max_batches: None,
             image_field: None,
+            label_field: None,
             verify_checksums: false,
             read_mode: gpufeed::format::ReadMode::Map,
             stop: None,
@@ -95,7 +101,7 @@ impl Default for ImageBenchConfig {
 pub struct ImageBenchReport {
     /// The directory or packed file read.
     pub source: String,
-    /// `imagefolder` or `packed`.
+    /// `imagefolder`, `packed` or `shards`.
     pub kind: &'static str,
     /// Images delivered, all epochs.
     pub images: u64,
@@ -172,9 +178,10 @@ impl std::fmt::Display for ImageBenchReport {
     }
 }
 
-/// Runs decode + RandomResizedCrop + flip over `path` (an ImageFolder directory, or a packed
-/// file of images written by [`pack_image_folder`](gpufeed::source::pack_image_folder)) through
-/// the loader and reports images/s.
+/// Runs decode + RandomResizedCrop + flip over `path` (an ImageFolder directory, a packed
+/// file of images written by [`pack_image_folder`](gpufeed::source::pack_image_folder), or a
+/// sharded data set with an image field: WebDataset `jpg`/`png` members, an MDS `jpeg`/`png`
+/// column; local or a URL) through the loader and reports images/s.
 pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchReport> {
     if cfg.decode == gpufeed::transform::image::Decode::Gpu {
         return Err(Error::InvalidConfig {
@@ -197,7 +204,7 @@ pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchRep
 pub(crate) struct ImageBenchSetup {
     /// Every loader setting but the backing.
     pub builder: LoaderBuilder,
-    /// `imagefolder` or `packed`.
+    /// `imagefolder`, `packed` or `shards`.
     pub kind: &'static str,
 }
 
@@ -211,7 +218,12 @@ impl ImageBenchSetup {
                 what: "the image bench needs at least one epoch".to_owned(),
             });
         }
-        let (dataset, kind): (AnySource, _) = if path.is_dir() {
+        let spec = path.to_str().unwrap_or("");
+        let sharded = source::shards::is_shard_dir(path)
+            || (!path.is_dir() && source::shards::is_shard_spec(spec));
+        let (dataset, kind): (AnySource, _) = if sharded {
+            (source::shards::open(spec)?, "shards")
+        } else if path.is_dir() {
             if cfg.verify_checksums {
                 return Err(Error::InvalidConfig {
                     setting: "verify_checksums",
@@ -233,13 +245,17 @@ impl ImageBenchSetup {
             .dtype(dtype)
             .decode(cfg.decode)
             .cpu_share(cfg.cpu_share);
-        if let Some(field) = &cfg.image_field {
-            t = t.image_field(field.as_str());
-        }
-        // A bench needs no labels: unlabelled packed files are read as they are.
-        if dataset.schema().index_of("label").is_none() {
-            t = t.label_field(None);
-        }
+        let (image, label) = default_image_fields(dataset.schema());
+        let image = cfg.image_field.clone().or(image).ok_or_else(|| Error::InvalidConfig {
+            setting: "image_field",
+            what: format!(
+                "the data set has no `image` field and not one field of JPEG or PNG bytes to take for it: name it [{}]",
+                dataset.schema()
+            ),
+        })?;
+        t = t.image_field(image);
+        // A bench needs no labels: unlabelled data is read as it is.
+        t = t.label_field(cfg.label_field.clone().or(label).as_deref());
         if dtype != DType::U8 {
             t = t.normalize(gpufeed::transform::image::Normalize::IMAGENET);
         }

@@ -28,6 +28,7 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
         "size" => "--image-size",
         "image_dtype" | "dtype" => "--image-dtype",
         "image_field" => "--image-field",
+        "label_field" => "--label-field",
         "fields" => "--fields",
         "records" => "--records",
         "record_bytes" => "--record-bytes",
@@ -65,7 +66,7 @@ pub fn in_flags(text: &str) -> String {
 
 /// The message `gpufeed` prints for `e`, after "gpufeed: error: ".
 pub fn describe(e: &Error) -> String {
-    let mut text = match e {
+    let text = match e {
         Error::InvalidConfig { setting, what } if setting.starts_with('-') => {
             format!("{setting}: {}", in_flags(what))
         }
@@ -83,6 +84,11 @@ pub fn describe(e: &Error) -> String {
         },
         _ => in_flags(&e.to_string()),
     };
+    // A command built without object stores: the command that builds one with them.
+    let mut text = text.replace(
+        gpufeed::source::shards::NO_STORE_ADVICE,
+        "install the command with them: cargo install --path crates/cli --features s3 (or gcs, azure, http)",
+    );
     if let Error::Sample { source, .. } = e
         && matches!(**source, Error::Image { .. })
     {

@@ -129,6 +129,7 @@ pub fn inspect(path: &Path, verify: bool, as_json: bool) -> Result<()> {
         "samples_per_shard": {"min": min, "mean": mean, "max": max},
         "first_shard": names.first(),
         "last_shard": names.last(),
+        "compression": data.compression(),
     });
     let mut text = format!(
         "data set:      {}\nformat:        {} shards\nshards:        {} ({} .. {})\nsamples:       {} \
@@ -140,6 +141,12 @@ pub fn inspect(path: &Path, verify: bool, as_json: bool) -> Result<()> {
         names.last().map_or("", String::as_str),
         data.len(),
     );
+    if let Some(c) = data.compression() {
+        text.push_str(&format!(
+            "compressed:    {c} (each shard decompressed once into the cache, {})\n",
+            "--cache-dir or $GPUFEED_CACHE_DIR"
+        ));
+    }
     text.push_str(&crate::messages::fields_text(data.schema()));
     let mut fault = None;
     if verify {

@@ -220,3 +220,69 @@ fn a_signalled_sharded_pack_leaves_no_shards_without_an_index() {
         assert!(left.is_empty(), "signal {sig} left {left:?}");
     }
 }
+
+fn fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/streaming")
+}
+
+#[test]
+fn bench_images_runs_the_image_pipeline_on_webdataset_and_mds_shards() {
+    // WebDataset (jpg + cls, by webdataset's ShardWriter) and MDS (a jpeg column, by
+    // mosaicml-streaming's MDSWriter): the image and label fields found by their writers'
+    // names, or named by flags.
+    for (data, extra) in [
+        (fixtures().join("wds"), vec![]),
+        (fixtures().join("mds"), vec!["--image-field", "img"]),
+        (
+            fixtures().join("wds"),
+            vec!["--image-field", "jpg", "--label-field", "cls"],
+        ),
+    ] {
+        let mut args = vec![
+            "bench",
+            "--images",
+            s(&data),
+            "--image-size",
+            "8",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "2",
+            "--workers",
+            "1",
+            "--json",
+        ];
+        args.extend(extra);
+        let o = gpufeed(&args);
+        assert!(o.status.success(), "{data:?}: {}", stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert!(v["samples"].as_u64().unwrap() > 0, "{v}");
+    }
+    // A label field that is not an integer is refused naming the flag.
+    let o = gpufeed(&[
+        "bench",
+        "--images",
+        s(&fixtures().join("wds")),
+        "--label-field",
+        "txt",
+        "--epochs",
+        "1",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("txt"), "{}", stderr(&o));
+}
+
+#[cfg(not(feature = "remote"))]
+#[test]
+fn a_url_in_a_build_without_object_stores_names_the_command_that_builds_one() {
+    // A user of the command is told the cargo command for the command, not a library feature.
+    let o = gpufeed(&["inspect", "s3://bucket/train"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("s3://bucket/train"), "{err}");
+    assert!(
+        err.contains("cargo install --path crates/cli --features s3"),
+        "{err}"
+    );
+    assert!(!err.contains("build it with"), "{err}");
+}

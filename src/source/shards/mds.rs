@@ -23,9 +23,18 @@
 //! | `int` | tensor i64 `[]` |
 //! | `uint8` … `int64`, `float16`, `float32`, `float64` | tensor of that dtype, `[]` |
 //! | `ndarray:DTYPE:D0,D1,...` (fixed dtype and shape) | tensor of that dtype and shape |
-//! | `bytes`, `pil`, `pkl`, `list[...]`, `jpeg_array`, `ndarray`, `ndarray:DTYPE` | bytes, raw (a variable `ndarray`'s header is kept: [`decode_ndarray`]) |
-//! | `str`, `str_int`, `str_float`, `str_decimal`, `json` | bytes, utf8 |
+//! | `str_int` (`str(int)`) | tensor i64 `[]`, decoded from the text |
+//! | `str_float` (`str(float)`) | tensor f64 `[]`, decoded from the text |
+//! | `str`, `str_decimal` | bytes, utf8 (checked to be UTF-8) |
+//! | `json` | bytes, json (checked to be UTF-8) |
 //! | `jpeg`, `png` | bytes, jpeg / png (the encoded image) |
+//! | `bytes`, `pil`, `list[...]`, `jpeg_array`, `ndarray`, `ndarray:DTYPE` | bytes, raw (a variable `ndarray`'s header is kept: [`decode_ndarray`]) |
+//! | `pkl` | refused: unpickling runs code the data set chose; declare the column `raw` to read its bytes |
+//!
+//! A column is declared otherwise by its name ([`ShardOptions::decode`]): a variable
+//! `ndarray` (or `bytes`) column whose values have one dtype and shape, as a tensor
+//! (`u16[2048]`: each value's header is checked against it, and the field is its values in
+//! place); `str_int` as `utf8` text; `pkl` as `raw` bytes.
 //!
 //! Fields are views of the shard's mapping (tensor fields are not aligned in memory). A shard
 //! is checked when opened against its index entry (its size, sample count, the offset table,
@@ -33,9 +42,12 @@
 //! column sizes fill it exactly): each fault is a typed error naming the shard (and sample).
 //! The index's hashes of a shard (`xxh64`, `xxh3_64`, `xxh3_128`/`xxh128`, `xxh32`; others
 //! are not checked) are checked under [`ShardOptions::verify`] and by
-//! [`ShardedDataset::verify`]. Compressed shards are read from their raw (decompressed) file
-//! when it is there, as Streaming leaves it in its local cache, else refused with an error
-//! naming the file.
+//! [`ShardedDataset::verify`]. A compressed shard (`compression`: `zstd` or `gz`) is read
+//! from its raw file when that is there (as streaming's local cache leaves it), else
+//! decompressed once into the cache directory and read from there (see `compressed`:
+//! checked against both files' sizes and hashes, within the cache's byte limit); a shard
+//! compressed otherwise (`br`, `bz2`, `snappy`) without its raw file is refused with an
+//! error naming its compression.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -44,13 +56,15 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::compressed::{CompressedShard, Compression, Decompressor, FileCheck};
+use super::decode::{Decoder, FieldDecode, Value};
 use super::{
     IndexedFormat, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
     check_shard_name,
 };
 use crate::error::{Error, Result};
-use crate::format::{Codec, DType, Field, FieldKind, Schema};
-use crate::source::Sample;
+use crate::format::{Codec, DType, FieldKind, Schema};
+use crate::source::{FieldSpan, Sample};
 
 /// The index file's name in an MDS directory.
 pub const MDS_INDEX_FILE: &str = "index.json";
@@ -104,14 +118,100 @@ pub(crate) struct ShardHashes {
 }
 
 /// What a data set keeps of a shard's index entry beyond its name and sample count: its raw
-/// file's size and hashes, and for a compressed shard what to say when its raw file is
-/// missing. (The column layout is the same for every shard: kept once.)
+/// file's size and hashes, and for a compressed shard its compressed file. (The column
+/// layout is the same for every shard: kept once.)
 #[derive(Debug)]
 pub(crate) struct ShardFile {
     pub bytes: u64,
     pub hashes: ShardHashes,
-    /// The compressed file and its compression, for a shard that has one.
-    zip: Option<Box<(String, Option<String>)>>,
+    /// The compressed file, for a shard that has one.
+    pub zip: Option<Box<ZipFile>>,
+}
+
+/// A shard's compressed file (`zip_data`) and its compression.
+#[derive(Debug)]
+pub(crate) struct ZipFile {
+    pub name: String,
+    pub compression: Option<String>,
+    pub bytes: u64,
+    pub hashes: ShardHashes,
+}
+
+impl ShardHashes {
+    /// The hashes of an index entry's `hashes` that gpufeed computes, or what is wrong.
+    fn read(
+        k: usize,
+        hashes: &BTreeMap<Cow<'_, str>, Cow<'_, str>>,
+    ) -> std::result::Result<ShardHashes, String> {
+        let mut out = ShardHashes::default();
+        for (algo, want) in hashes {
+            let hex = |bits: u32| {
+                u128::from_str_radix(want, 16)
+                    .ok()
+                    .filter(|v| bits == 128 || *v >> bits == 0)
+                    .ok_or_else(|| {
+                        format!("shard {k}: its {algo} `{want}` is not a {bits}-bit hex digest")
+                    })
+            };
+            match &**algo {
+                "xxh64" => out.xxh64 = Some(hex(64)? as u64),
+                "xxh3_64" => out.xxh3_64 = Some(hex(64)? as u64),
+                "xxh3_128" | "xxh128" => out.xxh3_128 = Some(hex(128)?),
+                "xxh32" => out.xxh32 = Some(hex(32)? as u32),
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl FileCheck for ShardHashes {
+    fn check(&self, all: &[u8]) -> std::result::Result<(), String> {
+        let checks = [
+            self.xxh64.map(|w| {
+                (
+                    "xxh64",
+                    u128::from(xxhash_rust::xxh64::xxh64(all, 0)),
+                    u128::from(w),
+                    16,
+                )
+            }),
+            self.xxh3_64.map(|w| {
+                (
+                    "xxh3_64",
+                    u128::from(xxhash_rust::xxh3::xxh3_64(all)),
+                    u128::from(w),
+                    16,
+                )
+            }),
+            self.xxh3_128
+                .map(|w| ("xxh3_128", xxhash_rust::xxh3::xxh3_128(all), w, 32)),
+            self.xxh32.map(|w| {
+                (
+                    "xxh32",
+                    u128::from(xxhash_rust::xxh32::xxh32(all, 0)),
+                    u128::from(w),
+                    8,
+                )
+            }),
+        ];
+        for (algo, got, want, width) in checks.into_iter().flatten() {
+            if got != want {
+                return Err(format!(
+                    "{algo} is {got:0width$x}, the index says {want:0width$x}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn version(&self) -> Option<String> {
+        self.xxh3_64
+            .map(|h| format!("xxh3_64-{h:016x}"))
+            .or_else(|| self.xxh64.map(|h| format!("xxh64-{h:016x}")))
+            .or_else(|| self.xxh3_128.map(|h| format!("xxh3_128-{h:032x}")))
+            .or_else(|| self.xxh32.map(|h| format!("xxh32-{h:08x}")))
+    }
 }
 
 /// The column layout of every shard, as the index gives it.
@@ -162,27 +262,16 @@ impl ShardList {
                 ));
             }
         }
-        let mut hashes = ShardHashes::default();
-        for (algo, want) in &e.raw_data.hashes {
-            let hex = |bits: u32| {
-                u128::from_str_radix(want, 16)
-                    .ok()
-                    .filter(|v| bits == 128 || *v >> bits == 0)
-                    .ok_or_else(|| {
-                        format!("shard {k}: its {algo} `{want}` is not a {bits}-bit hex digest")
-                    })
-            };
-            match &**algo {
-                "xxh64" => hashes.xxh64 = Some(hex(64)? as u64),
-                "xxh3_64" => hashes.xxh3_64 = Some(hex(64)? as u64),
-                "xxh3_128" | "xxh128" => hashes.xxh3_128 = Some(hex(128)?),
-                "xxh32" => hashes.xxh32 = Some(hex(32)? as u32),
-                _ => {}
-            }
-        }
-        let zip = e
-            .zip_data
-            .map(|z| Box::new((z.basename.into_owned(), e.compression.map(Cow::into_owned))));
+        let hashes = ShardHashes::read(k, &e.raw_data.hashes)?;
+        let zip = match e.zip_data {
+            Some(z) => Some(Box::new(ZipFile {
+                hashes: ShardHashes::read(k, &z.hashes)?,
+                name: z.basename.into_owned(),
+                compression: e.compression.map(Cow::into_owned),
+                bytes: z.bytes,
+            })),
+            None => None,
+        };
         self.files.push(ShardFile {
             bytes: e.raw_data.bytes,
             hashes,
@@ -234,6 +323,11 @@ pub enum MdsEncoding {
     },
     /// A variable-size column: bytes with this codec.
     Bytes(Codec),
+    /// A variable-size column of numbers written as text (`str_int`: [`FieldDecode::Int`],
+    /// `str_float`: [`FieldDecode::Float`]).
+    Text(FieldDecode),
+    /// A column of Python pickles (`pkl`), which gpufeed does not unpickle.
+    Pickle,
 }
 
 fn numpy_dtype(name: &str) -> Option<DType> {
@@ -303,12 +397,14 @@ impl MdsEncoding {
                 dtype: DType::I64,
                 shape: Vec::new(),
             },
-            "str" | "str_int" | "str_float" | "str_decimal" | "json" => {
-                MdsEncoding::Bytes(Codec::Utf8)
-            }
+            "str" | "str_decimal" => MdsEncoding::Bytes(Codec::Utf8),
+            "json" => MdsEncoding::Bytes(Codec::Json),
+            "str_int" => MdsEncoding::Text(FieldDecode::Int),
+            "str_float" => MdsEncoding::Text(FieldDecode::Float),
+            "pkl" => MdsEncoding::Pickle,
             "jpeg" => MdsEncoding::Bytes(Codec::Jpeg),
             "png" => MdsEncoding::Bytes(Codec::Png),
-            "bytes" | "ndarray" | "pil" | "pkl" | "jpeg_array" | "jpegarray" | "list[pil]"
+            "bytes" | "ndarray" | "pil" | "jpeg_array" | "jpegarray" | "list[pil]"
             | "list[jpeg]" | "list[png]" => MdsEncoding::Bytes(Codec::Raw),
             _ => return Err(format!("unknown MDS encoding `{encoding}`")),
         })
@@ -323,7 +419,23 @@ impl MdsEncoding {
                     .try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d))
                     .unwrap_or(u64::MAX),
             ),
-            MdsEncoding::Bytes(_) => None,
+            MdsEncoding::Bytes(_) | MdsEncoding::Text(_) | MdsEncoding::Pickle => None,
+        }
+    }
+
+    /// The field a column of this encoding is read as by streaming's conventions, or why it
+    /// is not read unless declared (`pkl`).
+    pub fn decode(&self) -> std::result::Result<FieldDecode, String> {
+        match self {
+            MdsEncoding::Tensor { dtype, shape } => Ok(FieldDecode::Tensor {
+                dtype: *dtype,
+                shape: shape.clone(),
+            }),
+            MdsEncoding::Bytes(codec) => Ok(FieldDecode::Bytes(*codec)),
+            MdsEncoding::Text(d) => Ok(d.clone()),
+            MdsEncoding::Pickle => Err(
+                "encoded pkl (Python pickles): unpickling runs whatever code the data set chose, so gpufeed reads no pickle; write the column as json, bytes or ndarray, or declare it `raw` to read its bytes as they are".into(),
+            ),
         }
     }
 }
@@ -427,17 +539,29 @@ pub struct MdsShards {
     files: Vec<ShardFile>,
     /// Every shard's columns (their sizes: `None` for a variable one).
     layout: Layout,
+    /// Each column's encoding, parsed.
+    encodings: Vec<MdsEncoding>,
+    /// Each column's decoder (set when the dataset is made, from the declarations).
+    decoders: Vec<Decoder>,
+    /// Whether a compressed shard is read from its raw file when that is there (as
+    /// streaming's local cache leaves it): true for a local directory; a remote store's has
+    /// the compressed files only.
+    pub(crate) raw_first: bool,
+    /// Where compressed shards are decompressed to (the cache's root, limit and this data
+    /// set's key in it), for a data set that has some.
+    decompress_at: Option<(PathBuf, u64, String)>,
+    /// The decompressor, made on first use (so that a data set read from its raw files
+    /// makes no cache directory).
+    decompressor: std::sync::OnceLock<Decompressor>,
 }
 
 /// A dataset of MDS shards.
 pub type MdsDataset = ShardedDataset<MdsShards>;
 
-/// What an MDS index says: the format reader, the shards (name, samples) and the schema of
-/// their columns.
+/// What an MDS index says: the format reader and the shards (name, samples).
 pub(crate) struct ReadIndex {
     pub format: MdsShards,
     pub shards: Vec<(String, u64)>,
-    pub schema: Schema,
 }
 
 /// An open MDS shard: its bytes and where its samples start.
@@ -467,11 +591,22 @@ impl ShardedDataset<MdsShards> {
         store: Arc<dyn ShardStore>,
         options: ShardOptions,
     ) -> Result<MdsDataset> {
-        let ReadIndex {
-            format,
-            shards,
-            schema,
-        } = index;
+        let ReadIndex { mut format, shards } = index;
+        let schema = format.declare(&options)?;
+        if format.files.iter().any(|f| f.zip.is_some()) {
+            let (dir, limit) = super::cache::settings_from_env()?;
+            let root = options
+                .cache_dir
+                .clone()
+                .or(dir)
+                .unwrap_or_else(super::cache::default_root);
+            let limit = options
+                .cache_limit
+                .or(limit)
+                .unwrap_or(super::cache::DEFAULT_LIMIT);
+            let key = store.locate(MDS_INDEX_FILE).to_string_lossy().into_owned();
+            format.decompress_at = Some((root, limit, key));
+        }
         ShardedDataset::from_parts(format, store, shards, schema, options)?.check_empty_shards()
     }
 }
@@ -505,7 +640,7 @@ impl MdsShards {
         }
         for f in &files {
             if let Some(z) = &f.zip {
-                check_shard_name(index_path, "MDS index", &z.0)?;
+                check_shard_name(index_path, "MDS index", &z.name)?;
             }
         }
         let n = layout.names.len();
@@ -517,7 +652,7 @@ impl MdsShards {
                 layout.sizes.len()
             )));
         }
-        let mut fields = Vec::with_capacity(n);
+        let mut encodings = Vec::with_capacity(n);
         for ((name, enc), &size) in layout
             .names
             .iter()
@@ -531,22 +666,81 @@ impl MdsShards {
                     e.size()
                 )));
             }
-            fields.push(match e {
-                MdsEncoding::Tensor { dtype, shape } => Field::tensor(name.clone(), dtype, &shape),
-                MdsEncoding::Bytes(codec) => Field::bytes(name.clone(), codec),
-            });
+            encodings.push(e);
         }
-        let schema = Schema::validated(fields).map_err(|e| bad(format!("columns: {e}")))?;
         let format = MdsShards {
             index_path: index_path.to_path_buf(),
             files,
             layout,
+            encodings,
+            decoders: Vec::new(),
+            raw_first: true,
+            decompress_at: None,
+            decompressor: std::sync::OnceLock::new(),
         };
-        Ok(ReadIndex {
-            format,
-            shards,
-            schema,
-        })
+        Ok(ReadIndex { format, shards })
+    }
+
+    /// The schema of the columns, each read by streaming's conventions or as `options.decode`
+    /// declares it, and the decoder of each.
+    fn declare(&mut self, options: &ShardOptions) -> Result<Schema> {
+        let bad = |what: String| Error::Malformed {
+            path: self.index_path.clone(),
+            format: "MDS index",
+            what,
+        };
+        if let Some(name) = options
+            .decode
+            .keys()
+            .find(|n| !self.layout.names.contains(n))
+        {
+            return Err(Error::config(
+                "decode",
+                format!(
+                    "no column `{name}` to declare: the columns are {:?}",
+                    self.layout.names
+                ),
+            ));
+        }
+        let mut fields = Vec::with_capacity(self.encodings.len());
+        let mut decoders = Vec::with_capacity(self.encodings.len());
+        for ((name, enc), e) in self
+            .layout
+            .names
+            .iter()
+            .zip(&self.layout.encodings)
+            .zip(&self.encodings)
+        {
+            let decode = match options.decode.get(name) {
+                Some(d) => {
+                    if let (Some(size), FieldDecode::Tensor { .. }) = (e.size(), d) {
+                        let want = d.field(name).fixed_bytes();
+                        if want != usize::try_from(size).ok() {
+                            return Err(Error::config(
+                                "decode",
+                                format!(
+                                    "column `{name}` ({enc}) holds {size} bytes a sample, `{d}` is {want:?}"
+                                ),
+                            ));
+                        }
+                    }
+                    d.clone()
+                }
+                None => e
+                    .decode()
+                    .map_err(|what| bad(format!("column `{name}`: {what}")))?,
+            };
+            let ndarray =
+                (e.size().is_none() && enc.starts_with("ndarray")).then_some(enc.as_str());
+            decoders.push(match (e, &decode) {
+                // A fixed column read as what it is: its bytes in place.
+                (MdsEncoding::Tensor { .. }, FieldDecode::Tensor { .. }) => Decoder::Verbatim,
+                _ => Decoder::new(&decode, false, ndarray),
+            });
+            fields.push(decode.field(name));
+        }
+        self.decoders = decoders;
+        Schema::validated(fields).map_err(|e| bad(format!("columns: {e}")))
     }
 
     /// What the index says of shard `k`'s raw file.
@@ -565,45 +759,64 @@ impl MdsShards {
 
     /// Checks the hashes the index gives for the raw file that we know how to compute.
     fn check_hashes(&self, k: usize, bytes: &ShardBytes) -> Result<()> {
-        let h = &self.files[k].hashes;
-        let all = bytes.all()?;
-        let checks = [
-            h.xxh64.map(|w| {
-                (
-                    "xxh64",
-                    u128::from(xxhash_rust::xxh64::xxh64(all, 0)),
-                    u128::from(w),
-                    16,
-                )
-            }),
-            h.xxh3_64.map(|w| {
-                (
-                    "xxh3_64",
-                    u128::from(xxhash_rust::xxh3::xxh3_64(all)),
-                    u128::from(w),
-                    16,
-                )
-            }),
-            h.xxh3_128
-                .map(|w| ("xxh3_128", xxhash_rust::xxh3::xxh3_128(all), w, 32)),
-            h.xxh32.map(|w| {
-                (
-                    "xxh32",
-                    u128::from(xxhash_rust::xxh32::xxh32(all, 0)),
-                    u128::from(w),
-                    8,
-                )
-            }),
-        ];
-        for (algo, got, want, width) in checks.into_iter().flatten() {
-            if got != want {
-                return Err(self.disagrees(
-                    bytes.path(),
-                    format!("{algo} of the file is {got:0width$x}, the index says {want:0width$x}"),
-                ));
+        self.files[k]
+            .hashes
+            .check(bytes.all()?)
+            .map_err(|what| self.disagrees(bytes.path(), format!("the file's {what}")))
+    }
+
+    /// The compression of the data set's shards, if any is compressed (`zstd`, ...).
+    pub fn compression(&self) -> Option<&str> {
+        self.files
+            .iter()
+            .find_map(|f| f.zip.as_ref())
+            .map(|z| z.compression.as_deref().unwrap_or("unknown"))
+    }
+
+    /// Shard `k`'s raw bytes from its compressed file `zip`, decompressed (once) into the
+    /// cache.
+    fn decompressed(
+        &self,
+        store: &dyn ShardStore,
+        k: usize,
+        name: &str,
+        zip: &ZipFile,
+    ) -> Result<ShardBytes> {
+        let path = store.locate(name);
+        let missing = |what: String| Error::Malformed {
+            path: path.clone(),
+            format: "MDS shard",
+            what,
+        };
+        let compression = Compression::parse(zip.compression.as_deref().unwrap_or("none"))
+            .map_err(|what| {
+                missing(format!(
+                    "missing, and its compressed file {} is {what}",
+                    zip.name
+                ))
+            })?;
+        let decompressor = match self.decompressor.get() {
+            Some(d) => d,
+            None => {
+                let (root, limit, key) = self.decompress_at.as_ref().ok_or_else(|| {
+                    missing("compressed, and no cache to decompress it to".into())
+                })?;
+                let d = Decompressor::new(root.clone(), *limit, key)?;
+                self.decompressor.get_or_init(|| d)
             }
-        }
-        Ok(())
+        };
+        decompressor.open(
+            store,
+            &CompressedShard {
+                zip_name: &zip.name,
+                zip_bytes: zip.bytes,
+                zip_hashes: &zip.hashes,
+                raw_name: name,
+                raw_bytes: self.files[k].bytes,
+                raw_hashes: &self.files[k].hashes,
+                compression,
+            },
+        )
     }
 
     fn u32_at(bytes: &ShardBytes, at: u64) -> Result<u32> {
@@ -680,6 +893,10 @@ impl ShardFormat for MdsShards {
         "MDS"
     }
 
+    fn compression(&self) -> Option<String> {
+        MdsShards::compression(self).map(str::to_owned)
+    }
+
     fn open_shard(
         &self,
         store: &dyn ShardStore,
@@ -690,25 +907,16 @@ impl ShardFormat for MdsShards {
         options: &ShardOptions,
     ) -> Result<MdsShard> {
         let file = &self.files[k];
-        let bytes = match store.open(name) {
-            Ok(b) => b,
-            Err(Error::Io { path, source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound && file.zip.is_some() =>
-            {
-                let (zip, compression) = file
-                    .zip
-                    .as_deref()
-                    .map_or(("", None), |(z, c)| (z.as_str(), c.as_deref()));
-                return Err(Error::Malformed {
-                    path,
-                    format: "MDS shard",
-                    what: format!(
-                        "missing; the shard is compressed ({}) and gpufeed reads the uncompressed file: decompress {zip} first",
-                        compression.unwrap_or("?"),
-                    ),
-                });
-            }
-            Err(e) => return Err(e),
+        let bytes = match file.zip.as_deref() {
+            None => store.open(name)?,
+            Some(zip) if !self.raw_first => self.decompressed(store, k, name, zip)?,
+            Some(zip) => match store.open(name) {
+                Ok(b) => b,
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    self.decompressed(store, k, name, zip)?
+                }
+                Err(e) => return Err(e),
+            },
         };
         let path = bytes.path().to_path_buf();
         if bytes.len() != file.bytes {
@@ -793,14 +1001,39 @@ impl ShardFormat for MdsShards {
             });
         }
         let (start, end) = MdsShards::sample_range(shard, index)?;
-        let columns =
-            self.columns(shard.bytes.get(start..end)?)
-                .map_err(|what| Error::BadRecord {
-                    path: shard.bytes.path().to_path_buf(),
-                    record: index,
-                    what,
-                })?;
-        Sample::shared_fields(shard.bytes.share(start..end)?, columns, schema)
+        let data = shard.bytes.share(start..end)?;
+        let bad = |what: String| Error::BadRecord {
+            path: shard.bytes.path().to_path_buf(),
+            record: index,
+            what,
+        };
+        let columns = self.columns(&data).map_err(bad)?;
+        let mut fields = Vec::with_capacity(columns.len());
+        let mut decoded = Vec::new();
+        for ((c, range), decoder) in columns.into_iter().enumerate().zip(&self.decoders) {
+            if decoder.is_verbatim() {
+                fields.push(FieldSpan::Shared(range));
+                continue;
+            }
+            match decoder.decode(&data[range.clone()]) {
+                Ok(Value::Within(r)) => {
+                    fields.push(FieldSpan::Shared(
+                        range.start + r.start..range.start + r.end,
+                    ));
+                }
+                Ok(Value::Decoded(v)) => {
+                    fields.push(FieldSpan::Decoded(decoded.len()..decoded.len() + v.len()));
+                    decoded.extend_from_slice(&v);
+                }
+                Err(what) => {
+                    return Err(bad(format!(
+                        "column `{}` ({}): {what}",
+                        self.layout.names[c], self.layout.encodings[c]
+                    )));
+                }
+            }
+        }
+        Sample::spans(data, fields, decoded, schema)
     }
 
     fn verify_shard(

@@ -44,6 +44,9 @@
 //! shard at every epoch (a dataset opened again looks again). See
 //! [`ShardStore::files_may_change`].
 
+pub mod cache;
+mod compressed;
+pub mod decode;
 mod lru;
 pub mod mds;
 mod open;
@@ -57,8 +60,9 @@ pub mod webdataset;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use decode::FieldDecode;
 pub use lru::OpenShardStats;
-pub use open::{is_shard_dir, is_shard_spec, is_store_url, open, open_with};
+pub use open::{NO_STORE_ADVICE, is_shard_dir, is_shard_spec, is_store_url, open, open_with};
 pub use store::{
     LocalDir, MemoryStore, ShardArrival, ShardBytes, ShardStat, ShardStore, StoreStats,
 };
@@ -94,6 +98,18 @@ pub struct ShardOptions {
     /// (packed records). Tar shards, which have no checksums, are indexed again from their
     /// bytes instead of from the cache.
     pub verify: bool,
+    /// Fields declared by name, over what the reader infers from the writer's conventions
+    /// (see [`decode`]): how the WebDataset member of that extension, or the MDS column of
+    /// that name, becomes the field. A name the data set does not have is an error when it
+    /// is opened; packed shards, whose schema is stored, take no declaration.
+    pub decode: std::collections::BTreeMap<String, FieldDecode>,
+    /// Where shards that are compressed (MDS `compression`) are decompressed to, once, and
+    /// read from: the [`cache`] directory, `None`: `$GPUFEED_CACHE_DIR`, else
+    /// [`cache::default_root`]. From an object store, the store's cache.
+    pub cache_dir: Option<PathBuf>,
+    /// The most bytes that cache directory holds (decompressed and downloaded shards
+    /// together); `None`: `$GPUFEED_CACHE_LIMIT`, else [`cache::DEFAULT_LIMIT`].
+    pub cache_limit: Option<u64>,
 }
 
 impl Default for ShardOptions {
@@ -101,6 +117,9 @@ impl Default for ShardOptions {
         ShardOptions {
             max_open_shards: DEFAULT_MAX_OPEN_SHARDS,
             verify: false,
+            decode: std::collections::BTreeMap::new(),
+            cache_dir: None,
+            cache_limit: None,
         }
     }
 }
@@ -116,6 +135,12 @@ pub trait ShardFormat: Send + Sync + 'static {
 
     /// The format's name in messages (`packed`, `webdataset tar`, `MDS`).
     fn name(&self) -> &'static str;
+
+    /// How the data set's shards are compressed (`zstd`, ...), if they are; `None` (the
+    /// default) for formats read as they are.
+    fn compression(&self) -> Option<String> {
+        None
+    }
 
     /// Opens shard `k` (called `name` in the index), which the index says holds `samples`
     /// samples of `schema`; a shard that disagrees with its index is an error naming it.
@@ -495,6 +520,12 @@ pub trait ShardedSource: Dataset {
 
     /// The shard format's name (`packed`, `webdataset tar`, `MDS`).
     fn format_name(&self) -> &'static str;
+
+    /// How the shards are compressed (an MDS `compression` such as `zstd`), if they are: they
+    /// are decompressed once into the cache (see [`ShardOptions::cache_dir`]).
+    fn compression(&self) -> Option<String> {
+        None
+    }
 }
 
 impl<F: ShardFormat> ShardedSource for ShardedDataset<F> {
@@ -518,6 +549,9 @@ impl<F: ShardFormat> ShardedSource for ShardedDataset<F> {
     }
     fn format_name(&self) -> &'static str {
         self.format.name()
+    }
+    fn compression(&self) -> Option<String> {
+        self.format.compression()
     }
 }
 

@@ -12,6 +12,10 @@ use super::packed::{PACKED_INDEX_FORMAT, PackedShards};
 use super::webdataset::{WebDataset, WebDatasetOptions};
 use crate::error::{Error, Result};
 
+/// What the error of a build without object stores advises, for a Rust program: the
+/// command and the Python package put their own build's command in its place.
+pub const NO_STORE_ADVICE: &str = "build it with `--features s3` (or gcs, azure, http)";
+
 /// The most names a brace pattern may expand to.
 const MAX_EXPANSION: usize = 10_000_000;
 
@@ -78,7 +82,7 @@ pub fn open_with(spec: &str, options: &WebDatasetOptions) -> Result<Box<dyn Shar
         return Err(Error::Remote {
             shard: spec.into(),
             kind: crate::error::RemoteErrorKind::Config,
-            what: "this build of gpufeed reads no object store: build it with `--features s3` (or gcs, azure, http)".into(),
+            what: format!("this build of gpufeed reads no object store: {NO_STORE_ADVICE}"),
         });
     }
     if spec.contains("::") || spec.contains('{') {

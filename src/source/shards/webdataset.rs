@@ -26,14 +26,23 @@
 //! (Python's `tarfile` ends such an archive early without a word), and an empty extension (a
 //! name ending in a dot) is an error (it cannot name a field).
 //!
-//! The schema has one variable-size bytes field per extension, named by it, its codec from its
-//! last dot-separated part (`jpg`/`jpeg`: jpeg, `png`: png, `txt`/`json`/`cls`: utf8, others:
-//! raw). The fields are those the user declares ([`WebDatasetOptions::fields`]; other
-//! extensions are ignored, as webdataset's `suffixes`), else every extension found in the first
-//! shard, sorted. A sample without one of the fields is [`Error::MissingField`] (naming shard,
-//! key and field) when the dataset is opened, or is skipped and counted
-//! ([`MissingFieldPolicy::Skip`]). Each field is a view of its member's bytes in the mapped
-//! shard: nothing is copied.
+//! The schema has one field per extension, named by it, decoded by webdataset's own default
+//! decoders (`autodecode.basichandlers`), from its last dot-separated part (see
+//! [`decode`](super::decode)): `cls`, `cls2`, `index`, `inx`, `id` (`str(int)`, as
+//! webdataset writes them) are `i64` scalar tensors; `npy` members are tensors of their dtype
+//! and shape when every one of the first shard has the same, else bytes of codec npy (the
+//! whole member); `txt`, `text`, `transcript` are UTF-8 bytes, `json`, `jsn` JSON bytes (both
+//! checked to be UTF-8); `jpg`/`jpeg` and `png` images (bytes, jpeg / png); any other, raw
+//! bytes. A field is declared otherwise by its name ([`ShardOptions::decode`]: `label.u32` as
+//! `u32[]`, `x.npy` as `f32[3,4]` or as `npy`). The fields are those the user declares
+//! ([`WebDatasetOptions::fields`]; other extensions are ignored, as webdataset's `suffixes`),
+//! else every extension found in the first shard, sorted. A sample without one of the fields
+//! is [`Error::MissingField`] (naming shard, key and field) when the dataset is opened, or is
+//! skipped and counted ([`MissingFieldPolicy::Skip`]). A member that does not decode (a `.cls`
+//! that is not an integer, a `.npy` of another shape than its field's) is [`Error::BadMember`]
+//! naming the shard, the member and the field, when its sample is read. Each field is a view
+//! of its member's bytes in the mapped shard (a `.npy` tensor's values in place): nothing is
+//! copied but the integers decoded from text.
 //!
 //! The index of a shard (each sample's key, and each member's extension, offset and size) is
 //! cached under [`WebDatasetOptions::cache_dir`] in a file named by a hash of the shard's path,
@@ -49,14 +58,15 @@ use std::time::UNIX_EPOCH;
 
 use rayon::prelude::*;
 
+use super::decode::{Decoder, FieldDecode, Value};
 use super::tar::{MemberKind, TarMembers};
 use super::{
     LocalDir, ShardFormat, ShardOptions, ShardStat, ShardStore, ShardedDataset, default_cache_dir,
     quoted, unquoted, write_atomically,
 };
 use crate::error::{Error, Result};
-use crate::format::{Codec, Field, Schema};
-use crate::source::Sample;
+use crate::format::{Codec, Schema};
+use crate::source::{FieldSpan, Sample};
 
 /// What to do with a tar member whose name has no extension (webdataset skips it silently).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -160,13 +170,23 @@ fn lower(ext: &[u8]) -> Vec<u8> {
     }
 }
 
-/// The codec of a field named by an extension: from its last dot-separated part.
-pub(crate) fn codec_for_extension(ext: &str) -> Codec {
-    match ext.rsplit('.').next().unwrap_or(ext) {
-        "jpg" | "jpeg" => Codec::Jpeg,
-        "png" => Codec::Png,
-        "txt" | "json" | "cls" => Codec::Utf8,
-        _ => Codec::Raw,
+/// The last dot-separated part of an extension, which webdataset's decoders go by.
+fn last_part(ext: &str) -> &str {
+    ext.rsplit('.').next().unwrap_or(ext)
+}
+
+/// How webdataset's default decoders (`autodecode.basichandlers`) decode a member of this
+/// extension, as a field: from its last dot-separated part. `npy` members are bytes here;
+/// [`WebDataset::from_store`] makes them tensors when the first shard's agree.
+pub(crate) fn decode_for_extension(ext: &str) -> FieldDecode {
+    match last_part(ext) {
+        "cls" | "cls2" | "index" | "inx" | "id" => FieldDecode::Int,
+        "jpg" | "jpeg" => FieldDecode::Bytes(Codec::Jpeg),
+        "png" => FieldDecode::Bytes(Codec::Png),
+        "txt" | "text" | "transcript" => FieldDecode::Bytes(Codec::Utf8),
+        "json" | "jsn" => FieldDecode::Bytes(Codec::Json),
+        "npy" => FieldDecode::Bytes(Codec::Npy),
+        _ => FieldDecode::Bytes(Codec::Raw),
     }
 }
 
@@ -557,6 +577,8 @@ pub struct TarShards {
     missing: MissingFieldPolicy,
     /// For each field of the schema, its extension.
     fields: Vec<String>,
+    /// For each field of the schema, what its members are decoded by.
+    decoders: Vec<Decoder>,
     skipped_samples: AtomicU64,
     skipped_members: AtomicU64,
     hits: AtomicU64,
@@ -570,6 +592,7 @@ impl std::fmt::Debug for TarShards {
         f.debug_struct("TarShards")
             .field("cache_dir", &self.cache_dir)
             .field("fields", &self.fields)
+            .field("decoders", &self.decoders)
             .finish()
     }
 }
@@ -639,6 +662,7 @@ impl ShardedDataset<TarShards> {
             unkeyed: options.unkeyed,
             missing: options.missing,
             fields: Vec::new(),
+            decoders: Vec::new(),
             skipped_samples: AtomicU64::new(0),
             skipped_members: AtomicU64::new(0),
             hits: AtomicU64::new(0),
@@ -678,13 +702,49 @@ impl ShardedDataset<TarShards> {
                 found
             }
         };
+        if let Some(name) = options.shards.decode.keys().find(|n| !fields.contains(n)) {
+            return Err(Error::config(
+                "decode",
+                format!("no field `{name}` to declare: the fields are {fields:?}"),
+            ));
+        }
+        // Each field's decoding: declared, else webdataset's convention; `npy` members are
+        // tensors if every one of the first shard has one dtype and shape.
+        let mut decodes = Vec::with_capacity(fields.len());
+        for ext in &fields {
+            let decode = match options.shards.decode.get(ext) {
+                Some(d) => d.clone(),
+                None if last_part(ext) == "npy" => {
+                    if first.is_none() {
+                        first = Some(
+                            format
+                                .load_index(&*store, &names[0])
+                                .map_err(|e| unquoted(&*store, &names[0], "webdataset tar", e))?,
+                        );
+                    }
+                    let (path, index) = first
+                        .as_ref()
+                        .ok_or_else(|| Error::mismatch("the first shard's index was not read"))?;
+                    npy_decode(&*store, &names[0], path, index, ext)
+                        .map_err(|e| unquoted(&*store, &names[0], "webdataset tar", e))?
+                }
+                None => decode_for_extension(ext),
+            };
+            decodes.push(decode);
+        }
         let schema = Schema::validated(
             fields
                 .iter()
-                .map(|e| Field::bytes(e.clone(), codec_for_extension(e)))
+                .zip(&decodes)
+                .map(|(e, d)| d.field(e))
                 .collect(),
         )
         .map_err(|e| Error::config("fields", e))?;
+        format.decoders = fields
+            .iter()
+            .zip(&decodes)
+            .map(|(e, d)| Decoder::new(d, last_part(e) == "npy", None))
+            .collect();
         format.fields = fields;
         // Every shard's count, from its index (cached, or built now), in parallel.
         let count = |(path, index): (PathBuf, TarIndex)| -> Result<u64> {
@@ -735,6 +795,43 @@ impl ShardedDataset<TarShards> {
         let i = shard.sample_number(at.index);
         Ok(String::from_utf8_lossy(shard.index.key(i).unwrap_or_default()).into_owned())
     }
+}
+
+/// The field of the `npy` extension `ext`: a tensor of the dtype and shape of every such
+/// member of the first shard (`name`, at `path`, indexed as `index`) if they all have the same
+/// (webdataset writes `np.save`'s bytes), else bytes of codec npy. A member that is not a
+/// readable `.npy` is [`Error::BadMember`].
+fn npy_decode(
+    store: &dyn ShardStore,
+    name: &str,
+    path: &Path,
+    index: &TarIndex,
+    ext: &str,
+) -> Result<FieldDecode> {
+    let Some(id) = index.extensions().iter().position(|e| e == ext) else {
+        return Ok(FieldDecode::Bytes(Codec::Npy));
+    };
+    let bytes = store.open(name)?;
+    let mut seen: Option<(crate::format::DType, Vec<u64>)> = None;
+    for m in index.members.iter().filter(|m| m.ext as usize == id) {
+        let member = bytes.get(m.offset..m.offset + m.size)?;
+        let (dtype, shape, _) =
+            super::decode::npy_array(member).map_err(|what| Error::BadMember {
+                shard: path.to_path_buf(),
+                member: format!("(the {ext} member at byte {})", m.header),
+                offset: m.header,
+                what,
+            })?;
+        match &seen {
+            None => seen = Some((dtype, shape)),
+            Some(s) if *s == (dtype, shape.clone()) => {}
+            Some(_) => return Ok(FieldDecode::Bytes(Codec::Npy)),
+        }
+    }
+    Ok(match seen {
+        Some((dtype, shape)) => FieldDecode::Tensor { dtype, shape },
+        None => FieldDecode::Bytes(Codec::Npy),
+    })
 }
 
 impl TarShard {
@@ -933,7 +1030,9 @@ impl ShardFormat for TarShards {
                 len: shard.index.len(),
             });
         };
+        let data = shard.bytes.share(first..last)?;
         let mut fields = Vec::with_capacity(shard.field_ext.len());
+        let mut decoded = Vec::new();
         for (f, ext) in shard.field_ext.iter().enumerate() {
             let Some(m) = ext.and_then(|e| members.iter().find(|m| m.ext == e)) else {
                 return Err(Error::MissingField {
@@ -943,10 +1042,34 @@ impl ShardFormat for TarShards {
                 });
             };
             let start = (m.offset - first) as usize;
-            fields.push(start..start + m.size as usize);
+            let member = start..start + m.size as usize;
+            let decoder = &self.decoders[f];
+            if decoder.is_verbatim() {
+                fields.push(FieldSpan::Shared(member));
+                continue;
+            }
+            match decoder.decode(&data[member]) {
+                Ok(Value::Within(r)) => {
+                    fields.push(FieldSpan::Shared(start + r.start..start + r.end));
+                }
+                Ok(Value::Decoded(v)) => {
+                    fields.push(FieldSpan::Decoded(decoded.len()..decoded.len() + v.len()));
+                    decoded.extend_from_slice(&v);
+                }
+                Err(what) => {
+                    let mut name = shard.index.key(i).unwrap_or_default().to_vec();
+                    name.push(b'.');
+                    name.extend_from_slice(self.fields[f].as_bytes());
+                    return Err(Error::BadMember {
+                        shard: shard.bytes.path().to_path_buf(),
+                        member: quoted(&name),
+                        offset: m.header,
+                        what: format!("field `{}`: {what}", self.fields[f]),
+                    });
+                }
+            }
         }
-        let data = shard.bytes.share(first..last)?;
-        Sample::shared_fields(data, fields, schema)
+        Sample::spans(data, fields, decoded, schema)
     }
 
     fn verify_shard(

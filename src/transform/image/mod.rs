@@ -1055,6 +1055,41 @@ fn nonempty(name: &str, region: Region, image: Decoded) -> Result<()> {
     ))
 }
 
+/// The fields an image pipeline reads from a data set of `schema` unless told otherwise:
+/// the encoded images, `image` (an ImageFolder's, a packed image folder's), else the one
+/// field of JPEG bytes (a WebDataset's `jpg`, an MDS `jpeg` column), else the one of PNG
+/// bytes; and the labels,
+/// `label` or else `cls` (WebDataset's class member), where that field is one integer, else
+/// none. The image field is `None` when the schema has no such field, or several of one
+/// kind without an `image` among them (name it then).
+pub fn default_image_fields(schema: &Schema) -> (Option<String>, Option<String>) {
+    let fields = schema.fields();
+    let only = |codec: crate::format::Codec| {
+        let mut of = fields
+            .iter()
+            .filter(move |f| f.kind == FieldKind::Bytes { codec })
+            .map(|f| f.name.clone());
+        match (of.next(), of.next()) {
+            (Some(one), None) => Some(one),
+            _ => None,
+        }
+    };
+    let image = if schema.index_of("image").is_some() {
+        Some("image".to_owned())
+    } else {
+        only(crate::format::Codec::Jpeg).or_else(|| only(crate::format::Codec::Png))
+    };
+    let label = ["label", "cls"]
+        .into_iter()
+        .find(|name| {
+            schema
+                .index_of(name)
+                .is_some_and(|k| label_dtype(schema, k).is_ok())
+        })
+        .map(str::to_owned);
+    (image, label)
+}
+
 fn label_dtype(schema: &Schema, k: usize) -> Result<DType> {
     let f = &schema.fields()[k];
     match &f.kind {

@@ -82,8 +82,10 @@ pub struct Args {
     #[arg(long)]
     pub device: Option<usize>,
     /// Run the image pipeline (decode + RandomResizedCrop + flip) over an ImageFolder
-    /// directory or a packed file of images, instead of raw records.
-    #[arg(long, value_name = "DIR|PACKED")]
+    /// directory, a packed file of images or a sharded data set with an image field
+    /// (WebDataset jpg/png members, an MDS jpeg/png column; a directory, pattern or URL),
+    /// instead of raw records.
+    #[arg(long, value_name = "DIR|PACKED|SHARDS|URL")]
     pub images: Option<PathBuf>,
     /// Output side of the image pipeline's crops [default: 224] (with --images).
     #[arg(long)]
@@ -92,9 +94,14 @@ pub struct Args {
     /// mean and std unless u8) [default: u8] (with --images).
     #[arg(long)]
     pub image_dtype: Option<String>,
-    /// The field of a packed file that holds the encoded images [default: image] (with --images).
+    /// The field that holds the encoded images [default: image, else the data set's one
+    /// field of JPEG or PNG bytes, such as a WebDataset's jpg] (with --images).
     #[arg(long, value_name = "NAME")]
     pub image_field: Option<String>,
+    /// The field of integer labels [default: label, else cls (WebDataset's class), else
+    /// none] (with --images).
+    #[arg(long, value_name = "NAME")]
+    pub label_field: Option<String>,
     /// Skip images that cannot be decoded (counted in the report) instead of failing (with
     /// --images).
     #[arg(long)]
@@ -222,6 +229,7 @@ pub(super) fn check_flags(args: &Args) -> Result<()> {
         ("--image-size", args.image_size.is_some()),
         ("--image-dtype", args.image_dtype.is_some()),
         ("--image-field", args.image_field.is_some()),
+        ("--label-field", args.label_field.is_some()),
         ("--skip-bad-images", args.skip_bad_images),
         ("--limit", args.limit.is_some()),
         ("--decode", args.decode.is_some()),

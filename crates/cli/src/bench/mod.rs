@@ -316,13 +316,16 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
     if size == 0 {
         return Err(refuse("--image-size", "must be at least 1"));
     }
-    if path.is_dir() {
+    if crate::shards::is_input(path) {
+        args.read
+            .refuse_for("a sharded data set's shards are mapped by its store")?;
+    } else if path.is_dir() {
         args.read
             .refuse_for("an ImageFolder's images are read whole, never mapped")?;
     } else {
         crate::pack::check_inputs(
             &[path],
-            "--images takes an ImageFolder directory or a packed file of images",
+            "--images takes an ImageFolder directory, a packed file of images or a sharded data set with an image field",
         )?;
     }
     let decode: gpufeed::transform::image::Decode = match args.decode.as_deref() {
@@ -362,8 +365,11 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         dtype
     };
     let image_bytes = 3 * u64::from(size) * u64::from(size) * host_dtype.size() as u64;
-    // Images in the data set: O(1) for a packed file, a listing for a folder (as the run's own).
-    let records = if path.is_dir() {
+    // Images in the data set: O(1) for a packed file, a listing for a folder (as the run's
+    // own), the index for shards.
+    let records = if crate::shards::is_input(path) {
+        crate::shards::open(path, &Default::default())?.len()
+    } else if path.is_dir() {
         gpufeed::source::ImageFolder::open(path)?.len()
     } else {
         source::open(path)?.len()
@@ -393,6 +399,7 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         parts: Some(parts),
         max_batches: args.max_batches,
         image_field: args.image_field.clone(),
+        label_field: args.label_field.clone(),
         verify_checksums: args.verify,
         read_mode: args.read.mode(),
         stop: Some(interrupt_flag()),

@@ -72,7 +72,7 @@
 //! `AZURE_*` for Azure). Each store is behind a cargo feature (`s3`, `gcs`, `azure`, `http`);
 //! `file://` needs `remote` only.
 
-pub mod cache;
+pub use super::cache;
 mod check;
 mod download;
 mod url;
@@ -88,9 +88,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use super::mds::{MdsDataset, MdsShards};
 use super::packed::{PACKED_INDEX_FORMAT, PackedShards};
 use super::webdataset::{WebDataset, WebDatasetOptions};
-use super::{
-    ShardBytes, ShardOptions, ShardStat, ShardStore, ShardedSource, StoreStats, default_cache_dir,
-};
+use super::{ShardBytes, ShardOptions, ShardStat, ShardStore, ShardedSource, StoreStats};
 use crate::error::{Error, RemoteErrorKind, Result};
 use cache::DiskCache;
 use check::ContentCheck;
@@ -142,7 +140,7 @@ impl Default for RemoteOptions {
     fn default() -> Self {
         RemoteOptions {
             cache_dir: None,
-            cache_limit: 64 << 30,
+            cache_limit: cache::DEFAULT_LIMIT,
             part_bytes: 8 << 20,
             parallel_parts: 4,
             max_requests: 16,
@@ -165,21 +163,12 @@ impl RemoteOptions {
     /// The defaults, with the cache's place and limit from `GPUFEED_CACHE_DIR` and
     /// `GPUFEED_CACHE_LIMIT` (a size such as `200GiB`) where they are set.
     pub fn from_env() -> Result<RemoteOptions> {
-        let mut o = RemoteOptions::default();
-        if let Some(dir) = std::env::var_os("GPUFEED_CACHE_DIR").filter(|d| !d.is_empty()) {
-            o.cache_dir = Some(PathBuf::from(dir));
-        }
-        if let Ok(limit) = std::env::var("GPUFEED_CACHE_LIMIT")
-            && !limit.is_empty()
-        {
-            o.cache_limit = super::packed::parse_byte_size(&limit).map_err(|_| {
-                Error::config(
-                    "GPUFEED_CACHE_LIMIT",
-                    format!("`{limit}` is not a size such as 200GiB"),
-                )
-            })?;
-        }
-        Ok(o)
+        let (cache_dir, cache_limit) = cache::settings_from_env()?;
+        Ok(RemoteOptions {
+            cache_dir,
+            cache_limit: cache_limit.unwrap_or(cache::DEFAULT_LIMIT),
+            ..RemoteOptions::default()
+        })
     }
 
     fn check(&self) -> Result<()> {
@@ -203,9 +192,7 @@ impl RemoteOptions {
 
     /// The cache directory these settings name.
     pub fn cache_root(&self) -> PathBuf {
-        self.cache_dir
-            .clone()
-            .unwrap_or_else(|| default_cache_dir().join("objects"))
+        self.cache_dir.clone().unwrap_or_else(cache::default_root)
     }
 }
 
@@ -1041,26 +1028,42 @@ pub fn open_url_with(
                 )?));
             }
             if value.get("shards").is_some() {
-                let index = MdsShards::read_index(&index_url, &text)?;
-                // Sizes and hashes for the store (the one parse of the index).
+                let mut index = MdsShards::read_index(&index_url, &text)?;
+                // Sizes and hashes for the store (the one parse of the index). A compressed
+                // shard is fetched as its compressed file, checked against that file's
+                // hashes, and decompressed into this store's cache (`compressed`).
                 for (k, (name, _)) in index.shards.iter().enumerate() {
                     let Some(file) = index.format.file(k) else {
                         continue;
                     };
-                    let checksum = file
-                        .hashes
-                        .xxh3_64
-                        .map(Checksum::Xxh3_64)
-                        .or_else(|| file.hashes.xxh64.map(Checksum::Xxh64));
+                    let checksum = |h: &super::mds::ShardHashes| {
+                        h.xxh3_64
+                            .map(Checksum::Xxh3_64)
+                            .or_else(|| h.xxh64.map(Checksum::Xxh64))
+                    };
                     store.expect(
                         name,
                         Expected {
                             bytes: file.bytes,
-                            checksum,
+                            checksum: checksum(&file.hashes),
                         },
                     );
+                    if let Some(zip) = &file.zip {
+                        store.expect(
+                            &zip.name,
+                            Expected {
+                                bytes: zip.bytes,
+                                checksum: checksum(&zip.hashes),
+                            },
+                        );
+                    }
                 }
-                let shards = mapped_within_cache(&store, &options.shards);
+                index.format.raw_first = false;
+                let shards = ShardOptions {
+                    cache_dir: Some(store.options().cache_root()),
+                    cache_limit: Some(store.options().cache_limit),
+                    ..mapped_within_cache(&store, &options.shards)
+                };
                 return Ok(Box::new(MdsDataset::from_read_index(
                     index,
                     Arc::new(store),

@@ -1,5 +1,6 @@
-//! [`DiskCache`]: the local directory that downloaded shards live in, shared by every process
-//! of the machine that reads them.
+//! [`DiskCache`]: the local directory that downloaded shards (`remote`) and decompressed
+//! shards (`compressed`) live in, shared by every process of the machine that reads them,
+//! within one byte limit.
 //!
 //! ```text
 //! ROOT/<16 hex: hash of the store's URL>/<shard name>~<16 hex: version>          a whole shard
@@ -9,7 +10,7 @@
 //!
 //! - **Whole or absent**: a fetch writes a temporary file of its own (`.part-<pid>-<n>`,
 //!   created exclusively) and renames it into place once every byte has arrived and passed
-//!   its check (the index's checksum, or an MD5 ETag: see the [remote](super) module). A
+//!   its check (the index's checksum, or an MD5 ETag: see the `remote` module). A
 //!   process that dies mid-fetch (killed, or stopped by a signal it has no handler for, as
 //!   `SIGTERM` and `SIGINT` are by default) leaves a temporary file, never a shard that reads
 //!   as whole; the next store opened on the cache, in any process, removes it
@@ -34,6 +35,36 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::error::{Error, Result};
+
+/// The cache's byte limit unless told otherwise (`GPUFEED_CACHE_LIMIT`): 64 GiB.
+pub const DEFAULT_LIMIT: u64 = 64 << 30;
+
+/// The cache directory unless told otherwise (`GPUFEED_CACHE_DIR`):
+/// [`default_cache_dir`](super::default_cache_dir)`/objects`.
+pub fn default_root() -> PathBuf {
+    super::default_cache_dir().join("objects")
+}
+
+/// The cache's place and byte limit from the environment, where set: `GPUFEED_CACHE_DIR`, and
+/// `GPUFEED_CACHE_LIMIT` (a size such as `200GiB`; one that is not is an
+/// [`Error::InvalidConfig`] naming the variable).
+pub fn settings_from_env() -> Result<(Option<PathBuf>, Option<u64>)> {
+    let dir = std::env::var_os("GPUFEED_CACHE_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from);
+    let limit = match std::env::var("GPUFEED_CACHE_LIMIT") {
+        Ok(limit) if !limit.is_empty() => {
+            Some(super::packed::parse_byte_size(&limit).map_err(|_| {
+                Error::config(
+                    "GPUFEED_CACHE_LIMIT",
+                    format!("`{limit}` is not a size such as 200GiB"),
+                )
+            })?)
+        }
+        _ => None,
+    };
+    Ok((dir, limit))
+}
 
 /// The marker of a temporary file in the cache.
 pub(crate) const PART_MARKER: &str = ".part-";
