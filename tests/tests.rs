@@ -3,6 +3,7 @@
 
 mod image_common;
 
+mod autotune;
 mod batch_parts;
 mod file_changes;
 mod format_errors;
@@ -23,5 +24,7 @@ mod s3_common;
 mod shard_errors;
 mod shard_fixtures;
 mod shard_fuzz;
+mod trace;
 mod typed_transforms;
+mod verdict;
 mod zip_sources;

@@ -44,6 +44,8 @@ mod sizing;
 mod state;
 mod stats;
 mod stream;
+mod tune;
+mod verdict;
 mod worker;
 
 use std::sync::Arc;
@@ -51,13 +53,20 @@ use std::sync::Arc;
 pub use batch::{Batch, BatchInfo};
 pub use builder::LoaderBuilder;
 pub use host::{Loader, SHUTDOWN_WAIT, detached_workers};
-pub use sizing::{MAX_WORKERS, default_parts, default_prefetch, default_workers, rank_from_env};
+pub use sizing::{
+    CpuBudget, MAX_AUTO_WORKERS, MAX_WORKERS, default_parts, default_prefetch, default_workers,
+    rank_from_env,
+};
 pub use state::LoaderState;
 pub(crate) use state::Position;
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+pub(crate) use stats::ConsumerTimeline;
 pub(crate) use stats::Delivered;
 pub use stats::{LoaderStats, StageSnapshot};
 pub use stream::{BatchStream, Next};
 pub(crate) use stream::{deadline, next_blocking};
+pub use tune::{Auto, Choice, Setting, TOLERANCE, TRIAL_LIMIT, TUNE_LIMIT, Trial, Tuning, choose};
+pub use verdict::{BUFFER_WAIT, BUSY, Bound, Verdict, WAITED_LITTLE};
 
 use crate::error::Result;
 

@@ -21,11 +21,13 @@ use super::BatchHook;
 use super::batch::{Batch, BatchInfo};
 use super::budget::BatchPermit;
 use super::stats::StageTimes;
+use super::tune::Gate;
 use crate::error::{Error, Result};
 use crate::layout::{BatchBytes, BatchLayout, Slots};
 use crate::memory::{DeferredFence, HostBuffer, HostPool};
 use crate::sampler::Order;
 use crate::source::Dataset;
+use crate::trace::{Args, Track};
 use crate::transform::{SampleContext, SampleTransform};
 
 /// What every worker shares.
@@ -38,6 +40,8 @@ pub(crate) struct Shared {
     /// Bumped when an epoch is abandoned; tasks of older generations are skipped.
     pub generation: AtomicU64,
     pub times: StageTimes,
+    /// Which workers may take tasks, when the loader chooses how many (`tune.rs`).
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// One job for a worker.
@@ -141,10 +145,29 @@ impl Assembly {
     }
 }
 
-/// A worker's loop: runs until the task channel closes or the loader stops listening.
-pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) {
+/// Worker `index`'s loop: runs until the task channel closes, the loader stops listening or
+/// the gate stops it. With a `track`, each task's spans are recorded on it (and the pool's
+/// allocations made here).
+pub(crate) fn run(
+    shared: &Shared,
+    tasks: &Receiver<Task>,
+    done: &Sender<Done>,
+    index: usize,
+    track: Option<Track>,
+) {
+    let _entered = track.as_ref().map(Track::enter);
+    let track = track.as_ref();
     let mut indices = Vec::new();
-    while let Ok(task) = tasks.recv() {
+    loop {
+        if let Some(gate) = &shared.gate
+            && !gate.wait_turn(index)
+        {
+            return;
+        }
+        let Ok(task) = tasks.recv() else {
+            return;
+        };
+        let t0 = Instant::now();
         let message = match task {
             Task::Whole {
                 generation,
@@ -154,7 +177,20 @@ pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) 
             } => {
                 // The permit goes into the batch, or is given back here (skipped or failed).
                 let result = if shared.generation.load(Ordering::Acquire) == generation {
-                    make_batch(shared, generation, &order, number, permit, &mut indices)
+                    let made = make_batch(
+                        shared,
+                        generation,
+                        &order,
+                        number,
+                        permit,
+                        &mut indices,
+                        track,
+                    );
+                    if let Some(track) = track {
+                        let args = Args::batch(order.epoch(), number);
+                        track.span("batch", t0, Instant::now(), args);
+                    }
+                    made
                 } else {
                     None
                 };
@@ -165,12 +201,23 @@ pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) 
                     result,
                 })
             }
-            Task::Part { assembly, part } => make_part(shared, &assembly, part, &mut indices),
+            Task::Part { assembly, part } => {
+                let done = make_part(shared, &assembly, part, &mut indices, track);
+                if let Some(track) = track {
+                    let args = Args::batch(assembly.order.epoch(), assembly.number)
+                        .part(part, assembly.parts);
+                    track.span("part", t0, Instant::now(), args);
+                }
+                done
+            }
             Task::Warm {
                 generation,
                 buffers,
             } => {
                 warm(shared, generation, buffers);
+                if let Some(track) = track {
+                    track.span("warm", t0, Instant::now(), Args::EMPTY);
+                }
                 None
             }
         };
@@ -202,6 +249,7 @@ fn make_batch(
     number: u64,
     permit: BatchPermit,
     indices: &mut Vec<u64>,
+    track: Option<&Track>,
 ) -> Option<Result<Batch>> {
     order.batch(number, indices);
     let t0 = Instant::now();
@@ -214,8 +262,13 @@ fn make_batch(
         Ok(None) | Err(Error::Shutdown) => return None,
         Err(e) => return Some(Err(e)),
     };
+    let args = Args::batch(order.epoch(), number);
     shared.times.add_collate(t0.elapsed());
+    if let Some(track) = track {
+        track.span("buffer", t0, Instant::now(), args);
+    }
     let bytes = BatchBytes::new(buffer.as_mut_slice());
+    let spans = track.map(|t| (t, args));
     let skipped = match fill(
         shared,
         generation,
@@ -224,6 +277,7 @@ fn make_batch(
         indices,
         0..indices.len(),
         bytes,
+        spans,
     ) {
         Filled::Made { skipped } => skipped,
         Filled::Failed(_, e) => return Some(Err(e)),
@@ -236,7 +290,7 @@ fn make_batch(
         epoch: order.epoch(),
         number,
     };
-    Some(finish(shared, buffer, info, permit))
+    Some(finish(shared, buffer, info, permit, spans))
 }
 
 /// Makes part `part` of `assembly`'s batch; the last part to finish returns the batch's
@@ -246,8 +300,10 @@ fn make_part(
     assembly: &Assembly,
     part: usize,
     indices: &mut Vec<u64>,
+    track: Option<&Track>,
 ) -> Option<Done> {
     let (generation, order, number) = (assembly.generation, &assembly.order, assembly.number);
+    let spans = track.map(|t| (t, Args::batch(order.epoch(), number)));
     let abandoned = || shared.generation.load(Ordering::Acquire) != generation;
     order.batch(number, indices);
     let n = indices.len();
@@ -273,6 +329,9 @@ fn make_part(
                 Err(e) => state.failure = Some((0, e)),
             }
             shared.times.add_collate(t0.elapsed());
+            if let Some((track, args)) = spans {
+                track.span("buffer", t0, Instant::now(), args);
+            }
         }
         match &state.failure {
             // A sample before this part's failed: the batch's error is that one whatever this
@@ -289,7 +348,10 @@ fn make_part(
         // part's last write; parts write disjoint positions (`positions` splits `0..n`), and
         // `fill` makes one `Slots` per position.
         let bytes = unsafe { BatchBytes::from_raw(ptr, len) };
-        let outcome = fill(shared, generation, order, number, indices, positions, bytes);
+        let spans = spans.map(|(t, args)| (t, args.part(part, assembly.parts)));
+        let outcome = fill(
+            shared, generation, order, number, indices, positions, bytes, spans,
+        );
         let mut state = assembly.lock();
         match outcome {
             Filled::Made { skipped } => state.skipped += skipped,
@@ -324,7 +386,7 @@ fn make_part(
                     epoch: order.epoch(),
                     number,
                 };
-                Some(finish(shared, buffer, info, permit))
+                Some(finish(shared, buffer, info, permit, spans))
             }
             _ => None,
         }
@@ -348,7 +410,9 @@ enum Filled {
 }
 
 /// Fetches and transforms the samples at `positions` of batch `number` (whose dataset indices
-/// are `indices`) into their slots of `bytes`.
+/// are `indices`) into their slots of `bytes`; with `spans`, records their summed fetch and
+/// transform times as two spans (see the [trace](crate::trace) module).
+#[allow(clippy::too_many_arguments)]
 fn fill(
     shared: &Shared,
     generation: u64,
@@ -357,7 +421,9 @@ fn fill(
     indices: &[u64],
     positions: std::ops::Range<usize>,
     bytes: BatchBytes<'_>,
+    spans: Option<(&Track, Args)>,
 ) -> Filled {
+    let (started, samples) = (Instant::now(), positions.len());
     let ctx = |position, index| SampleContext {
         index,
         position,
@@ -412,16 +478,24 @@ fn fill(
             }
         }
     }
-    shared.times.add_fetch_transform(fetch_ns, transform_ns);
+    shared
+        .times
+        .add_fetch_transform(samples, fetch_ns, transform_ns);
+    if let Some((track, args)) = spans {
+        let (start, args) = (track.ns(started), args.samples(samples));
+        track.span_ns("fetch", start, fetch_ns, args);
+        track.span_ns("transform", start + fetch_ns, transform_ns, args);
+    }
     Filled::Made { skipped }
 }
 
-/// Runs the batch hook on a made batch and gives it its permit.
+/// Runs the batch hook on a made batch and gives it its permit (a `collate` span on `spans`).
 fn finish(
     shared: &Shared,
     buffer: HostBuffer,
     info: BatchInfo,
     permit: BatchPermit,
+    spans: Option<(&Track, Args)>,
 ) -> Result<Batch> {
     let number = info.number;
     let mut batch = Batch {
@@ -446,6 +520,9 @@ fn finish(
     }
     shared.times.add_collate(t1.elapsed());
     shared.times.add_batch();
+    if let Some((track, args)) = spans {
+        track.span("collate", t1, Instant::now(), args);
+    }
     batch.permit = Some(permit);
     Ok(batch)
 }
@@ -569,6 +646,7 @@ mod tests {
             pool: HostPool::heap(1 << 20),
             generation: AtomicU64::new(0),
             times: StageTimes::default(),
+            gate: None,
         };
         let spec = OrderSpec {
             len: 50,
@@ -587,9 +665,9 @@ mod tests {
         let assembly = Assembly::new(0, spec.epoch(0), 2, 4, permit);
         let mut indices = Vec::new();
         for part in [3, 0, 2] {
-            assert!(make_part(&shared, &assembly, part, &mut indices).is_none());
+            assert!(make_part(&shared, &assembly, part, &mut indices, None).is_none());
         }
-        let done = make_part(&shared, &assembly, 1, &mut indices)
+        let done = make_part(&shared, &assembly, 1, &mut indices, None)
             .ok_or_else(|| Error::user("the last part hands the batch on"))?;
         match done.result {
             Some(Err(Error::Sample {

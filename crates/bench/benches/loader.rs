@@ -79,7 +79,9 @@ fn records(c: &mut Criterion) {
     let mut loader = builder().build().expect("build");
     let spec = loader.order_spec().clone();
     let mut n = 0;
-    g.bench_function("loader_2_workers", |b| b.iter(|| epoch(&mut loader, &mut n)));
+    g.bench_function("loader_2_workers", |b| {
+        b.iter(|| epoch(&mut loader, &mut n))
+    });
     drop(loader);
     // The gather's buffers persist across iterations, as the loader's pool does.
     let mut buffers = vec![Vec::new(); 2];
@@ -116,7 +118,9 @@ fn rows(c: &mut Criterion) {
         .build()
         .expect("build");
     let mut n = 0;
-    g.bench_function("loader_2_workers", |b| b.iter(|| epoch(&mut loader, &mut n)));
+    g.bench_function("loader_2_workers", |b| {
+        b.iter(|| epoch(&mut loader, &mut n))
+    });
     g.finish();
 }
 

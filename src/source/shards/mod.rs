@@ -384,7 +384,10 @@ impl<F: ShardFormat> ShardedDataset<F> {
             .format
             .sample(&shard, k, index, &self.schema, &self.options);
         if let Err(e) = &sample
-            && matches!(e.kind(), crate::error::ErrorKind::Remote | crate::error::ErrorKind::Io)
+            && matches!(
+                e.kind(),
+                crate::error::ErrorKind::Remote | crate::error::ErrorKind::Io
+            )
         {
             self.open.close(k, &shard);
         }
