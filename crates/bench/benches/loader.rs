@@ -1,7 +1,8 @@
 //! The loader against a plain 2-thread memcpy gather of the same records in the same order,
 //! side by side in one run (issue: >= 80% of the gather on the 2-core machine), and the loader
 //! alone over small rows (4,096-byte token rows, 1 MiB batches), where per-batch costs weigh
-//! most: what a trace, or anything else added per batch, costs shows there first.
+//! most: what a trace, or anything else added per batch, costs shows there first. Each loader
+//! also runs with a trace recorded (`_traced`): the cost of a timeline.
 //!
 //! `cargo bench --bench loader`
 
@@ -10,7 +11,8 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gpufeed::format::{DType, Field, RecordWriter, Schema};
-use gpufeed::{Dataset, Loader, RecordFile};
+use gpufeed::trace::Trace;
+use gpufeed::{Dataset, Loader, LoaderBuilder, RecordFile};
 
 const RECORDS: u64 = 2048;
 const RECORD: usize = 3 * 224 * 224;
@@ -67,22 +69,14 @@ fn records(c: &mut Criterion) {
     let mut g = c.benchmark_group("epoch_of_2048x150528B_shuffled");
     g.throughput(Throughput::Bytes(epoch_bytes));
     g.sample_size(20);
-
-    let builder = || {
-        Loader::builder_shared(data.clone() as Arc<dyn Dataset>)
-            .batch_size(BATCH)
-            .shuffle(7)
-            .workers(2)
-            .drop_last(true)
-            .shard(0, 1)
-    };
-    let mut loader = builder().build().expect("build");
+    let mut loader = loader_of(&data).build().expect("build");
     let spec = loader.order_spec().clone();
     let mut n = 0;
     g.bench_function("loader_2_workers", |b| {
         b.iter(|| epoch(&mut loader, &mut n))
     });
     drop(loader);
+    traced(&mut g, || loader_of(&data));
     // The gather's buffers persist across iterations, as the loader's pool does.
     let mut buffers = vec![Vec::new(); 2];
     g.bench_function("memcpy_gather_2_threads", |b| {
@@ -109,19 +103,38 @@ fn rows(c: &mut Criterion) {
     let mut g = c.benchmark_group("epoch_of_65536x4096B_rows_shuffled");
     g.throughput(Throughput::Bytes(epoch_bytes));
     g.sample_size(20);
-    let mut loader = Loader::builder_shared(data as Arc<dyn Dataset>)
+    let mut loader = loader_of(&data).build().expect("build");
+    let mut n = 0;
+    g.bench_function("loader_2_workers", |b| {
+        b.iter(|| epoch(&mut loader, &mut n))
+    });
+    drop(loader);
+    traced(&mut g, || loader_of(&data));
+    g.finish();
+}
+
+/// The loader of both groups: batches of 256, shuffled, 2 workers.
+fn loader_of(data: &Arc<RecordFile>) -> LoaderBuilder {
+    Loader::builder_shared(data.clone() as Arc<dyn Dataset>)
         .batch_size(BATCH)
         .shuffle(7)
         .workers(2)
         .drop_last(true)
         .shard(0, 1)
-        .build()
-        .expect("build");
+}
+
+/// The same loader recording a timeline, every event kept (a full trace drops events, which
+/// costs less than keeping them).
+fn traced(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    builder: impl Fn() -> LoaderBuilder,
+) {
+    let trace = Trace::with_capacity(usize::MAX);
+    let mut loader = builder().trace(&trace).build().expect("build");
     let mut n = 0;
-    g.bench_function("loader_2_workers", |b| {
+    g.bench_function("loader_2_workers_traced", |b| {
         b.iter(|| epoch(&mut loader, &mut n))
     });
-    g.finish();
 }
 
 criterion_group!(benches, records, rows);
