@@ -18,7 +18,7 @@ mod device {
         let dir = tempfile::tempdir().unwrap();
         image_common::jpeg_folder(dir.path(), 2, 5, 64, 48);
         let cfg = ImageBenchConfig {
-            workers: 2,
+            workers: gpufeed::Setting::Fixed(2),
             batch_size: 4,
             size: 24,
             dtype: DType::F16,
