@@ -18,6 +18,7 @@
 //! | the order of samples: shuffle, shards, batches, resume | [`sampler`] |
 //! | per-sample work that writes into the batch (copy, decode, augment) | [`transform`] |
 //! | batch buffers: a caching pool with a byte budget | [`memory`] |
+//! | a timeline of the loader's work (Chrome trace-event JSON, for Perfetto) | [`trace`] |
 //! | worker threads, channels, [`Batch`], stats | [`loader`] |
 //! | pinned buffers, device pool, async copies, device batches (feature `cuda`) | `cuda` |
 //! | token streams for language models: packed or concatenated rows, blends, elastic resume | [`tokens`] |
@@ -55,6 +56,7 @@ pub mod memory;
 pub mod sampler;
 pub mod source;
 pub mod tokens;
+pub mod trace;
 pub mod transform;
 
 #[cfg(doctest)]
@@ -64,7 +66,8 @@ pub use error::{Error, ErrorKind, RemoteErrorKind, Result};
 pub use format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
 pub use layout::{BatchLayout, Element, OutputField, Slots};
 pub use loader::{
-    Batch, BatchInfo, BatchStream, Loader, LoaderBuilder, LoaderState, LoaderStats, Next,
+    Auto, Batch, BatchInfo, BatchStream, Loader, LoaderBuilder, LoaderState, LoaderStats, Next,
+    Setting,
 };
 pub use memory::{HostBuffer, HostPool, PoolStats};
 pub use source::{Concat, Dataset, NpyArray, Sample};

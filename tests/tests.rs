@@ -3,6 +3,7 @@
 
 mod image_common;
 
+mod autotune;
 mod batch_parts;
 mod file_changes;
 mod format_errors;
@@ -28,5 +29,7 @@ mod shard_errors;
 mod shard_fixtures;
 mod shard_fuzz;
 mod tokens;
+mod trace;
 mod typed_transforms;
+mod verdict;
 mod zip_sources;

@@ -1,6 +1,6 @@
 """Types of the extension module (gpufeed._gpufeed); use the public names of ``gpufeed``."""
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 POLL_SECONDS: float
 MASK_KEY: str
@@ -34,9 +34,9 @@ class LoaderCore:
         *,
         batch_size: int,
         shuffle: Optional[int],
-        workers: Optional[int],
-        prefetch: Optional[int],
-        batch_parts: Optional[int],
+        workers: Union[None, int, str],
+        prefetch: Union[None, int, str],
+        batch_parts: Union[None, int, str],
         drop_last: bool,
         shard: Optional[Tuple[int, int]],
         shard_env: bool,
@@ -51,6 +51,7 @@ class LoaderCore:
         ragged_budget_each: Optional[int] = None,
         ragged_budgets: Optional[List[Tuple[str, int]]] = None,
         ragged_list: bool = False,
+        trace: Optional[str] = None,
     ) -> None: ...
     def iter_epoch(self) -> "LoaderCore": ...
     def __iter__(self) -> "LoaderCore": ...
@@ -60,6 +61,7 @@ class LoaderCore:
     def state_dict(self) -> Dict[str, Any]: ...
     def load_state_dict(self, state: Any) -> None: ...
     def stats(self) -> Dict[str, Any]: ...
+    def write_trace(self, path: Optional[str] = None) -> str: ...
     epoch: int
     position: int
     order: Tuple[int, int, int, int]

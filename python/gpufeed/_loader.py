@@ -60,6 +60,15 @@ def _int(argument: str, x: Any, low: int = 0) -> int:
     return value
 
 
+def _setting(argument: str, x: Any) -> Union[int, str]:
+    """A count of at least 1, or ``"auto"``: chosen by gpufeed."""
+    if isinstance(x, str):
+        if x == "auto":
+            return x
+        raise config_error(argument, f"{x!r} is neither a whole number nor 'auto'")
+    return _int(argument, x, 1)
+
+
 def _pair(argument: str, x: Any) -> Tuple[float, float]:
     try:
         lo, hi = x
@@ -348,6 +357,15 @@ class Loader:
     - ``batch_parts``: make each batch in this many parts, written by as many workers at once
       (default: one per worker for batches of 4 MiB or more, else 1). Fewer batches in flight,
       a smaller pool, a sooner first batch; the batches are the same.
+    - ``workers="auto"`` (and ``prefetch="auto"``, ``batch_parts="auto"``): gpufeed chooses,
+      from a short measurement on the first batches (a few seconds at most), the fewest workers
+      within 3% of the fastest it measured and of what your loop takes, within the CPUs this
+      process may use; prefetch and parts follow the rule above for the workers chosen.
+      ``stats()["tuning"]`` says what it chose and why.
+    - ``trace``: a file name: record a timeline of the loader's work (a track per worker, your
+      loop's waits, the copy thread and copy stream on a GPU), written as Chrome trace-event
+      JSON by ``close()`` (or the end of a ``with`` block, or when the loader is dropped) and by
+      ``write_trace()``; open it in https://ui.perfetto.dev.
     - ``drop_last``: drop the samples that do not fill a rank's share or a whole batch (default
       False: the last batch is short and ranks' shares are padded by wrapping around).
     - ``shard``: None (the whole data set, also under torchrun), ``(rank, world_size)``, or
@@ -431,9 +449,9 @@ class Loader:
         path_or_paths: Union[PathLike, Sequence[PathLike]],
         batch_size: int = 1,
         shuffle: Union[None, bool, int] = None,
-        workers: Optional[int] = None,
-        prefetch: Optional[int] = None,
-        batch_parts: Optional[int] = None,
+        workers: Union[None, int, str] = None,
+        prefetch: Union[None, int, str] = None,
+        batch_parts: Union[None, int, str] = None,
         drop_last: bool = False,
         shard: Union[None, str, Tuple[int, int]] = None,
         evaluation: bool = False,
@@ -447,6 +465,7 @@ class Loader:
         ragged: str = "offsets",
         ragged_budget: Union[None, int, Mapping[str, int]] = None,
         decode: Optional[str] = None,
+        trace: Optional[PathLike] = None,
     ) -> None:
         paths = _paths(path_or_paths)
         output_given = output is not None
@@ -457,9 +476,14 @@ class Loader:
             seed = 0
         else:
             seed = _int("shuffle", shuffle)
-        workers = None if workers is None else _int("workers", workers, 1)
-        prefetch = None if prefetch is None else _int("prefetch", prefetch, 1)
-        batch_parts = None if batch_parts is None else _int("batch_parts", batch_parts, 1)
+        workers = None if workers is None else _setting("workers", workers)
+        prefetch = None if prefetch is None else _setting("prefetch", prefetch)
+        batch_parts = None if batch_parts is None else _setting("batch_parts", batch_parts)
+        if trace is not None:
+            try:
+                trace = os.fspath(trace)
+            except TypeError:
+                raise config_error("trace", f"{trace!r} is not a file name") from None
         shard_pair: Optional[Tuple[int, int]] = None
         shard_env = False
         if isinstance(shard, str):
@@ -533,6 +557,7 @@ class Loader:
             ragged_budget_each=budget_each,
             ragged_budgets=budgets,
             ragged_list=ragged == "list",
+            trace=trace,
         )
         if self.output == "numpy":
             bf16 = [name for name, dtype, _, _ in self._core.fields if dtype == "bfloat16"]
@@ -635,6 +660,11 @@ class Loader:
             name: (dtype, ((None,) if ragged else ()) + tuple(shape))
             for name, dtype, shape, ragged in self._core.fields
         }
+
+    def write_trace(self, path: Optional[PathLike] = None) -> str:
+        """Writes the timeline recorded so far (``trace=``) to ``path``, or to the file
+        ``trace=`` named, as Chrome trace-event JSON; returns the file's name."""
+        return os.fspath(self._core.write_trace(None if path is None else os.fspath(path)))
 
     def close(self) -> None:
         """Stops the worker threads now. Batches you hold stay valid; later calls raise.

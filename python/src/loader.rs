@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use gpufeed::format::FieldKind;
 use gpufeed::source::{self, Dataset, ImageFolder};
+use gpufeed::trace::Trace;
 use gpufeed::transform::image::{ImageStats, ImageTransform, Layout, Normalize, OnBadImage};
 use gpufeed::{
     Batch, BatchStream, Codec, CopyFields, DType, Error, Loader, LoaderState, OutputField,
@@ -282,6 +283,8 @@ pub struct LoaderCore {
     pid: u32,
     /// The arguments left to gpufeed's defaults (see `errors::Defaults`).
     defaults: Vec<&'static str>,
+    /// The timeline being recorded (`trace=`) and the file it is written to.
+    trace: Option<(Trace, PathBuf)>,
 }
 
 /// The image pipeline's options, as `gpufeed.ImageOptions` spells them out.
@@ -410,14 +413,38 @@ impl ImageArgs {
     }
 }
 
+/// `workers=`, `prefetch=`, `batch_parts=` as given: a count, or `"auto"` (`gpufeed/_loader.py`
+/// has checked which).
+#[derive(FromPyObject, Clone)]
+enum SettingArg {
+    Count(usize),
+    Word(String),
+}
+
+impl SettingArg {
+    /// The library's setting, or the argument's error.
+    fn setting(&self, argument: &'static str) -> Result<gpufeed::Setting, BuildError> {
+        match self {
+            SettingArg::Count(n) => Ok(gpufeed::Setting::Fixed(*n)),
+            SettingArg::Word(w) if w == "auto" => Ok(gpufeed::Setting::Auto),
+            SettingArg::Word(w) => Err(BuildError::Argument(
+                argument,
+                format!("{w:?} is neither a whole number nor 'auto'"),
+            )),
+        }
+    }
+}
+
 /// What `build` needs, all of it `Send`, so the files are opened with the GIL released.
 struct Settings {
     paths: Vec<PathBuf>,
     batch_size: usize,
     shuffle: Option<u64>,
-    workers: Option<usize>,
-    prefetch: Option<usize>,
-    batch_parts: Option<usize>,
+    workers: Option<SettingArg>,
+    prefetch: Option<SettingArg>,
+    batch_parts: Option<SettingArg>,
+    /// Records a timeline (`trace=`).
+    trace: Option<Trace>,
     drop_last: bool,
     shard: Option<(u64, u64)>,
     shard_env: bool,
@@ -643,14 +670,17 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
     if let Some(seed) = s.shuffle {
         builder = builder.shuffle(seed);
     }
-    if let Some(w) = s.workers {
-        builder = builder.workers(w);
+    if let Some(w) = &s.workers {
+        builder = builder.workers(w.setting("workers")?);
     }
-    if let Some(p) = s.prefetch {
-        builder = builder.prefetch(p);
+    if let Some(p) = &s.prefetch {
+        builder = builder.prefetch(p.setting("prefetch")?);
     }
-    if let Some(p) = s.batch_parts {
-        builder = builder.batch_parts(p);
+    if let Some(p) = &s.batch_parts {
+        builder = builder.batch_parts(p.setting("batch_parts")?);
+    }
+    if let Some(t) = &s.trace {
+        builder = builder.trace(t);
     }
     if let Some(b) = s.pool_budget {
         builder = builder.pool_budget(b);
@@ -889,7 +919,7 @@ impl LoaderCore {
     #[pyo3(signature = (
         paths, *, batch_size, shuffle, workers, prefetch, batch_parts, drop_last, shard, shard_env,
         evaluation, images, fields, epoch, pool_budget, indices, convert, device=None,
-        ragged_budget_each=None, ragged_budgets=None, ragged_list=false
+        ragged_budget_each=None, ragged_budgets=None, ragged_list=false, trace=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -897,9 +927,9 @@ impl LoaderCore {
         paths: Vec<PathBuf>,
         batch_size: usize,
         shuffle: Option<u64>,
-        workers: Option<usize>,
-        prefetch: Option<usize>,
-        batch_parts: Option<usize>,
+        workers: Option<SettingArg>,
+        prefetch: Option<SettingArg>,
+        batch_parts: Option<SettingArg>,
         drop_last: bool,
         shard: Option<(u64, u64)>,
         shard_env: bool,
@@ -914,8 +944,10 @@ impl LoaderCore {
         ragged_budget_each: Option<u64>,
         ragged_budgets: Option<Vec<(String, u64)>>,
         ragged_list: bool,
+        trace: Option<PathBuf>,
     ) -> PyResult<LoaderCore> {
         let images = images.map(|d| d.extract::<ImageArgs>()).transpose()?;
+        let timeline = trace.map(|path| (Trace::new(), path));
         let settings = Settings {
             paths,
             batch_size,
@@ -923,6 +955,7 @@ impl LoaderCore {
             workers,
             prefetch,
             batch_parts,
+            trace: timeline.as_ref().map(|(t, _)| t.clone()),
             drop_last,
             shard,
             shard_env,
@@ -979,6 +1012,7 @@ impl LoaderCore {
             device,
             pid: std::process::id(),
             defaults,
+            trace: timeline,
         })
     }
 
@@ -1102,8 +1136,27 @@ impl LoaderCore {
         d.set_item("first_batch_s", s.first_batch.map(|f| f.as_secs_f64()))?;
         host_figures(py, &d, &s)?;
         self.image_figures(py, &d)?;
+        d.set_item("verdict", s.verdict().to_string())?;
         d.set_item("text", s.to_string())?;
         Ok(d)
+    }
+
+    /// Writes the timeline recorded so far (`trace=`) to `path`, or to the file `trace=`
+    /// named; returns the file written.
+    #[pyo3(signature = (path=None))]
+    fn write_trace(&self, py: Python<'_>, path: Option<PathBuf>) -> PyResult<PathBuf> {
+        let Some((trace, named)) = &self.trace else {
+            return Err(errors::config(
+                py,
+                "trace",
+                "this loader records no timeline: pass trace=\"FILE.json\" when making it"
+                    .to_owned(),
+            ));
+        };
+        let path = path.unwrap_or_else(|| named.clone());
+        py.detach(|| trace.write(&path))
+            .map_err(|e| errors::to_py_with(py, &e, Defaults(&self.defaults)))?;
+        Ok(path)
     }
 
     /// The epoch being delivered.
@@ -1153,7 +1206,7 @@ impl LoaderCore {
     }
 
     /// Stops the worker threads and frees the pool's cached buffers; batches still held stay
-    /// valid. Later calls raise.
+    /// valid. Later calls raise. With `trace=`, writes the timeline once the threads stopped.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.check_process()?;
         // Taken under the lock, dropped after it: other threads find the loader closed at
@@ -1163,7 +1216,12 @@ impl LoaderCore {
             core.place.reposition();
             core.loader.take()
         });
-        stop(py, loader)
+        let stopped = loader.is_some();
+        stop(py, loader)?;
+        if stopped && self.trace.is_some() {
+            self.write_trace(py, None)?;
+        }
+        Ok(())
     }
 }
 
@@ -1171,6 +1229,15 @@ impl LoaderCore {
 /// stage, the (pinned, on a device loader) host pool.
 fn host_figures(py: Python<'_>, d: &Bound<'_, PyDict>, s: &gpufeed::LoaderStats) -> PyResult<()> {
     d.set_item("workers", s.workers)?;
+    let tuning = match &s.tuning {
+        Some(t) => {
+            let json = serde_json::to_value(t)
+                .map_err(|e| PyRuntimeError::new_err(format!("the tuning's figures: {e}")))?;
+            Some(value::to_python(py, &json)?)
+        }
+        None => None,
+    };
+    d.set_item("tuning", tuning)?;
     d.set_item("in_flight", s.in_flight)?;
     d.set_item("ready", s.ready)?;
     let stages = PyDict::new(py);
@@ -1256,6 +1323,7 @@ impl LoaderCore {
         dev.set_item("reserved_bytes_all_pools", gpufeed::cuda::reserved_bytes())?;
         d.set_item("device", dev)?;
         self.image_figures(py, &d)?;
+        d.set_item("verdict", s.verdict().map(|v| v.to_string()))?;
         d.set_item("text", s.to_string())?;
         Ok(d)
     }
@@ -1302,8 +1370,16 @@ impl Drop for LoaderCore {
         // while the workers stop. An error (a warning that `-W error` makes one) cannot be
         // raised from a deallocation: it is reported as unraisable. Were this thread not
         // attached to Python, the closure, and the loader in it, would just be dropped.
+        let stopped = loader.is_some();
         Python::try_attach(|py| {
             if let Err(e) = stop(py, loader) {
+                e.write_unraisable(py, None);
+            }
+            // A loader with `trace=` not closed: its timeline is written now.
+            if stopped
+                && self.trace.is_some()
+                && let Err(e) = self.write_trace(py, None)
+            {
                 e.write_unraisable(py, None);
             }
         });

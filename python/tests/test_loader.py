@@ -177,6 +177,42 @@ def test_stats_is_a_dict_of_figures(packed):
     json.dumps({k: v for k, v in s.items()})
 
 
+def test_auto_settings_trace_and_verdict(tmp_path, packed):
+    out = tmp_path / "run.json"
+    with gpufeed.Loader(
+        packed,
+        batch_size=50,
+        workers="auto",
+        prefetch="auto",
+        batch_parts="auto",
+        trace=out,
+        output="numpy",
+    ) as loader:
+        assert labels_of(loader) == list(range(N))
+        s = loader.stats()
+        tuning = s["tuning"]
+        assert tuning["reason"].startswith("autotune: ") and tuning["workers"] == s["workers"]
+        assert tuning["workers"] >= 1 and tuning["prefetch"] >= 1 and tuning["batch_parts"] >= 1
+        assert s["verdict"].startswith("waited ") and "-bound: " in s["verdict"], s["verdict"]
+        json.dumps(s)
+        # Written on demand, elsewhere too, and again at the end of the `with` block.
+        early = tmp_path / "early.json"
+        assert loader.write_trace(early) == str(early)
+        assert json.loads(early.read_text())["traceEvents"]
+    doc = json.loads(out.read_text())
+    threads = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert "consumer" in threads and "worker 0" in threads, threads
+    batches = {e["args"]["batch"] for e in doc["traceEvents"] if e.get("name") == "fetch"}
+    assert batches == set(range(N // 50)), batches
+    # Without trace=, there is nothing to write; a setting neither a count nor "auto" is refused.
+    plain = gpufeed.Loader(packed, batch_size=50, workers=1, output="numpy")
+    assert plain.stats()["tuning"] is None
+    with pytest.raises(gpufeed.ConfigError, match="trace"):
+        plain.write_trace(tmp_path / "x.json")
+    with pytest.raises(gpufeed.ConfigError, match="workers"):
+        gpufeed.Loader(packed, workers="many")
+
+
 def test_images_from_a_folder_and_from_its_packed_file_agree(tmp_path, folder):
     opts = {"size": 16, "train": False}
     direct = gpufeed.Loader(folder, batch_size=5, images=opts, output="numpy")

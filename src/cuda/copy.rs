@@ -38,6 +38,7 @@ use crate::format::DType;
 use crate::layout::FIELD_ALIGN;
 use crate::loader::{Batch, BatchStream, Loader, LoaderState, LoaderStats};
 use crate::memory::HostPool;
+use crate::trace::{Args, Track};
 
 /// Bytes of device batches the default depth aims to keep copied ahead.
 const DEPTH_BYTES: usize = 32 << 20;
@@ -358,7 +359,20 @@ impl CopyStage {
             stop: AtomicBool::new(false),
             counters: Mutex::new(Counters::default()),
         });
+        // The copy thread consumes the loader's host batches: the loader's consumer track is
+        // its track; the copies themselves get a track of the copy stream's.
+        let track = loader.consumer_track().cloned();
+        if let Some(t) = &track {
+            t.rename("copy thread");
+        }
+        let stream_track = loader.trace().map(|(t, group)| {
+            t.track(*group, format!("copy stream (GPU {})", device.ordinal()), 1)
+        });
         let worker = CopyThread {
+            track,
+            stream_track,
+            anchor: None,
+            last_placed: 0,
             loader,
             device: device.clone(),
             plan,
@@ -388,6 +402,15 @@ impl CopyStage {
 
 /// The copy thread's state.
 struct CopyThread {
+    /// Its track of the loader's trace (the loader's consumer track), if it has one.
+    track: Option<Track>,
+    /// The copy stream's track: each copy's device time, from its events.
+    stream_track: Option<Track>,
+    /// An event of the copy stream and the trace time at which it completed: the copies'
+    /// events are placed on the timeline by their device time from it.
+    anchor: Option<(CudaEvent, u64)>,
+    /// Where the last copy placed on the stream's track ended (trace nanoseconds).
+    last_placed: u64,
     loader: Loader,
     device: Device,
     plan: Plan,
@@ -398,8 +421,8 @@ struct CopyThread {
     tx: Sender<Message>,
     control: Receiver<Control>,
     shared: Arc<Shared>,
-    /// Copies whose timing events have not been read: (start, end, bytes).
-    timing: VecDeque<(CudaEvent, EventFence, usize)>,
+    /// Copies whose timing events have not been read: (start, end, bytes, the batch).
+    timing: VecDeque<(CudaEvent, EventFence, usize, Args)>,
     /// Start events already read, to record again.
     spare: Vec<CudaEvent>,
     /// The end event of the last copy timed, to count time shared with the next one once.
@@ -416,6 +439,9 @@ impl CopyThread {
             });
             return;
         }
+        let track = self.track.clone();
+        let _entered = track.as_ref().map(Track::enter);
+        self.anchor_timeline();
         let mut generation = 0u64;
         let mut ended = false;
         let mut sent = 0u64;
@@ -483,8 +509,12 @@ impl CopyThread {
                 },
                 Some(Ok(batch)) => {
                     let t0 = Instant::now();
+                    let args = Args::batch(batch.epoch(), batch.number());
                     let result = self.copy(batch);
                     self.shared.counters().enqueue += t0.elapsed();
+                    if let Some(track) = &track {
+                        track.span("enqueue", t0, Instant::now(), args);
+                    }
                     Message::Batch {
                         generation,
                         result,
@@ -501,6 +531,9 @@ impl CopyThread {
                 return;
             }
             self.shared.counters().blocked += t0.elapsed();
+            if let Some(track) = &track {
+                track.span("blocked", t0, Instant::now(), Args::EMPTY);
+            }
         }
     }
 
@@ -638,9 +671,58 @@ impl CopyThread {
             c.h2d_copies += 1;
         }
         if self.timing.len() < 4096 {
-            self.timing.push_back((start, copied, n));
+            let args = Args::batch(batch.epoch(), batch.number()).with_bytes(n as u64);
+            self.timing.push_back((start, copied, n, args));
         }
         Ok(ready)
+    }
+
+    /// With a trace, records an event on the copy stream and waits for it: the trace time at
+    /// which it completed is where the copies' device times are counted from. Again at each
+    /// epoch's end (the stream's work read to its end), so that the device clock's drift and
+    /// the resolution of the events' float milliseconds stay small. Without a trace, nothing.
+    fn anchor_timeline(&mut self) {
+        let Some(track) = &self.stream_track else {
+            return;
+        };
+        let stream = self.device.copy_stream();
+        let anchored = self
+            .device
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .and_then(|e| {
+                e.record(stream)?;
+                e.synchronize()?;
+                Ok(e)
+            });
+        // A driver failure here costs the copy stream's track its spans, nothing else.
+        self.anchor = anchored.ok().map(|e| (e, track.ns(Instant::now())));
+    }
+
+    /// Puts the copy between `start` and `end` (completed events of the copy stream) on the
+    /// copy stream's track, where it has one and an anchor.
+    fn place_copy(&mut self, start: &CudaEvent, end: &CudaEvent, args: Args) {
+        let (Some(track), Some((anchor, at))) = (&self.stream_track, &self.anchor) else {
+            return;
+        };
+        // SAFETY: the three events are live, recorded on the copy stream, and completed (the
+        // anchor was waited for, `end` has completed, `start` came before it), so the elapsed
+        // times are defined and the calls do not wait.
+        let times = unsafe {
+            (
+                result::event::elapsed(anchor.cu_event(), start.cu_event()),
+                result::event::elapsed(start.cu_event(), end.cu_event()),
+            )
+        };
+        if let (Ok(from_anchor), Ok(ms)) = times {
+            let ns = |ms: f32| (f64::from(ms.max(0.0)) * 1e6) as u64;
+            // Copies on one stream run one after the other: a start stamped before the
+            // previous end (events are stamped when the stream reaches them) is moved to it.
+            let begin = (at + ns(from_anchor)).max(self.last_placed);
+            let end = begin + ns(ms);
+            self.last_placed = end;
+            track.span_ns("H2D", begin, end - begin, args);
+        }
     }
 
     /// Reads the device time of completed copies; with `all`, waits for every pending one
@@ -648,7 +730,7 @@ impl CopyThread {
     fn read_timings(&mut self, all: bool) {
         let mut timed_bytes = 0u64;
         let mut busy = Duration::ZERO;
-        while let Some((start, end, bytes)) = self.timing.front() {
+        while let Some((start, end, bytes, _)) = self.timing.front() {
             let done = end.event().try_is_complete().unwrap_or(true);
             if !done && (!all || end.event().synchronize().is_err()) {
                 break;
@@ -675,12 +757,16 @@ impl CopyThread {
                 timed_bytes += *bytes as u64;
             }
             self.last_end = Some(end.clone());
-            if let Some((start, _, _)) = self.timing.pop_front()
-                && self.spare.len() < SPARE_EVENTS
-            {
-                // Read and complete: nothing refers to it, it can be recorded again.
-                self.spare.push(start);
+            if let Some((start, end, _, args)) = self.timing.pop_front() {
+                self.place_copy(&start, end.event(), args);
+                if self.spare.len() < SPARE_EVENTS {
+                    // Read and complete: nothing refers to it, it can be recorded again.
+                    self.spare.push(start);
+                }
             }
+        }
+        if all {
+            self.anchor_timeline();
         }
         if timed_bytes > 0 {
             let mut c = self.shared.counters();

@@ -23,8 +23,8 @@ use super::{Convert, Device, DeviceBatch, DevicePool};
 use crate::error::{Error, Result};
 use crate::layout::OutputField;
 use crate::loader::{
-    BatchStream, Delivered, Loader, LoaderBuilder, LoaderState, Next, Position, deadline,
-    next_blocking,
+    BatchStream, ConsumerTimeline, Delivered, Loader, LoaderBuilder, LoaderState, Next, Position,
+    deadline, next_blocking,
 };
 use crate::sampler::OrderSpec;
 
@@ -176,6 +176,11 @@ impl DeviceLoader {
         }
         let _scope = ContextScope::enter(device.context())?;
         let position = loader.position().clone();
+        // The loader's consumer track becomes the copy thread's; the device batches' consumer
+        // gets one of its own.
+        let timeline = loader
+            .trace()
+            .map(|(t, group)| ConsumerTimeline::new(t.track(*group, "consumer", 0)));
         let pool = DevicePool::new(device);
         let plan = loader.image_pipeline().and_then(|t| t.gpu_decode_plan());
         let (stage, decode) = match plan {
@@ -205,7 +210,7 @@ impl DeviceLoader {
             generation: 0,
             position,
             ended: false,
-            delivered: Delivered::default(),
+            delivered: Delivered::recorded_on(timeline),
             fields,
             decode,
         })
@@ -298,10 +303,12 @@ impl DeviceLoader {
     }
 
     fn next_until(&mut self, deadline: Option<Instant>) -> Next<DeviceBatch> {
+        self.delivered.called();
         if self.ended {
             return Next::EndOfEpoch;
         }
-        self.delivered.asked();
+        self.delivered
+            .asked(self.position.epoch(), self.position.next_batch());
         if self.control.is_none() {
             self.ended = true;
             return Next::Ready(Err(Error::Shutdown));
@@ -382,6 +389,7 @@ impl BatchStream for DeviceLoader {
         let (order, next) = self.position.resolve(&state)?;
         self.generation += 1;
         self.position.resume_at(&order, next);
+        self.delivered.epoch_starts(order.epoch());
         self.ended = false;
         self.send(Control::Load {
             state,
@@ -398,6 +406,7 @@ impl BatchStream for DeviceLoader {
         }
         self.generation += 1;
         self.position.restart(epoch);
+        self.delivered.epoch_starts(epoch);
         self.ended = false;
         self.send(Control::SetEpoch {
             epoch,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::loader::LoaderStats;
+use crate::loader::{LoaderStats, Verdict};
 use crate::memory::{PoolStats, human_bytes, human_rate};
 
 /// Figures of a [`DeviceLoader`](super::DeviceLoader).
@@ -71,6 +71,21 @@ impl DeviceStats {
         } else {
             0.0
         }
+    }
+
+    /// Whether the consumer waited, which stage bound the rate (the copy engine included), and
+    /// what would help, in one line ([`Verdict::of_device`]); `None` until the host loader's
+    /// figures are known.
+    pub fn verdict(&self) -> Option<Verdict> {
+        let host = self.loader.as_ref()?;
+        let elapsed = self.elapsed.as_secs_f64().max(1e-9);
+        let copy_busy = (self.h2d_busy.as_secs_f64() / elapsed).min(1.0);
+        Some(Verdict::of_device(
+            host,
+            self.wait_fraction(),
+            copy_busy,
+            &host.cpus,
+        ))
     }
 }
 

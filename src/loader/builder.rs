@@ -11,9 +11,11 @@ use super::budget::BatchBudget;
 use super::host::Loader;
 use super::probe::{PROBE_SAMPLES, measure};
 use super::sizing::{
-    default_parts, default_prefetch, default_ragged_budget, default_workers, physical_memory,
+    CpuBudget, MAX_AUTO_WORKERS, default_parts, default_prefetch, default_ragged_budget,
+    default_workers, physical_memory,
 };
-use super::stats::StageTimes;
+use super::stats::{ConsumerTimeline, StageTimes};
+use super::tune::{Derive, Gate, Setting, Tuner, candidates};
 use super::worker::{self, Done, Shared, Task};
 use super::{Batch, BatchHook, Delivered, LoaderState, MAX_WORKERS, Position, rank_from_env};
 use crate::error::{Error, Result};
@@ -21,6 +23,7 @@ use crate::layout::BatchLayout;
 use crate::memory::{Backing, HeapBacking, HostPool, human_bytes};
 use crate::sampler::{BlockShuffle, OrderSpec, Remainder};
 use crate::source::Dataset;
+use crate::trace::Trace;
 use crate::transform::{CopyFields, SampleTransform};
 
 /// Where a loader's rank and world size come from.
@@ -79,11 +82,13 @@ pub struct LoaderBuilder {
     batch_size: usize,
     shuffle: Option<u64>,
     /// `None`: [`default_workers`] at build.
-    workers: Option<usize>,
+    workers: Option<Setting>,
     /// The backing's blocks are copied to a device (see [`Backing::feeds_device`]).
     feeds_device: bool,
-    prefetch: Option<usize>,
-    parts: Option<usize>,
+    prefetch: Option<Setting>,
+    parts: Option<Setting>,
+    /// CPUs for workers chosen by the loader (`None`: [`CpuBudget::of_this_thread`]).
+    cpus: Option<usize>,
     drop_last: bool,
     evaluation: bool,
     blocks: Option<(u64, u64)>,
@@ -95,6 +100,7 @@ pub struct LoaderBuilder {
     ragged_budget_each: Option<u64>,
     across_epochs: bool,
     backing: Option<Box<dyn FnOnce(u64) -> HostPool + Send>>,
+    trace: Option<Trace>,
 }
 
 impl LoaderBuilder {
@@ -135,8 +141,22 @@ impl LoaderBuilder {
 
     /// Worker threads (default: [`default_workers`]: one per CPU, at most 16, and two CPUs fewer
     /// when the batches go to a GPU).
-    pub fn workers(mut self, n: usize) -> Self {
-        self.workers = Some(n);
+    ///
+    /// [`Auto`](super::Auto) (`.workers(Auto)`): the loader chooses, from a short measurement
+    /// on the first batches (at most [`TUNE_LIMIT`](super::TUNE_LIMIT)), the fewest workers
+    /// within 3% of the fastest count it measured and of what the consumer takes, within the
+    /// CPUs this thread may use (its affinity and its cgroup's quota, less two on the GPU
+    /// path: [`CpuBudget`]; or [`cpu_budget`](Self::cpu_budget)). What it chose and why is
+    /// [`LoaderStats::tuning`](super::LoaderStats::tuning).
+    pub fn workers(mut self, n: impl Into<Setting>) -> Self {
+        self.workers = Some(n.into());
+        self
+    }
+
+    /// The CPUs the loader may give workers when it chooses them ([`Auto`](super::Auto));
+    /// default: [`CpuBudget::of_this_thread`].
+    pub fn cpu_budget(mut self, cpus: usize) -> Self {
+        self.cpus = Some(cpus);
         self
     }
 
@@ -144,8 +164,12 @@ impl LoaderBuilder {
     /// small batches: about 64 MiB, at most four per worker; for batches made in parts (see
     /// [`batch_parts`](Self::batch_parts)), enough parts to keep every worker busy twice over,
     /// plus two batches; never more than an epoch has: [`default_prefetch`]).
-    pub fn prefetch(mut self, n: usize) -> Self {
-        self.prefetch = Some(n);
+    ///
+    /// [`Auto`](super::Auto): the same rule for the workers chosen, within the memory budget
+    /// ([`pool_budget`](Self::pool_budget), or by default what the default prefetch needs for
+    /// the most workers the CPU budget holds, at most a quarter of this machine's memory).
+    pub fn prefetch(mut self, n: impl Into<Setting>) -> Self {
+        self.prefetch = Some(n.into());
         self
     }
 
@@ -157,9 +181,9 @@ impl LoaderBuilder {
     /// the first batch is made by every worker, not one, and fewer batches need to be in flight
     /// to keep the workers busy, so the pool (pinned memory, on the GPU path, that a first
     /// epoch must allocate) is smaller. A value larger than the batch size counts as the batch
-    /// size.
-    pub fn batch_parts(mut self, n: usize) -> Self {
-        self.parts = Some(n);
+    /// size. [`Auto`](super::Auto): the default rule for the workers chosen.
+    pub fn batch_parts(mut self, n: impl Into<Setting>) -> Self {
+        self.parts = Some(n.into());
         self
     }
 
@@ -267,6 +291,15 @@ impl LoaderBuilder {
         self
     }
 
+    /// Records the loader's work on `trace`: a track per worker thread, the consumer's, the
+    /// copy thread's and the copy stream's on the GPU path, pool allocations and epochs (see
+    /// the [trace](crate::trace) module); write it with [`Trace::write`]. Several loaders may
+    /// share one trace: each is a process of its own on the timeline.
+    pub fn trace(mut self, trace: &Trace) -> Self {
+        self.trace = Some(trace.clone());
+        self
+    }
+
     /// Backs the batch buffers with `backing` (pinned memory, with the `cuda` feature).
     pub fn backing(mut self, backing: impl Backing<Addr = std::ptr::NonNull<u8>>) -> Self {
         self.feeds_device = backing.feeds_device();
@@ -284,6 +317,20 @@ impl LoaderBuilder {
         self.spawn(spec, workers, sizes)
     }
 
+    /// True when the loader chooses any of its workers, prefetch or parts.
+    fn tunes(&self) -> bool {
+        [self.workers, self.prefetch, self.parts].contains(&Some(Setting::Auto))
+    }
+
+    /// The CPUs for workers the loader chooses.
+    fn cpus(&self) -> CpuBudget {
+        let mut cpus = CpuBudget::of_this_thread(self.feeds_device);
+        if let Some(n) = self.cpus {
+            cpus.budget = n.clamp(1, MAX_AUTO_WORKERS);
+        }
+        cpus
+    }
+
     /// The order's settings, and the number of workers: every setting that does not depend on
     /// the batch's size, checked.
     fn check_order(&self) -> Result<(OrderSpec, usize)> {
@@ -292,9 +339,17 @@ impl LoaderBuilder {
             ShardChoice::Explicit(r, w) => (r, w),
             ShardChoice::FromEnv => rank_from_env()?,
         };
-        let workers = self
-            .workers
-            .unwrap_or_else(|| default_workers(self.feeds_device));
+        if self.cpus == Some(0) {
+            return Err(Error::config(
+                "cpu_budget",
+                "at least one CPU is needed for the workers",
+            ));
+        }
+        let workers = match self.workers {
+            Some(Setting::Fixed(n)) => n,
+            Some(Setting::Auto) => self.cpus().budget,
+            None => default_workers(self.feeds_device),
+        };
         if workers == 0 {
             return Err(Error::config(
                 "workers",
@@ -311,13 +366,13 @@ impl LoaderBuilder {
                 ),
             ));
         }
-        if self.parts == Some(0) {
+        if self.parts == Some(Setting::Fixed(0)) {
             return Err(Error::config(
                 "batch_parts",
                 "a batch is made in at least one part",
             ));
         }
-        if self.prefetch == Some(0) {
+        if self.prefetch == Some(Setting::Fixed(0)) {
             return Err(Error::config(
                 "prefetch",
                 "at least one batch must be in flight",
@@ -366,12 +421,10 @@ impl LoaderBuilder {
             budgets.get(&f.name).copied()
         })?);
         let batch_bytes = HostPool::block_size(layout.total_bytes()) as u64;
-        let parts = self
-            .parts
+        let parts = fixed(self.parts)
             .unwrap_or_else(|| default_parts(workers, batch_bytes))
             .clamp(1, capacity.max(1));
-        let prefetch = self
-            .prefetch
+        let prefetch = fixed(self.prefetch)
             .unwrap_or_else(|| default_prefetch(workers, batch_bytes, parts, spec.batches()));
         let memory = physical_memory();
         if let Some(memory) = memory
@@ -388,10 +441,18 @@ impl LoaderBuilder {
         }
         let budget = match self.budget {
             Some(b) => b,
-            None => (prefetch as u64)
-                .checked_add(2)
-                .and_then(|n| n.checked_mul(batch_bytes))
-                .unwrap_or(u64::MAX),
+            None => {
+                let default = (prefetch as u64)
+                    .checked_add(2)
+                    .and_then(|n| n.checked_mul(batch_bytes))
+                    .unwrap_or(u64::MAX);
+                // A loader that chooses its settings keeps to a quarter of the machine's
+                // memory (at least one batch and two held) unless given a budget.
+                match memory {
+                    Some(m) if self.tunes() => default.min((m / 4).max(3 * batch_bytes)),
+                    _ => default,
+                }
+            }
         };
         if budget < batch_bytes {
             return Err(Error::config(
@@ -425,12 +486,26 @@ impl LoaderBuilder {
             ));
         }
         let budget_batches = usize::try_from(budget / batch_bytes).unwrap_or(usize::MAX);
+        let derive = Derive {
+            batch_bytes,
+            capacity,
+            batches: spec.batches(),
+            budget_batches,
+            prefetch: fixed(self.prefetch),
+            parts: fixed(self.parts),
+        };
+        // Under a budget smaller than the default's, the batches in flight the rule gives.
+        let prefetch = match self.prefetch {
+            Some(Setting::Auto) => derive.prefetch(workers),
+            _ => prefetch,
+        };
         Ok(Sizes {
             layout,
             parts,
             prefetch,
             budget,
             budget_batches,
+            derive,
         })
     }
 
@@ -504,7 +579,33 @@ impl LoaderBuilder {
             prefetch,
             budget,
             budget_batches,
+            derive,
         } = sizes;
+        // A loader that chooses its workers starts them all and lets the ones measured take
+        // tasks (`tune.rs`); one that chooses only its prefetch or parts derives them now.
+        let cpus = self.cpus();
+        let tuner = self.tunes().then(|| {
+            let auto_workers = self.workers == Some(Setting::Auto);
+            let counts = if auto_workers {
+                candidates(workers, default_workers(self.feeds_device))
+            } else {
+                vec![workers]
+            };
+            let gate = Arc::new(Gate::new(counts[0]));
+            Tuner::new(
+                Instant::now(),
+                gate,
+                derive,
+                counts,
+                cpus.clone(),
+                budget,
+                !auto_workers,
+            )
+        });
+        let gate = tuner
+            .as_ref()
+            .filter(|_| self.workers == Some(Setting::Auto))
+            .map(Tuner::gate);
         let (order, next, resumed) = match &self.resume {
             Some(state) => {
                 let (order, next) = state.position(&spec)?;
@@ -525,6 +626,11 @@ impl LoaderBuilder {
             pool: pool.clone(),
             generation: AtomicU64::new(0),
             times: StageTimes::default(),
+            gate,
+        });
+        let trace = self.trace.map(|t| {
+            let group = t.group("gpufeed loader");
+            (t, group)
         });
         let (task_tx, task_rx) = crossbeam_channel::unbounded::<Task>();
         // Results in flight never exceed the permits; stale ones (skipped tasks) only make a
@@ -534,9 +640,12 @@ impl LoaderBuilder {
         let mut threads = Vec::with_capacity(workers);
         for w in 0..workers {
             let (shared, tasks, done) = (Arc::clone(&shared), task_rx.clone(), done_tx.clone());
+            let track = trace
+                .as_ref()
+                .map(|(t, group)| t.track(*group, format!("worker {w}"), 10 + w as i32));
             let handle = std::thread::Builder::new()
                 .name(format!("gpufeed-worker-{w}"))
-                .spawn(move || worker::run(&shared, &tasks, &done))
+                .spawn(move || worker::run(&shared, &tasks, &done, w, track))
                 .map_err(|e| Error::spawn("workers", format!("worker thread {w}"), e));
             match handle {
                 Ok(h) => threads.push(h),
@@ -573,8 +682,20 @@ impl LoaderBuilder {
             speculate: self.across_epochs,
             built: Instant::now(),
             first_batch: None,
-            delivered: Delivered::default(),
+            delivered: Delivered::recorded_on(
+                trace
+                    .as_ref()
+                    .map(|(t, group)| ConsumerTimeline::new(t.track(*group, "consumer", 0))),
+            ),
+            trace,
+            tuner,
+            cpus,
         };
+        if let Some((_, prefetch, parts)) = loader.tuner.as_ref().and_then(Tuner::chosen) {
+            loader.prefetch = prefetch;
+            loader.parts = parts;
+        }
+        loader.delivered.epoch_starts(loader.order.epoch());
         // Batches made in parts would each wait for their buffer (their parts take every
         // worker); one worker makes the budget's buffers ahead, in turn, while the others make
         // batches in the first ones.
@@ -607,6 +728,7 @@ impl LoaderBuilder {
             feeds_device: false,
             prefetch: None,
             parts: None,
+            cpus: None,
             drop_last: false,
             evaluation: false,
             blocks: None,
@@ -618,6 +740,7 @@ impl LoaderBuilder {
             ragged_budget_each: None,
             across_epochs: true,
             backing: None,
+            trace: None,
         }
     }
 }
@@ -629,4 +752,14 @@ struct Sizes {
     prefetch: usize,
     budget: u64,
     budget_batches: usize,
+    /// What the settings the loader may choose are derived from.
+    derive: Derive,
+}
+
+/// The number a setting fixes, if it does.
+fn fixed(setting: Option<Setting>) -> Option<usize> {
+    match setting {
+        Some(Setting::Fixed(n)) => Some(n),
+        _ => None,
+    }
 }

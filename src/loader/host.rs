@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::budget::{self, BatchBudget};
+use super::tune::{ConsumerClock, Tuner};
 
 use super::worker::{Assembly, Done, Shared, Task};
 use super::{
@@ -104,6 +105,12 @@ pub struct Loader {
     pub(super) built: Instant,
     pub(super) first_batch: Option<Duration>,
     pub(super) delivered: Delivered,
+    /// The trace the loader records on, and its process number there.
+    pub(super) trace: Option<(crate::trace::Trace, u32)>,
+    /// The choice of the settings given as [`Auto`](super::Auto), if any.
+    pub(super) tuner: Option<Tuner>,
+    /// The CPUs the workers may use.
+    pub(super) cpus: super::CpuBudget,
 }
 
 impl std::fmt::Debug for Loader {
@@ -165,6 +172,19 @@ impl Loader {
         self.set_epoch(epoch);
     }
 
+    /// The track of the loader's consumer on its trace, if it has one: the copy thread, which
+    /// consumes a device loader's host batches, records its own spans there.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn consumer_track(&self) -> Option<&crate::trace::Track> {
+        self.delivered.timeline.as_ref().map(|t| &t.track)
+    }
+
+    /// The loader's trace and its process number on it, if it has one.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn trace(&self) -> Option<&(crate::trace::Trace, u32)> {
+        self.trace.as_ref()
+    }
+
     /// The caller's position (the copy thread reads it to tell its own caller where it is).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn position(&self) -> &Position {
@@ -177,6 +197,7 @@ impl Loader {
         let finished = self.position.next_batch() >= self.order.batches();
         self.position.restart(epoch);
         self.check_files = true;
+        self.delivered.epoch_starts(epoch);
         match self.ahead.take() {
             Some(ahead) if finished && ahead.epoch() == epoch => {
                 self.order = ahead;
@@ -200,11 +221,16 @@ impl Loader {
             elapsed: self.delivered.elapsed(),
             waited: self.delivered.waited,
             first_batch: self.first_batch,
-            workers: self.threads.len(),
+            workers: self
+                .tuner
+                .as_ref()
+                .map_or(self.threads.len(), Tuner::active),
             in_flight: self.in_flight() as usize,
             ready: self.ready.len(),
             stages: self.shared.times.snapshot(),
             pool: self.shared.pool.stats(),
+            tuning: self.tuner.as_ref().map(Tuner::report),
+            cpus: self.cpus.clone(),
         }
     }
 
@@ -361,6 +387,25 @@ impl Loader {
     }
 }
 
+impl Loader {
+    /// Moves the choice of the settings given as [`Auto`](super::Auto) on, and once it is
+    /// made, uses them for the batches dispatched from now on.
+    fn tune(&mut self) {
+        let Some(tuner) = &mut self.tuner else {
+            return;
+        };
+        let clock = ConsumerClock {
+            samples: self.delivered.samples,
+            elapsed: self.delivered.elapsed(),
+            waited: self.delivered.waited,
+        };
+        if let Some((_, prefetch, parts)) = tuner.step(Instant::now(), &self.shared.times, clock) {
+            self.prefetch = prefetch;
+            self.parts = parts;
+        }
+    }
+}
+
 /// Why [`Iterator::next`] ends early (see `Loader::halt`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Halt {
@@ -371,6 +416,7 @@ pub(super) enum Halt {
 
 impl Loader {
     fn next_until(&mut self, deadline: Option<Instant>) -> Next<Batch> {
+        self.delivered.called();
         if self.position.next_batch() >= self.order.batches() {
             return Next::EndOfEpoch;
         }
@@ -383,7 +429,8 @@ impl Loader {
             }
             self.check_files = false;
         }
-        self.delivered.asked();
+        self.delivered
+            .asked(self.order.epoch(), self.position.next_batch());
         let result = match self.receive(deadline) {
             Ok(Some(result)) => result,
             Ok(None) => return Next::Pending,
@@ -411,6 +458,7 @@ impl Loader {
             self.first_batch.get_or_insert_with(|| self.built.elapsed());
             self.delivered.batch(batch.len(), batch.data_bytes());
         }
+        self.tune();
         Next::Ready(result)
     }
 }
@@ -480,6 +528,7 @@ impl BatchStream for Loader {
         self.check_files = true;
         self.halt = None;
         self.position.resume_at(&order, next);
+        self.delivered.epoch_starts(order.epoch());
         self.order = order;
         self.next_dispatch = next;
         Ok(())
@@ -527,9 +576,13 @@ impl Drop for Loader {
     fn drop(&mut self) {
         self.abandon();
         // Closing the task channel ends idle workers; closing the pool wakes those waiting for
-        // a buffer; draining the result channel (below) ends those blocked on send.
+        // a buffer; draining the result channel (below) ends those blocked on send; closing
+        // the gate ends those waiting for their turn.
         self.tasks = None;
         self.shared.pool.close();
+        if let Some(gate) = &self.shared.gate {
+            gate.close();
+        }
         // Every worker holds a sender of the result channel: it disconnects once the last
         // worker has returned. Results that come meanwhile are dropped (their permits and
         // buffers go back).

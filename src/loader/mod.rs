@@ -45,6 +45,8 @@ mod sizing;
 mod state;
 mod stats;
 mod stream;
+mod tune;
+mod verdict;
 mod worker;
 
 use std::sync::Arc;
@@ -53,15 +55,19 @@ pub use batch::{Batch, BatchInfo, TokenCounts};
 pub use builder::LoaderBuilder;
 pub use host::{Loader, SHUTDOWN_WAIT, detached_workers};
 pub use sizing::{
-    MAX_WORKERS, default_parts, default_prefetch, default_ragged_budget, default_workers,
-    rank_from_env,
+    CpuBudget, MAX_AUTO_WORKERS, MAX_WORKERS, default_parts, default_prefetch,
+    default_ragged_budget, default_workers, rank_from_env,
 };
 pub(crate) use state::Position;
 pub use state::{LoaderState, TokenSourceState, TokenState};
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+pub(crate) use stats::ConsumerTimeline;
 pub(crate) use stats::Delivered;
 pub use stats::{LoaderStats, StageSnapshot};
 pub use stream::{BatchStream, Next};
 pub(crate) use stream::{deadline, next_blocking};
+pub use tune::{Auto, Choice, Setting, TOLERANCE, TRIAL_LIMIT, TUNE_LIMIT, Trial, Tuning, choose};
+pub use verdict::{BUFFER_WAIT, BUSY, Bound, Verdict, WAITED_LITTLE};
 
 use crate::error::Result;
 

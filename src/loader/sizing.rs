@@ -2,6 +2,8 @@
 //! ragged fields' budgets, the rank from the environment, and the machine's memory that
 //! budgets are checked against.
 
+use serde::Serialize;
+
 use crate::error::{Error, Result};
 
 /// Bytes of batches the default prefetch aims to keep in flight when batches are small.
@@ -127,6 +129,148 @@ pub fn rank_from_env() -> Result<(u64, u64)> {
     Ok((0, 1))
 }
 
+/// The CPUs a loader's workers may use: those this thread may run on (its affinity), within
+/// the CPU quota of its cgroup, less those the GPU path keeps for the copy thread and the
+/// training loop (see [`default_workers`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CpuBudget {
+    /// CPUs in this thread's affinity mask (`sched_getaffinity`, from `/proc`), or the
+    /// available parallelism where that cannot be read.
+    pub affinity: usize,
+    /// The cgroup's CPU quota in CPUs (`cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us`),
+    /// if it has one.
+    pub quota: Option<f64>,
+    /// CPUs kept for the copy thread and the consumer (2 on the GPU path, else 0).
+    pub reserved: usize,
+    /// What is left for workers (at least 1, at most [`MAX_AUTO_WORKERS`]).
+    pub budget: usize,
+}
+
+/// The most workers [`Setting::Auto`](super::Setting::Auto) starts.
+pub const MAX_AUTO_WORKERS: usize = 64;
+
+impl CpuBudget {
+    /// This machine's budget, for a loader whose batches go to a GPU (`feeds_device`) or not.
+    pub fn of_this_thread(feeds_device: bool) -> CpuBudget {
+        let affinity = affinity_cpus()
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let quota = cgroup_quota();
+        CpuBudget::from_parts(affinity, quota, feeds_device)
+    }
+
+    /// The budget of `affinity` CPUs within a quota of `quota` CPUs (whole CPUs of it, at
+    /// least one), less 2 on the GPU path.
+    pub fn from_parts(affinity: usize, quota: Option<f64>, feeds_device: bool) -> CpuBudget {
+        let usable = match quota {
+            Some(q) if q.is_finite() && q > 0.0 => affinity.min((q.floor() as usize).max(1)),
+            _ => affinity,
+        };
+        let reserved = if feeds_device { 2 } else { 0 };
+        CpuBudget {
+            affinity,
+            quota,
+            reserved,
+            budget: usable.saturating_sub(reserved).clamp(1, MAX_AUTO_WORKERS),
+        }
+    }
+}
+
+impl std::fmt::Display for CpuBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "affinity {}", self.affinity)?;
+        match self.quota {
+            Some(q) => write!(f, ", cgroup quota {q:.2}")?,
+            None => write!(f, ", no cgroup quota")?,
+        }
+        if self.reserved > 0 {
+            write!(
+                f,
+                ", {} kept for the copy thread and the consumer",
+                self.reserved
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// CPUs this thread may run on: the `Cpus_allowed_list` of `/proc/thread-self/status`.
+fn affinity_cpus() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/thread-self/status")
+        .or_else(|_| std::fs::read_to_string("/proc/self/status"))
+        .ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    cpu_list_len(list.trim())
+}
+
+/// The number of CPUs in a list such as `0-3,8,10-11`.
+fn cpu_list_len(list: &str) -> Option<usize> {
+    let mut n = 0usize;
+    for range in list.split(',').filter(|r| !r.is_empty()) {
+        let (a, b) = match range.split_once('-') {
+            Some((a, b)) => (
+                a.trim().parse::<usize>().ok()?,
+                b.trim().parse::<usize>().ok()?,
+            ),
+            None => {
+                let a = range.trim().parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        n += b.checked_sub(a)? + 1;
+    }
+    (n > 0).then_some(n)
+}
+
+/// The CPU quota of this process's cgroup, in CPUs: cgroup v2's `cpu.max` (the lowest of its
+/// cgroup and their parents'), else cgroup v1's `cpu.cfs_quota_us / cpu.cfs_period_us`. `None`
+/// without a quota.
+fn cgroup_quota() -> Option<f64> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let v2 = cgroups.lines().find_map(|l| l.strip_prefix("0::"));
+    let mut lowest: Option<f64> = None;
+    if let Some(path) = v2 {
+        let mut dir = std::path::PathBuf::from("/sys/fs/cgroup");
+        dir.push(path.trim().trim_start_matches('/'));
+        for d in dir
+            .ancestors()
+            .take_while(|d| d.starts_with("/sys/fs/cgroup"))
+        {
+            if let Some(q) = std::fs::read_to_string(d.join("cpu.max"))
+                .ok()
+                .and_then(|t| cpu_max(&t))
+            {
+                lowest = Some(lowest.map_or(q, |l| l.min(q)));
+            }
+        }
+    }
+    if lowest.is_none() {
+        let read = |f: &str| -> Option<f64> {
+            std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/{f}"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        if let (Some(quota), Some(period)) = (read("cpu.cfs_quota_us"), read("cpu.cfs_period_us"))
+            && quota > 0.0
+            && period > 0.0
+        {
+            lowest = Some(quota / period);
+        }
+    }
+    lowest
+}
+
+/// The quota of a cgroup v2 `cpu.max` (`"max 100000"`: none; `"150000 100000"`: 1.5 CPUs).
+fn cpu_max(text: &str) -> Option<f64> {
+    let mut words = text.split_whitespace();
+    let quota: f64 = words.next()?.parse().ok()?;
+    let period: f64 = words.next().unwrap_or("100000").parse().ok()?;
+    (quota > 0.0 && period > 0.0).then(|| quota / period)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +292,27 @@ mod tests {
         // Empty samples still get room; absurd sizes do not overflow.
         assert_eq!(default_ragged_budget(8, 0.0, 0.0, 0), 64 << 10);
         assert_eq!(default_ragged_budget(8, f64::MAX, 0.0, u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn cpu_lists_and_quotas_are_read_as_the_kernel_writes_them() {
+        assert_eq!(cpu_list_len("0-1"), Some(2));
+        assert_eq!(cpu_list_len("0-3,8,10-11"), Some(7));
+        assert_eq!(cpu_list_len("5"), Some(1));
+        assert_eq!(cpu_list_len(""), None);
+        assert_eq!(cpu_list_len("3-1"), None);
+        assert_eq!(cpu_max("max 100000\n"), None);
+        assert_eq!(cpu_max("150000 100000\n"), Some(1.5));
+        assert_eq!(cpu_max("garbage"), None);
+    }
+
+    #[test]
+    fn the_budget_is_the_affinity_within_the_quota_less_the_gpu_path_reserve() {
+        assert_eq!(CpuBudget::from_parts(16, None, false).budget, 16);
+        assert_eq!(CpuBudget::from_parts(16, None, true).budget, 14);
+        assert_eq!(CpuBudget::from_parts(16, Some(4.5), false).budget, 4);
+        assert_eq!(CpuBudget::from_parts(2, Some(8.0), true).budget, 1);
+        assert_eq!(CpuBudget::from_parts(2, Some(0.5), false).budget, 1);
+        assert_eq!(CpuBudget::from_parts(512, None, false).budget, 64);
     }
 }

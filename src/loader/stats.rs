@@ -6,7 +6,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::sizing::CpuBudget;
+use super::tune::{Tuning, Work};
+use super::verdict::Verdict;
 use crate::memory::{PoolStats, human_bytes, human_rate};
+use crate::trace::{Args, Track};
 
 /// What a loader delivered to its caller, and how long the caller waited for it: the figures
 /// every loader's stats start from.
@@ -20,19 +24,74 @@ pub(crate) struct Delivered {
     pub batches: u64,
     pub samples: u64,
     pub bytes: u64,
+    /// The consumer's track of the loader's trace, if it has one.
+    pub timeline: Option<ConsumerTimeline>,
+}
+
+/// The consumer's track: its waits, and the time it holds each batch until it asks again.
+#[derive(Clone)]
+pub(crate) struct ConsumerTimeline {
+    pub track: Track,
+    /// The batch asked for.
+    asking: Args,
+    /// The batch delivered last, since when, until the next call.
+    holding: Option<(Instant, Args)>,
+}
+
+impl std::fmt::Debug for ConsumerTimeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerTimeline").finish_non_exhaustive()
+    }
+}
+
+impl ConsumerTimeline {
+    /// The consumer's spans, on `track`.
+    pub(crate) fn new(track: Track) -> ConsumerTimeline {
+        ConsumerTimeline {
+            track,
+            asking: Args::EMPTY,
+            holding: None,
+        }
+    }
 }
 
 impl Delivered {
-    /// The caller asks for a batch (the clock of `elapsed` starts at the first).
-    pub(crate) fn asked(&mut self) {
+    /// Nothing delivered yet; the consumer's spans on `timeline`, if any.
+    pub(crate) fn recorded_on(timeline: Option<ConsumerTimeline>) -> Delivered {
+        Delivered {
+            timeline,
+            ..Delivered::default()
+        }
+    }
+
+    /// The caller called `next` again: the time since the last batch was delivered was its
+    /// own (`holding`, on the timeline).
+    pub(crate) fn called(&mut self) {
+        if let Some(t) = &mut self.timeline
+            && let Some((since, args)) = t.holding.take()
+        {
+            t.track.span("holding", since, Instant::now(), args);
+        }
+    }
+
+    /// The caller asks for batch `batch` of epoch `epoch` (the clock of `elapsed` starts at
+    /// the first).
+    pub(crate) fn asked(&mut self, epoch: u64, batch: u64) {
         self.started.get_or_insert_with(Instant::now);
+        if let Some(t) = &mut self.timeline {
+            t.asking = Args::batch(epoch, batch);
+        }
     }
 
     /// Runs `wait` (a wait for the next batch) and counts its time as waited.
     pub(crate) fn wait<T>(&mut self, wait: impl FnOnce() -> T) -> T {
         let t0 = Instant::now();
         let out = wait();
-        self.waited += t0.elapsed();
+        let t1 = Instant::now();
+        self.waited += t1 - t0;
+        if let Some(t) = &self.timeline {
+            t.track.span("waiting", t0, t1, t.asking);
+        }
         out
     }
 
@@ -41,6 +100,16 @@ impl Delivered {
         self.batches += 1;
         self.samples += samples as u64;
         self.bytes += bytes as u64;
+        if let Some(t) = &mut self.timeline {
+            t.holding = Some((Instant::now(), t.asking));
+        }
+    }
+
+    /// Marks the start of epoch `epoch` on the timeline.
+    pub(crate) fn epoch_starts(&self, epoch: u64) {
+        if let Some(t) = &self.timeline {
+            t.track.mark("epoch", Instant::now(), Args::epoch(epoch));
+        }
     }
 
     /// Time since the caller first asked for a batch.
@@ -56,12 +125,28 @@ pub struct StageTimes {
     transform_ns: AtomicU64,
     collate_ns: AtomicU64,
     batches: AtomicU64,
+    /// Batches or parts written, and their samples.
+    fills: AtomicU64,
+    samples: AtomicU64,
 }
 
 impl StageTimes {
-    pub(crate) fn add_fetch_transform(&self, fetch_ns: u64, transform_ns: u64) {
+    /// A batch or part of `samples` samples was written, in `fetch_ns` and `transform_ns`.
+    pub(crate) fn add_fetch_transform(&self, samples: usize, fetch_ns: u64, transform_ns: u64) {
         self.fetch_ns.fetch_add(fetch_ns, Ordering::Relaxed);
         self.transform_ns.fetch_add(transform_ns, Ordering::Relaxed);
+        self.samples.fetch_add(samples as u64, Ordering::Relaxed);
+        self.fills.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The work counted so far (for the choice of workers: `tune.rs`).
+    pub(crate) fn work(&self) -> Work {
+        Work {
+            fills: self.fills.load(Ordering::Relaxed),
+            samples: self.samples.load(Ordering::Relaxed),
+            busy_ns: self.fetch_ns.load(Ordering::Relaxed)
+                + self.transform_ns.load(Ordering::Relaxed),
+        }
     }
 
     pub(crate) fn add_collate(&self, d: Duration) {
@@ -121,6 +206,11 @@ pub struct LoaderStats {
     pub stages: StageSnapshot,
     /// The batch-buffer pool.
     pub pool: PoolStats,
+    /// What the loader chose of the settings given as [`Auto`](super::Auto), and why; `None`
+    /// when every setting was given or left to its default.
+    pub tuning: Option<Tuning>,
+    /// The CPUs the loader's workers may use.
+    pub cpus: CpuBudget,
 }
 
 impl LoaderStats {
@@ -142,6 +232,12 @@ impl LoaderStats {
     /// Bytes delivered per second.
     pub fn bytes_per_sec(&self) -> f64 {
         rate(self.bytes, self.elapsed)
+    }
+
+    /// Whether the consumer waited, which stage bound the rate, and what would help, in one
+    /// line (see [`Verdict`]).
+    pub fn verdict(&self) -> Verdict {
+        Verdict::of(self, self.wait_fraction(), &self.cpus)
     }
 }
 
@@ -198,6 +294,9 @@ impl fmt::Display for LoaderStats {
             "{:<22} {} in flight, {} ready out of order",
             "queues", self.in_flight, self.ready
         )?;
+        if let Some(t) = &self.tuning {
+            writeln!(f, "{:<22} {}", "settings", t.reason)?;
+        }
         write!(f, "{:<22} {}", "pool", self.pool)
     }
 }

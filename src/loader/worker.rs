@@ -21,11 +21,13 @@ use super::BatchHook;
 use super::batch::{Batch, BatchInfo};
 use super::budget::BatchPermit;
 use super::stats::StageTimes;
+use super::tune::Gate;
 use crate::error::{Error, Result};
 use crate::layout::{BatchBytes, BatchLayout, RaggedPart, Slots, seal};
 use crate::memory::{DeferredFence, HostBuffer, HostPool};
 use crate::sampler::Order;
 use crate::source::Dataset;
+use crate::trace::{Args, Track};
 use crate::transform::{SampleContext, SampleTransform};
 
 /// What every worker shares.
@@ -38,6 +40,8 @@ pub(crate) struct Shared {
     /// Bumped when an epoch is abandoned; tasks of older generations are skipped.
     pub generation: AtomicU64,
     pub times: StageTimes,
+    /// Which workers may take tasks, when the loader chooses how many (`tune.rs`).
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// One job for a worker.
@@ -143,10 +147,29 @@ impl Assembly {
     }
 }
 
-/// A worker's loop: runs until the task channel closes or the loader stops listening.
-pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) {
+/// Worker `index`'s loop: runs until the task channel closes, the loader stops listening or
+/// the gate stops it. With a `track`, each task's spans are recorded on it (and the pool's
+/// allocations made here).
+pub(crate) fn run(
+    shared: &Shared,
+    tasks: &Receiver<Task>,
+    done: &Sender<Done>,
+    index: usize,
+    track: Option<Track>,
+) {
+    let _entered = track.as_ref().map(Track::enter);
+    let track = track.as_ref();
     let mut indices = Vec::new();
-    while let Ok(task) = tasks.recv() {
+    loop {
+        if let Some(gate) = &shared.gate
+            && !gate.wait_turn(index)
+        {
+            return;
+        }
+        let Ok(task) = tasks.recv() else {
+            return;
+        };
+        let t0 = Instant::now();
         let message = match task {
             Task::Whole {
                 generation,
@@ -156,7 +179,20 @@ pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) 
             } => {
                 // The permit goes into the batch, or is given back here (skipped or failed).
                 let result = if shared.generation.load(Ordering::Acquire) == generation {
-                    make_batch(shared, generation, &order, number, permit, &mut indices)
+                    let made = make_batch(
+                        shared,
+                        generation,
+                        &order,
+                        number,
+                        permit,
+                        &mut indices,
+                        track,
+                    );
+                    if let Some(track) = track {
+                        let args = Args::batch(order.epoch(), number);
+                        track.span("batch", t0, Instant::now(), args);
+                    }
+                    made
                 } else {
                     None
                 };
@@ -167,12 +203,23 @@ pub(crate) fn run(shared: &Shared, tasks: &Receiver<Task>, done: &Sender<Done>) 
                     result,
                 })
             }
-            Task::Part { assembly, part } => make_part(shared, &assembly, part, &mut indices),
+            Task::Part { assembly, part } => {
+                let done = make_part(shared, &assembly, part, &mut indices, track);
+                if let Some(track) = track {
+                    let args = Args::batch(assembly.order.epoch(), assembly.number)
+                        .part(part, assembly.parts);
+                    track.span("part", t0, Instant::now(), args);
+                }
+                done
+            }
             Task::Warm {
                 generation,
                 buffers,
             } => {
                 warm(shared, generation, buffers);
+                if let Some(track) = track {
+                    track.span("warm", t0, Instant::now(), Args::EMPTY);
+                }
                 None
             }
         };
@@ -204,6 +251,7 @@ fn make_batch(
     number: u64,
     permit: BatchPermit,
     indices: &mut Vec<u64>,
+    track: Option<&Track>,
 ) -> Option<Result<Batch>> {
     order.batch(number, indices);
     let t0 = Instant::now();
@@ -216,8 +264,13 @@ fn make_batch(
         Ok(None) | Err(Error::Shutdown) => return None,
         Err(e) => return Some(Err(e)),
     };
+    let args = Args::batch(order.epoch(), number);
     shared.times.add_collate(t0.elapsed());
+    if let Some(track) = track {
+        track.span("buffer", t0, Instant::now(), args);
+    }
     let bytes = BatchBytes::new(buffer.as_mut_slice());
+    let spans = track.map(|t| (t, args));
     let (skipped, ragged) = match fill(
         shared,
         generation,
@@ -226,6 +279,7 @@ fn make_batch(
         indices,
         0..indices.len(),
         bytes,
+        spans,
     ) {
         Filled::Made { skipped, ragged } => (skipped, ragged),
         Filled::Failed(_, e) => return Some(Err(e)),
@@ -242,7 +296,7 @@ fn make_batch(
         number,
         tokens: None,
     };
-    Some(finish(shared, buffer, info, permit))
+    Some(finish(shared, buffer, info, permit, spans))
 }
 
 /// Makes part `part` of `assembly`'s batch; the last part to finish returns the batch's
@@ -252,8 +306,10 @@ fn make_part(
     assembly: &Assembly,
     part: usize,
     indices: &mut Vec<u64>,
+    track: Option<&Track>,
 ) -> Option<Done> {
     let (generation, order, number) = (assembly.generation, &assembly.order, assembly.number);
+    let spans = track.map(|t| (t, Args::batch(order.epoch(), number)));
     let abandoned = || shared.generation.load(Ordering::Acquire) != generation;
     order.batch(number, indices);
     let n = indices.len();
@@ -279,6 +335,9 @@ fn make_part(
                 Err(e) => state.failure = Some((0, e)),
             }
             shared.times.add_collate(t0.elapsed());
+            if let Some((track, args)) = spans {
+                track.span("buffer", t0, Instant::now(), args);
+            }
         }
         match &state.failure {
             // A sample before this part's failed: the batch's error is that one whatever this
@@ -295,7 +354,10 @@ fn make_part(
         // part's last write; parts write disjoint positions (`positions` splits `0..n`), and
         // `fill` makes one `Slots` per position.
         let bytes = unsafe { BatchBytes::from_raw(ptr, len) };
-        let outcome = fill(shared, generation, order, number, indices, positions, bytes);
+        let spans = spans.map(|(t, args)| (t, args.part(part, assembly.parts)));
+        let outcome = fill(
+            shared, generation, order, number, indices, positions, bytes, spans,
+        );
         let mut state = assembly.lock();
         match outcome {
             Filled::Made { skipped, ragged } => {
@@ -355,7 +417,7 @@ fn make_part(
                     number,
                     tokens: None,
                 };
-                Some(finish(shared, buffer, info, permit))
+                Some(finish(shared, buffer, info, permit, spans))
             }
             _ => None,
         }
@@ -399,7 +461,9 @@ enum Filled {
 }
 
 /// Fetches and transforms the samples at `positions` of batch `number` (whose dataset indices
-/// are `indices`) into their slots of `bytes`.
+/// are `indices`) into their slots of `bytes`; with `spans`, records their summed fetch and
+/// transform times as two spans (see the [trace](crate::trace) module).
+#[allow(clippy::too_many_arguments)]
 fn fill(
     shared: &Shared,
     generation: u64,
@@ -408,7 +472,9 @@ fn fill(
     indices: &[u64],
     positions: std::ops::Range<usize>,
     bytes: BatchBytes<'_>,
+    spans: Option<(&Track, Args)>,
 ) -> Filled {
+    let (started, samples) = (Instant::now(), positions.len());
     let ctx = |position, index| SampleContext {
         index,
         position,
@@ -473,7 +539,14 @@ fn fill(
             }
         }
     }
-    shared.times.add_fetch_transform(fetch_ns, transform_ns);
+    shared
+        .times
+        .add_fetch_transform(samples, fetch_ns, transform_ns);
+    if let Some((track, args)) = spans {
+        let (start, args) = (track.ns(started), args.samples(samples));
+        track.span_ns("fetch", start, fetch_ns, args);
+        track.span_ns("transform", start + fetch_ns, transform_ns, args);
+    }
     Filled::Made { skipped, ragged }
 }
 
@@ -490,12 +563,13 @@ fn over_budget(layout: &BatchLayout, parts: &[RaggedPart]) -> Option<Error> {
     ))
 }
 
-/// Runs the batch hook on a made batch and gives it its permit.
+/// Runs the batch hook on a made batch and gives it its permit (a `collate` span on `spans`).
 fn finish(
     shared: &Shared,
     buffer: HostBuffer,
     info: BatchInfo,
     permit: BatchPermit,
+    spans: Option<(&Track, Args)>,
 ) -> Result<Batch> {
     let number = info.number;
     let mut batch = Batch {
@@ -520,6 +594,9 @@ fn finish(
     }
     shared.times.add_collate(t1.elapsed());
     shared.times.add_batch();
+    if let Some((track, args)) = spans {
+        track.span("collate", t1, Instant::now(), args);
+    }
     batch.permit = Some(permit);
     Ok(batch)
 }
@@ -643,6 +720,7 @@ mod tests {
             pool: HostPool::heap(1 << 20),
             generation: AtomicU64::new(0),
             times: StageTimes::default(),
+            gate: None,
         };
         let spec = OrderSpec {
             len: 50,
@@ -661,9 +739,9 @@ mod tests {
         let assembly = Assembly::new(0, spec.epoch(0), 2, 4, permit);
         let mut indices = Vec::new();
         for part in [3, 0, 2] {
-            assert!(make_part(&shared, &assembly, part, &mut indices).is_none());
+            assert!(make_part(&shared, &assembly, part, &mut indices, None).is_none());
         }
-        let done = make_part(&shared, &assembly, 1, &mut indices)
+        let done = make_part(&shared, &assembly, 1, &mut indices, None)
             .ok_or_else(|| Error::user("the last part hands the batch on"))?;
         match done.result {
             Some(Err(Error::Sample {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use super::{Backing, Fence, PoolStats, human_bytes};
 use crate::error::{Error, Result};
+use crate::trace::Args;
 
 /// An address lent by a [`Backing`] to the pool.
 #[derive(Clone, Copy)]
@@ -176,6 +177,7 @@ impl<B: Backing, F: Fence> Pool<B, F> {
                 let t0 = std::time::Instant::now();
                 let allocated = self.shared.backing.allocate(size);
                 let took = t0.elapsed();
+                crate::trace::span_here("allocate", t0, took, Args::bytes(size as u64));
                 state = self.lock();
                 match allocated {
                     Ok(addr) => {
@@ -250,6 +252,7 @@ impl<B: Backing, F: Fence> Pool<B, F> {
             let t0 = std::time::Instant::now();
             let allocated = self.shared.backing.allocate(size);
             let took = t0.elapsed();
+            crate::trace::span_here("allocate", t0, took, Args::bytes(size as u64));
             let mut state = self.lock();
             match allocated {
                 Ok(addr) => {

@@ -172,16 +172,19 @@ pub fn bench_images_device(
         consumer: device.new_stream()?,
     };
     let times = EpochTimes::measure(cfg, started, &mut feed)?;
-    let wait = feed.loader.stats().wait_fraction();
+    let stats = feed.loader.stats();
     let skipped = times.skipped;
     let decode_report = feed.loader.decode_report();
+    // The host loader's figures, with the consumer's wait: the device batches' consumer.
+    let mut host = stats.loader.clone().ok_or(Error::Shutdown)?;
+    (host.waited, host.elapsed) = (stats.waited, stats.elapsed);
     let mut report = ImageBenchReport::new(
         path,
         setup.kind,
         cfg,
         times,
         skipped,
-        wait,
+        &host,
         Some(format!("{} (ordinal {})", device.name(), device.ordinal())),
     )?;
     if decode_report.is_some() {
@@ -189,5 +192,6 @@ pub fn bench_images_device(
     }
     report.decode_report = decode_report;
     report.device_stats = feed.stats;
+    report.verdict = stats.verdict().map(|v| v.to_string());
     Ok(report)
 }

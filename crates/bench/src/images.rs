@@ -10,16 +10,17 @@ use std::time::Instant;
 use serde::Serialize;
 
 use gpufeed::format::DType;
-use gpufeed::loader::{Loader, LoaderBuilder};
+use gpufeed::loader::{Loader, LoaderBuilder, LoaderStats, Setting, Tuning};
 use gpufeed::source::{self, AnySource, ImageFolder};
+use gpufeed::trace::Trace;
 use gpufeed::transform::image::{ImageTransform, OnBadImage, default_image_fields};
 use gpufeed::{Error, Result};
 
 /// Settings of [`bench_images`].
 #[derive(Clone, Debug)]
 pub struct ImageBenchConfig {
-    /// Worker threads.
-    pub workers: usize,
+    /// Worker threads, or [`Setting::Auto`]: chosen by the loader.
+    pub workers: Setting,
     /// Images per batch.
     pub batch_size: usize,
     /// Output side (RandomResizedCrop(size) + flip).
@@ -40,10 +41,12 @@ pub struct ImageBenchConfig {
     /// Shuffle (with `seed`) or read in order.
     pub shuffle: bool,
     /// Batches in flight (`None`: the loader's default).
-    pub prefetch: Option<usize>,
+    pub prefetch: Option<Setting>,
     /// Parts each batch is made in (`None`: the loader's default,
     /// [`LoaderBuilder::batch_parts`](gpufeed::LoaderBuilder::batch_parts)).
-    pub parts: Option<usize>,
+    pub parts: Option<Setting>,
+    /// Records the run's timeline on this trace.
+    pub trace: Option<Trace>,
     /// Stop each epoch after this many batches; `None`: every epoch to its end.
     pub max_batches: Option<u64>,
     /// The field of encoded images (`None`: the data set's by
@@ -72,7 +75,7 @@ pub struct ImageBenchConfig {
 impl Default for ImageBenchConfig {
     fn default() -> Self {
         ImageBenchConfig {
-            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            workers: Setting::Fixed(std::thread::available_parallelism().map_or(1, |n| n.get())),
             batch_size: 128,
             size: 224,
             dtype: DType::U8,
@@ -92,6 +95,7 @@ impl Default for ImageBenchConfig {
             stop: None,
             decode: gpufeed::transform::image::Decode::Cpu,
             cpu_share: None,
+            trace: None,
         }
     }
 }
@@ -138,6 +142,16 @@ pub struct ImageBenchReport {
     #[cfg(feature = "cuda")]
     #[serde(skip)]
     pub device_stats: Vec<gpufeed::cuda::DeviceStats>,
+    /// Images delivered when, from the loader's creation (for a plot).
+    pub timeline: crate::Timeline,
+    /// Whether the consumer waited, what bound the rate, what would help (one line).
+    pub verdict: Option<String>,
+    /// The settings the loader chose, if it chose any, and why.
+    pub tuning: Option<Tuning>,
+    /// The batches in flight and the parts of each, as the loader ran at the end.
+    pub prefetch: usize,
+    /// Parts each batch was made in at the end.
+    pub batch_parts: usize,
 }
 
 impl std::fmt::Display for ImageBenchReport {
@@ -195,9 +209,13 @@ pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchRep
     let started = Instant::now();
     let mut loader = setup.builder.build()?;
     let times = EpochTimes::measure(cfg, started, &mut loader)?;
-    let wait = loader.stats().wait_fraction();
+    let stats = loader.stats();
     let skipped = times.skipped;
-    ImageBenchReport::new(path, setup.kind, cfg, times, skipped, wait, None)
+    let (prefetch, parts) = (loader.prefetch(), loader.batch_parts());
+    let mut report = ImageBenchReport::new(path, setup.kind, cfg, times, skipped, &stats, None)?;
+    report.verdict = Some(stats.verdict().to_string());
+    (report.prefetch, report.batch_parts) = (prefetch, parts);
+    Ok(report)
 }
 
 /// The source and loader settings of an image bench.
@@ -278,6 +296,9 @@ impl ImageBenchSetup {
         if let Some(parts) = cfg.parts {
             builder = builder.batch_parts(parts);
         }
+        if let Some(trace) = &cfg.trace {
+            builder = builder.trace(trace);
+        }
         Ok(ImageBenchSetup { builder, kind })
     }
 }
@@ -316,6 +337,7 @@ pub(crate) struct EpochTimes {
     epochs: u64,
     seconds: f64,
     rates: Vec<f64>,
+    timeline: crate::Timeline,
 }
 
 impl EpochTimes {
@@ -329,18 +351,21 @@ impl EpochTimes {
     ) -> Result<EpochTimes> {
         let (mut images, mut epochs, mut rates) = (0u64, 0u64, Vec::new());
         let mut skipped = 0u64;
+        let mut timeline = crate::Timeline::default();
         'run: for epoch in 0..cfg.epochs {
             if epoch > 0 {
                 source.start_epoch(epoch)?;
             }
             epochs += 1;
             let begin = if epoch == 0 { started } else { Instant::now() };
+            timeline.epoch(begin.duration_since(started).as_secs_f64());
             let (mut n, mut batches) = (0u64, 0u64);
             while cfg.max_batches.is_none_or(|m| batches < m) {
                 let Some(batch) = source.next_batch() else {
                     break;
                 };
                 let (len, bad) = batch?;
+                timeline.batch(started.elapsed().as_secs_f64(), len as f64);
                 n += len;
                 skipped += bad;
                 batches += 1;
@@ -361,6 +386,7 @@ impl EpochTimes {
             epochs,
             seconds: started.elapsed().as_secs_f64(),
             rates,
+            timeline,
         })
     }
 }
@@ -373,7 +399,7 @@ impl ImageBenchReport {
         cfg: &ImageBenchConfig,
         times: EpochTimes,
         skipped: u64,
-        wait_fraction: f64,
+        stats: &LoaderStats,
         device: Option<String>,
     ) -> Result<ImageBenchReport> {
         if times.images == 0 {
@@ -393,15 +419,28 @@ impl ImageBenchReport {
             images_per_sec: rate,
             epoch_images_per_sec: times.rates,
             steady_images_per_sec: steady,
-            images_per_sec_per_worker: rate / cfg.workers as f64,
-            workers: cfg.workers,
-            wait_fraction,
+            images_per_sec_per_worker: rate / stats.workers.max(1) as f64,
+            workers: stats.workers,
+            wait_fraction: stats.wait_fraction(),
             device,
             decode: "cpu",
             #[cfg(feature = "cuda")]
             decode_report: None,
             #[cfg(feature = "cuda")]
             device_stats: Vec::new(),
+            timeline: times.timeline,
+            verdict: None,
+            tuning: stats.tuning.clone(),
+            prefetch: cfg.prefetch.and_then(fixed).unwrap_or(0),
+            batch_parts: cfg.parts.and_then(fixed).unwrap_or(0),
         })
+    }
+}
+
+/// The number a setting fixes, if it does.
+fn fixed(setting: Setting) -> Option<usize> {
+    match setting {
+        Setting::Fixed(n) => Some(n),
+        Setting::Auto => None,
     }
 }

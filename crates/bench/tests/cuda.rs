@@ -19,7 +19,7 @@ mod device {
         let dir = tempfile::tempdir().unwrap();
         image_common::jpeg_folder(dir.path(), 2, 5, 64, 48);
         let cfg = ImageBenchConfig {
-            workers: 2,
+            workers: gpufeed::Setting::Fixed(2),
             batch_size: 4,
             size: 24,
             dtype: DType::F16,
@@ -36,7 +36,7 @@ mod device {
         let dir = tempfile::tempdir().unwrap();
         image_common::jpeg_folder(dir.path(), 2, 5, 64, 48);
         let cfg = ImageBenchConfig {
-            workers: 2,
+            workers: gpufeed::Setting::Fixed(2),
             batch_size: 4,
             size: 24,
             dtype: DType::F16,

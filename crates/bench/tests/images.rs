@@ -10,7 +10,7 @@ fn image_bench_runs_epochs_and_reports_each() {
     let dir = tempfile::tempdir().unwrap();
     image_common::jpeg_folder(dir.path(), 1, 10, 40, 30);
     let cfg = ImageBenchConfig {
-        workers: 2,
+        workers: gpufeed::Setting::Fixed(2),
         batch_size: 4,
         size: 16,
         epochs: 3,

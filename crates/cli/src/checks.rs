@@ -160,3 +160,60 @@ impl LoaderSizes {
         Ok(prefetch)
     }
 }
+
+/// Refuses a file a bench is to write (`--trace`, `--plot`) that would destroy something:
+/// one of the files it reads (`inputs`, also through a link), a path that exists and is not a
+/// regular file, a file in a directory that does not exist. `ends` is the file name's
+/// required ending, if any (`.svg`).
+pub fn check_output(
+    setting: &'static str,
+    path: &std::path::Path,
+    inputs: &[&std::path::Path],
+    ends: Option<&str>,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |what: String| flag(setting, format!("{}: {what}", path.display()));
+    if let Some(ending) = ends
+        && !path
+            .to_string_lossy()
+            .to_ascii_lowercase()
+            .ends_with(ending)
+    {
+        return Err(refuse(format!(
+            "names the file to write, ending in {ending} (an SVG picture; for a PNG, convert it: \
+             rsvg-convert FILE.svg -o FILE.png)"
+        )));
+    }
+    // The data set first, through a link too: the worst thing the file could be.
+    if let Ok(meta) = std::fs::metadata(path) {
+        for input in inputs {
+            if let Ok(m) = std::fs::metadata(input)
+                && (m.dev(), m.ino()) == (meta.dev(), meta.ino())
+            {
+                return Err(refuse(format!(
+                    "is the data set {} that the bench reads: writing it would destroy it",
+                    input.display()
+                )));
+            }
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && !meta.is_file()
+    {
+        return Err(refuse(
+            "exists and is not a regular file: gpufeed writes a new file and replaces nothing else"
+                .to_owned(),
+        ));
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        return Err(refuse(format!(
+            "its directory {} does not exist",
+            parent.display()
+        )));
+    }
+    Ok(())
+}

@@ -347,13 +347,19 @@ fn image_field_and_skip_bad_images_are_the_command_s_choices() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["skipped"], 1);
 
-    // A packed file whose images are in a field named `photo`, without labels.
+    // A packed file whose images are in two JPEG fields, `photo` and `thumb`, without labels:
+    // neither is `image`, and there is not one JPEG field to take for it (with one, as a
+    // WebDataset's `jpg`, the bench takes it: default_image_fields).
     let packed = dir.path().join("photos.gfd");
-    let schema = Schema::new(vec![Field::bytes("photo", Codec::Jpeg)]).unwrap();
+    let schema = Schema::new(vec![
+        Field::bytes("photo", Codec::Jpeg),
+        Field::bytes("thumb", Codec::Jpeg),
+    ])
+    .unwrap();
     let mut w = RecordWriter::create(&packed, schema).unwrap();
     let jpeg = std::fs::read(images.join("class_0/0000.jpg")).unwrap();
     for _ in 0..5 {
-        w.append(&[&jpeg]).unwrap();
+        w.append(&[&jpeg, &jpeg]).unwrap();
     }
     w.finish().unwrap();
     let o = bench(&[
@@ -997,10 +1003,154 @@ fn bench_runs_the_token_loader_over_a_blend_and_reports_shares_and_padding() {
     let o = gpufeed(&["bench", "--tokens", s(&u16), "--verify"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--verify"), "{}", stderr(&o));
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.json");
+    let o = gpufeed(&["bench", "--tokens", s(&u16), "--trace", s(&trace)]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--trace"), "{}", stderr(&o));
+    assert!(!trace.exists());
+    let o = gpufeed(&["bench", "--tokens", s(&u16), "--prefetch", "auto"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--prefetch"), "{}", stderr(&o));
     let o = gpufeed(&["bench", "--seq-len", "8", "--no-baseline"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--tokens"), "{}", stderr(&o));
     let o = gpufeed(&["bench", "--tokens", s(&fixtures.join("train.bin"))]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--token-dtype"), "{}", stderr(&o));
+}
+
+#[test]
+fn trace_plot_and_auto_workers_write_their_files_and_say_what_was_chosen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, plot) = (dir.path().join("run.json"), dir.path().join("run.svg"));
+    let mut c = cmd(&[
+        "bench",
+        "--epochs",
+        "3",
+        "--workers",
+        "auto",
+        "--prefetch",
+        "auto",
+        "--trace",
+        s(&trace),
+        "--plot",
+        s(&plot),
+    ]);
+    c.args(SMALL).env("TMPDIR", dir.path());
+    let o = output_with_limit(c, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    // The last line is the verdict; the settings line says what autotune chose.
+    let last = text.lines().last().unwrap();
+    assert!(last.starts_with("verdict: waited "), "{text}");
+    assert!(last.contains("-bound: "), "{text}");
+    assert!(text.contains("settings: autotune: "), "{text}");
+    assert!(
+        text.contains(&format!("trace: {}", trace.display())),
+        "{text}"
+    );
+    let doc: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let threads: Vec<&str> = events
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        threads.contains(&"consumer") && threads.contains(&"worker 0"),
+        "{threads:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["name"] == "fetch" && e["ph"] == "X")
+    );
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains(">epoch 2<"),
+        "{svg}"
+    );
+    assert!(svg.contains("plain "), "the baseline is drawn: {svg}");
+    // Nothing else left beside them (no temporaries, the data set removed).
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["run.json", "run.svg"]);
+    // JSON: the same, as keys.
+    let mut c = cmd(&["bench", "--epochs", "2", "--workers", "auto", "--json"]);
+    c.args(SMALL).env("TMPDIR", dir.path());
+    let o = output_with_limit(c, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["verdict"].as_str().unwrap().starts_with("waited "), "{v}");
+    let tuning = &v["tuning"];
+    assert!(
+        tuning["reason"].as_str().unwrap().starts_with("autotune: "),
+        "{v}"
+    );
+    assert_eq!(v["workers"], tuning["workers"], "{v}");
+}
+
+#[test]
+fn trace_and_plot_refuse_to_write_over_what_they_should_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.gfd");
+    let raw = dir.path().join("r.bin");
+    std::fs::write(&raw, [1u8; 640]).unwrap();
+    let o = gpufeed(&[
+        "pack",
+        "--from",
+        "raw",
+        s(&raw),
+        "--record-bytes",
+        "64",
+        "-o",
+        s(&data),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = std::fs::read(&data).unwrap();
+    // The data set itself, through a link too.
+    let link = dir.path().join("link.json");
+    std::os::unix::fs::symlink(&data, &link).unwrap();
+    for out in [&data, &link] {
+        let o = bench(&[s(&data), "--epochs", "1", "--trace", s(out)]);
+        refused(&o, &["--trace", "the data set"]);
+    }
+    // A directory, a plot that is not an SVG, a directory that does not exist, both flags on
+    // one file.
+    let o = bench(&[s(&data), "--epochs", "1", "--trace", s(dir.path())]);
+    refused(&o, &["--trace", "not a regular file"]);
+    let png = dir.path().join("p.png");
+    let o = bench(&[s(&data), "--epochs", "1", "--plot", s(&png)]);
+    refused(&o, &["--plot", ".svg", "rsvg-convert"]);
+    let nowhere = dir.path().join("no/such/dir/t.json");
+    let o = bench(&[s(&data), "--epochs", "1", "--trace", s(&nowhere)]);
+    refused(&o, &["--trace", "does not exist"]);
+    let same = dir.path().join("x.svg");
+    let o = bench(&[
+        s(&data),
+        "--epochs",
+        "1",
+        "--trace",
+        s(&same),
+        "--plot",
+        s(&same),
+    ]);
+    refused(&o, &["--plot", "--trace"]);
+    // A value that is neither a count nor `auto`: clap's usage error (exit status 2).
+    let o = bench(&[s(&data), "--epochs", "1", "--workers", "many"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--workers") && stderr(&o).contains("auto"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read(&data).unwrap(),
+        before,
+        "the data set is untouched"
+    );
 }

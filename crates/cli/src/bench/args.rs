@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use gpufeed::format::Schema;
+use gpufeed::loader::{CpuBudget, Setting};
 use gpufeed::transform::CopyFields;
 use gpufeed::{Error, Result};
 
@@ -37,17 +38,22 @@ pub struct Args {
     #[arg(long, default_value_t = 256)]
     pub batch_size: usize,
     /// Worker threads (default: the available parallelism, at most 16; two fewer with --device,
-    /// for the copy thread and the consumer).
-    #[arg(long)]
-    pub workers: Option<usize>,
+    /// for the copy thread and the consumer). `auto`: chosen by the loader from a short
+    /// measurement on the first batches, within the CPUs this process may use (the report
+    /// says what it chose and why).
+    #[arg(long, value_name = "N|auto", value_parser = parse_setting)]
+    pub workers: Option<Setting>,
     /// Batches in flight (default: --workers + 2, more for small batches; for batches made in
-    /// parts, 2 + twice --workers / --batch-parts; never more than an epoch's batches).
-    #[arg(long)]
-    pub prefetch: Option<usize>,
+    /// parts, 2 + twice --workers / --batch-parts; never more than an epoch's batches). `auto`
+    /// (also its default with --workers auto): the same rule for the workers chosen, within a
+    /// memory budget.
+    #[arg(long, value_name = "N|auto", value_parser = parse_setting)]
+    pub prefetch: Option<Setting>,
     /// Make each batch in N parts, written by N workers at once (default: one per worker for
-    /// batches of 4 MiB or more, else 1: each batch by one worker).
-    #[arg(long, value_name = "N")]
-    pub batch_parts: Option<usize>,
+    /// batches of 4 MiB or more, else 1: each batch by one worker). `auto` (also its
+    /// default with --workers auto): the same rule for the workers chosen.
+    #[arg(long, value_name = "N|auto", value_parser = parse_setting)]
+    pub batch_parts: Option<Setting>,
     /// Shuffle seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -124,6 +130,15 @@ pub struct Args {
     /// Print one JSON object instead of text (the same keys for every kind of run).
     #[arg(long)]
     pub json: bool,
+    /// Write the run's timeline to FILE as Chrome trace-event JSON (open it in
+    /// ui.perfetto.dev or chrome://tracing): a track per worker, the consumer, the copy
+    /// thread and the copy stream (with --device), pool allocations, epochs.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Draw the run's throughput over time to FILE.svg, beside the plain baseline or the copy
+    /// ceiling when measured, the epochs marked.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     /// Check every record of a packed file against its stored checksum as it is read, every
     /// row of a .npy array against a checksum taken when it is opened (a record whose bytes
     /// changed is an error, never data); measures what verification costs.
@@ -307,11 +322,44 @@ pub(super) fn check_flags(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The workers a run uses: `--workers`, or the library's default (one per CPU, at most 16; two
-/// CPUs fewer with `--device`).
+/// The most workers a run starts: `--workers`, the CPU budget for `--workers auto`, or the
+/// library's default (one per CPU, at most 16; two CPUs fewer with `--device`).
 pub(super) fn workers(args: &Args) -> usize {
-    args.workers
-        .unwrap_or_else(|| gpufeed::loader::default_workers(args.device.is_some()))
+    match args.workers {
+        Some(Setting::Fixed(n)) => n,
+        Some(Setting::Auto) => CpuBudget::of_this_thread(args.device.is_some()).budget,
+        None => gpufeed::loader::default_workers(args.device.is_some()),
+    }
+}
+
+/// `auto` or a whole number (`--workers`, `--prefetch`, `--batch-parts`).
+fn parse_setting(v: &str) -> std::result::Result<Setting, String> {
+    if v.trim().eq_ignore_ascii_case("auto") {
+        return Ok(Setting::Auto);
+    }
+    v.trim()
+        .parse::<usize>()
+        .map(Setting::Fixed)
+        .map_err(|_| format!("{v:?} is neither a whole number nor auto"))
+}
+
+/// The number a setting fixes (`None` for `auto` or not given).
+pub(super) fn fixed(setting: Option<Setting>) -> Option<usize> {
+    match setting {
+        Some(Setting::Fixed(n)) => Some(n),
+        _ => None,
+    }
+}
+
+/// What the loader is given for a setting: `auto` as it is, else the number checked
+/// (`checked`, the flag's value or its default). Prefetch and parts not given are `auto` too
+/// when the workers they follow (`follows`) are: their default rules then apply to the workers
+/// chosen, not to the budget's.
+pub(super) fn setting(given: Option<Setting>, checked: usize, follows: Option<Setting>) -> Setting {
+    match (given, follows) {
+        (Some(Setting::Auto), _) | (None, Some(Setting::Auto)) => Setting::Auto,
+        _ => Setting::Fixed(checked),
+    }
 }
 
 /// The positions of `--fields` in `schema` (`None` for every field), for the baseline to copy

@@ -56,7 +56,7 @@ pub fn image_epoch_details(
         .collect()
 }
 
-/// Runs the device bench; `builder` has every host setting already.
+/// Runs the device bench; `builder` has every host setting already (`trace` included).
 pub fn run(
     args: &Args,
     builder: LoaderBuilder,
@@ -64,6 +64,7 @@ pub fn run(
     records: u64,
     generate_secs: f64,
     ordinal: usize,
+    trace: Option<&gpufeed::trace::Trace>,
 ) -> Result<()> {
     let t_open = Instant::now();
     let device = open_device(ordinal)?;
@@ -95,11 +96,13 @@ pub fn run(
     // Copy-stage counters (timed bytes, busy time) at the end of the first epoch.
     let mut after_first = None;
     let mut before = feed.stats();
+    let mut timeline = gpufeed_bench::Timeline::default();
     for epoch in 0..args.epochs {
         feed.set_epoch(epoch);
         // The first epoch counts from the loader's creation, as PyTorch's does from its
         // DataLoader's: start-up is part of it.
         let t0 = if epoch == 0 { built } else { Instant::now() };
+        timeline.epoch(t0.duration_since(built).as_secs_f64());
         let mut bytes = 0u64;
         // Run a whole epoch to its end (`None`) unless told to stop early: the copy stage reads
         // the last copies' timings at the end of an epoch.
@@ -111,7 +114,9 @@ pub fn run(
                 sync(&consumer)?;
                 first_device_batch_ms = Some(built.elapsed().as_secs_f64() * 1e3);
             }
-            bytes += batch.fields().map(|f| f.bytes() as u64).sum::<u64>();
+            let batch_bytes = batch.fields().map(|f| f.bytes() as u64).sum::<u64>();
+            bytes += batch_bytes;
+            timeline.batch(built.elapsed().as_secs_f64(), batch_bytes as f64);
             values.add_counts(|name| Ok(*batch.offsets_host(name)?.last().unwrap_or(&0) as u64))?;
             bar.inc(1);
             if interrupted() {
@@ -141,7 +146,14 @@ pub fn run(
     let iterations = ((4usize << 30) / copy_bytes.max(1)).clamp(20, 2000);
     let ceiling = pinned_copy_ceiling(&device, copy_bytes, iterations)?;
     let host = stats.loader.clone();
-    let report = Report {
+    // With `auto`, what the loader chose in the end.
+    let (workers, prefetch, batch_parts) = host
+        .as_ref()
+        .and_then(|h| h.tuning.as_ref())
+        .map_or((workers, prefetch, batch_parts), |t| {
+            (t.workers, t.prefetch, t.batch_parts)
+        });
+    let mut report = Report {
         dataset: path.display().to_string(),
         records,
         sample_bytes: stats.bytes.checked_div(stats.samples).unwrap_or(0),
@@ -177,8 +189,12 @@ pub fn run(
         epoch_details: details,
         ragged: values.report(),
         interrupted: interrupted(),
+        verdict: stats.verdict().map(|v| v.to_string()),
+        tuning: host.as_ref().and_then(|h| h.tuning.clone()),
         ..Report::default()
     };
+    let ceiling = Some(("pinned-copy ceiling".to_owned(), ceiling));
+    super::write_outputs(args, trace, &timeline, true, ceiling, &mut report)?;
     print_device_report(args, &report, &stats.to_string())
 }
 

@@ -20,6 +20,7 @@ mod args;
 mod data;
 #[cfg(feature = "cuda")]
 mod device;
+mod plot;
 mod report;
 mod tokens;
 
@@ -31,13 +32,18 @@ use std::time::Instant;
 
 use gpufeed::format::DType;
 use gpufeed::source::{self, Dataset};
+use gpufeed::trace::Trace;
 use gpufeed::{BatchStream, Error, Loader, Result};
+use gpufeed_bench::Timeline;
 
-use crate::checks::LoaderSizes;
+use crate::checks::{LoaderSizes, check_output};
 use crate::cleanup::{ReportOnInterrupt, TempDir, interrupt_flag, interrupted};
 use crate::messages::progress;
 
-use args::{batch_sizes, check_flags, copy_fields, field_positions, refuse, shard_of, workers};
+use args::{
+    batch_sizes, check_flags, copy_fields, field_positions, fixed, refuse, setting, shard_of,
+    workers,
+};
 use data::{
     DEFAULT_RECORD_BYTES, DEFAULT_RECORDS, generate, open_dataset, sample_bytes, warm_page_cache,
 };
@@ -46,7 +52,15 @@ use report::{RaggedTally, Report, print_report_with, report_of};
 /// Runs `gpufeed bench`.
 pub fn run(args: Args) -> Result<()> {
     check_flags(&args)?;
+    check_outputs(&args)?;
+    let trace = args.trace.as_ref().map(|_| Trace::new());
     if !args.tokens.is_empty() {
+        if trace.is_some() || args.plot.is_some() {
+            return Err(refuse(
+                "--trace",
+                "--trace and --plot draw record and image runs; token runs (--tokens) have neither",
+            ));
+        }
         return tokens::run(&args);
     }
     if args.seq_len.is_some() || args.token_mode.is_some() || args.token_dtype.is_some() {
@@ -56,7 +70,7 @@ pub fn run(args: Args) -> Result<()> {
         ));
     }
     if let Some(images) = &args.images {
-        return run_images(&args, images);
+        return run_images(&args, images, trace.as_ref());
     }
     let workers = workers(&args);
     let (records, record_bytes) = (
@@ -150,8 +164,8 @@ pub fn run(args: Args) -> Result<()> {
         batch_size,
         batches,
         workers,
-        prefetch: args.prefetch,
-        parts: args.batch_parts,
+        prefetch: fixed(args.prefetch),
+        parts: fixed(args.batch_parts),
         sample_bytes: sample + ragged_room,
     }
     .check()?;
@@ -189,22 +203,25 @@ pub fn run(args: Args) -> Result<()> {
     let mut builder = Loader::builder_shared(Arc::clone(&dataset))
         .transform(copy_fields(&args))
         .batch_size(args.batch_size)
-        .workers(workers)
+        .workers(setting(args.workers, workers, None))
         .drop_last(args.drop_last)
         .evaluation(args.evaluation);
     // With ragged fields whose budget the loader measures, the batches' size is known once
     // it is built: the loader's defaults then, and the report says what it chose.
     let measured = !ragged.is_empty() && args.ragged_budget.is_none();
-    if let Some(p) = args.prefetch.or((!measured).then_some(prefetch)) {
-        builder = builder.prefetch(p);
+    if args.prefetch.is_some() || !measured {
+        builder = builder.prefetch(setting(args.prefetch, prefetch, args.workers));
     }
-    if let Some(p) = args.batch_parts.or((!measured).then_some(parts)) {
-        builder = builder.batch_parts(p);
+    if args.batch_parts.is_some() || !measured {
+        builder = builder.batch_parts(setting(args.batch_parts, parts, args.workers));
     }
     if let Some(b) = args.ragged_budget {
         builder = builder.ragged_budget_each(b);
     }
     builder = builder.shard(rank, world);
+    if let Some(trace) = &trace {
+        builder = builder.trace(trace);
+    }
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
         if sharded.is_some() {
@@ -214,11 +231,18 @@ pub fn run(args: Args) -> Result<()> {
 
     #[cfg(feature = "cuda")]
     if let Some(ordinal) = args.device {
-        return device::run(&args, builder, &path, dataset.len(), generate_secs, ordinal);
+        return device::run(
+            &args,
+            builder,
+            &path,
+            dataset.len(),
+            generate_secs,
+            ordinal,
+            trace.as_ref(),
+        );
     }
 
     let mut loader = builder.build()?;
-    let (prefetch, parts) = (loader.prefetch(), loader.batch_parts());
     let mut values = RaggedTally::of(loader.layout());
     let per_epoch = args.max_batches.map_or(loader.batches_per_epoch(), |m| {
         m.min(loader.batches_per_epoch())
@@ -227,16 +251,20 @@ pub fn run(args: Args) -> Result<()> {
     let _report_on_interrupt = ReportOnInterrupt::start();
     let bar = progress(per_epoch * args.epochs, "bench", args.json);
     let mut epoch_rates = Vec::new();
+    let (started, mut timeline) = (Instant::now(), Timeline::default());
     for epoch in 0..args.epochs {
         if epoch > 0 {
             loader.set_epoch(epoch);
         }
         let (t0, mut bytes) = (Instant::now(), 0u64);
+        timeline.epoch(t0.duration_since(started).as_secs_f64());
         for batch in loader.by_ref().take(per_epoch as usize) {
             let batch = batch?;
             std::hint::black_box(batch.buffer().as_slice().first());
-            bytes += batch.data_bytes() as u64;
+            let batch_bytes = batch.data_bytes() as u64;
+            bytes += batch_bytes;
             values.add(&batch)?;
+            timeline.batch(started.elapsed().as_secs_f64(), batch_bytes as f64);
             bar.inc(1);
             if interrupted() {
                 break;
@@ -250,6 +278,8 @@ pub fn run(args: Args) -> Result<()> {
     bar.finish_and_clear();
     let stats = loader.stats();
     let spec = loader.order_spec().clone();
+    // With `auto`, what the loader chose (the gather below uses as many threads).
+    let (workers, prefetch, parts) = (stats.workers, loader.prefetch(), loader.batch_parts());
     drop(loader);
     let mut report = report_of(
         &args,
@@ -295,14 +325,99 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     report.interrupted = interrupted();
+    report.verdict = Some(stats.verdict().to_string());
+    report.tuning = stats.tuning.clone();
+    let baseline = report
+        .baseline_bytes_per_sec
+        .map(|b| (format!("plain {workers}-thread memcpy gather"), b));
+    write_outputs(
+        &args,
+        trace.as_ref(),
+        &timeline,
+        true,
+        baseline,
+        &mut report,
+    )?;
     // The generated data set goes before the report is printed: a reader that stops reading
     // (`| head -1`) must not leave it behind.
     drop(_generated);
     print_report_with(&args, report, Some(&stats), "")
 }
 
+/// Refuses `--trace` and `--plot` files that would destroy something (`check_output`): the
+/// data set read, a file that is not a regular file, the one named by the other flag.
+fn check_outputs(args: &Args) -> Result<()> {
+    let inputs: Vec<&Path> = [&args.dataset, &args.labels, &args.images]
+        .into_iter()
+        .flatten()
+        .map(|p| p.as_path())
+        .collect();
+    if let Some(path) = &args.trace {
+        check_output("--trace", path, &inputs, None)?;
+    }
+    if let Some(path) = &args.plot {
+        check_output("--plot", path, &inputs, Some(".svg"))?;
+    }
+    if let (Some(t), Some(p)) = (&args.trace, &args.plot)
+        && (t == p
+            || std::fs::canonicalize(t)
+                .ok()
+                .is_some_and(|t| std::fs::canonicalize(p).ok() == Some(t)))
+    {
+        return Err(refuse("--plot", "names the same file as --trace"));
+    }
+    Ok(())
+}
+
+/// Writes what `--trace` and `--plot` ask for, and says so in the report: the trace, and the
+/// run's `timeline` (amounts in bytes, else images) drawn beside the `line` (a baseline or a
+/// ceiling, bytes per second), if measured.
+fn write_outputs(
+    args: &Args,
+    trace: Option<&Trace>,
+    timeline: &Timeline,
+    bytes: bool,
+    line: Option<(String, f64)>,
+    report: &mut Report,
+) -> Result<()> {
+    if let (Some(path), Some(trace)) = (&args.trace, trace) {
+        trace.write(path)?;
+        report.trace = Some(path.display().to_string());
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "gpufeed bench{}: {}, batch {}, {} worker{}, prefetch {}, {} epoch{}",
+            if args.images.is_some() {
+                " --images"
+            } else {
+                ""
+            },
+            if report.generated || args.dataset.is_none() && args.images.is_none() {
+                "the generated default data set".to_owned()
+            } else {
+                report.dataset.clone()
+            },
+            report.batch_size,
+            report.workers,
+            if report.workers == 1 { "" } else { "s" },
+            report.prefetch,
+            report.epochs,
+            if report.epochs == 1 { "" } else { "s" },
+        );
+        let plot = plot::Plot {
+            title,
+            timeline,
+            bytes,
+            lines: line.into_iter().collect(),
+        };
+        plot.write(path)?;
+        report.plot = Some(path.display().to_string());
+    }
+    Ok(())
+}
+
 /// `gpufeed bench --images`.
-fn run_images(args: &Args, path: &Path) -> Result<()> {
+fn run_images(args: &Args, path: &Path, trace: Option<&Trace>) -> Result<()> {
     let name = args.image_dtype.as_deref().unwrap_or("u8");
     let dtype = DType::from_name(name)
         .filter(|d| matches!(d, DType::U8 | DType::F16 | DType::BF16 | DType::F32))
@@ -379,13 +494,13 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         batch_size,
         batches,
         workers,
-        prefetch: args.prefetch,
-        parts: args.batch_parts,
+        prefetch: fixed(args.prefetch),
+        parts: fixed(args.batch_parts),
         sample_bytes: image_bytes + 8,
     }
     .check()?;
     let cfg = gpufeed_bench::ImageBenchConfig {
-        workers,
+        workers: setting(args.workers, workers, None),
         batch_size: args.batch_size,
         size,
         dtype,
@@ -395,8 +510,8 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         seed: args.seed,
         skip_bad: args.skip_bad_images,
         shuffle: !args.no_shuffle,
-        prefetch: Some(prefetch),
-        parts: Some(parts),
+        prefetch: Some(setting(args.prefetch, prefetch, args.workers)),
+        parts: Some(setting(args.batch_parts, parts, args.workers)),
         max_batches: args.max_batches,
         image_field: args.image_field.clone(),
         label_field: args.label_field.clone(),
@@ -405,6 +520,7 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         stop: Some(interrupt_flag()),
         decode,
         cpu_share,
+        trace: trace.cloned(),
     };
     // Ctrl-C stops the run at the next batch, and the report says what ran.
     let _report_on_interrupt = ReportOnInterrupt::start();
@@ -416,7 +532,12 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
     #[cfg(not(feature = "cuda"))]
     let r = crate::images::bench_images(path, &cfg)?;
     let sample_bytes = 3 * u64::from(size) * u64::from(size) * dtype.size() as u64;
-    let report = Report {
+    // With `auto`, what the loader chose.
+    let (prefetch, parts) = r
+        .tuning
+        .as_ref()
+        .map_or((prefetch, parts), |t| (t.prefetch, t.batch_parts));
+    let mut report = Report {
         mode: "images",
         dataset: r.source.clone(),
         generated: false,
@@ -449,8 +570,11 @@ fn run_images(args: &Args, path: &Path) -> Result<()> {
         decode_report: r.decode_report.clone(),
         #[cfg(feature = "cuda")]
         epoch_details: device::image_epoch_details(&r, sample_bytes),
+        verdict: r.verdict.clone(),
+        tuning: r.tuning.clone(),
         ..Report::default()
     };
+    write_outputs(args, trace, &r.timeline, false, None, &mut report)?;
     let what = format!(
         "{} ({}), {size}x{size} {dtype}, decoded on the {}",
         r.source,

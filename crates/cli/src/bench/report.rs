@@ -107,6 +107,14 @@ pub struct Report {
     /// True when Ctrl-C stopped the run: the figures are those of what ran (the last epoch
     /// counted may be cut short, `epochs` is the number started), and there is no baseline.
     pub interrupted: bool,
+    /// Whether the consumer waited, which stage bound the rate, what would help (one line).
+    pub verdict: Option<String>,
+    /// What the loader chose of the settings given as `auto`, and why.
+    pub tuning: Option<gpufeed::loader::Tuning>,
+    /// The file the run's timeline was written to (`--trace`).
+    pub trace: Option<String>,
+    /// The file the throughput picture was written to (`--plot`).
+    pub plot: Option<String>,
 }
 
 /// The ragged fields of a records run: their budgets, and what the batches held.
@@ -489,6 +497,9 @@ pub(super) fn print_report_with(
             significant(ms)
         ))
     ));
+    if let Some(tuning) = &report.tuning {
+        text.push_str(&format!("settings: {}\n", tuning.reason));
+    }
     if let Some(stats) = stats {
         text.push_str(&stage_table(stats));
         if args.verbose {
@@ -496,6 +507,17 @@ pub(super) fn print_report_with(
         }
     } else if !extra.is_empty() && !images && args.verbose {
         text.push_str(&format!("\nthe copy stage's figures:\n{extra}\n"));
+    }
+    if let Some(path) = &report.trace {
+        text.push_str(&format!(
+            "trace: {path} (open it in https://ui.perfetto.dev or chrome://tracing)\n"
+        ));
+    }
+    if let Some(path) = &report.plot {
+        text.push_str(&format!("plot: {path}\n"));
+    }
+    if let Some(verdict) = &report.verdict {
+        text.push_str(&format!("verdict: {verdict}\n"));
     }
     crate::out(text.trim_end())
 }

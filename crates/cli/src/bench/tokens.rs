@@ -11,10 +11,10 @@ use std::time::Instant;
 use gpufeed::format::DType;
 use gpufeed::source::tokens::{FlatTokens, IndexedTokens, TokenSource};
 use gpufeed::tokens::{SampleMode, TokenLoader};
-use gpufeed::{BatchStream, Result};
+use gpufeed::{BatchStream, Result, Setting};
 use serde_json::json;
 
-use super::args::{Args, refuse, shard_of, workers};
+use super::args::{Args, fixed, refuse, shard_of, workers};
 
 /// `PATH` or `PATH=WEIGHT`, opened: a Megatron dataset (its `.idx`, `.bin` or prefix), a 1-D
 /// `.npy`, or a flat file of `--token-dtype` tokens.
@@ -92,10 +92,18 @@ pub fn run(args: &Args) -> Result<()> {
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
     }
-    if let Some(p) = args.prefetch {
+    if matches!(args.prefetch, Some(Setting::Auto))
+        || matches!(args.batch_parts, Some(Setting::Auto))
+    {
+        return Err(refuse(
+            "--prefetch",
+            "--prefetch auto and --batch-parts auto tune record and image runs; give a token run numbers",
+        ));
+    }
+    if let Some(p) = fixed(args.prefetch) {
         builder = builder.prefetch(p);
     }
-    if let Some(p) = args.batch_parts {
+    if let Some(p) = fixed(args.batch_parts) {
         builder = builder.batch_parts(p);
     }
     let mut names = Vec::new();
