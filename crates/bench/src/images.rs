@@ -50,7 +50,7 @@ pub struct ImageBenchConfig {
     /// Stop each epoch after this many batches; `None`: every epoch to its end.
     pub max_batches: Option<u64>,
     /// The field of encoded images (`None`: the data set's by
-    /// [`default_image_fields`](gpufeed::transform::image::default_image_fields): `image`, or
+    /// [`default_image_fields`]: `image`, or
     /// its one field of JPEG or PNG bytes).
     pub image_field: Option<String>,
     /// The field of integer labels (`None`: `label`, else `cls`, where there is one; else no
