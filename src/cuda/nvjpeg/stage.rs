@@ -40,7 +40,7 @@ use super::ffi::Image;
 use super::library::Library;
 use super::memory::DecodeMemory;
 use super::resize::{self, OutputSpec, ResizeKernels, ResizeSample};
-use super::{DecodeOptions, DecodeReport};
+use super::{DecodeOptions, DecodeReport, DecodeSetup};
 use crate::codec::{self, Region};
 use crate::cuda::cuda_err;
 use crate::cuda::fence::EventFence;
@@ -163,7 +163,9 @@ impl DecodeStage {
         opts: &DecodeOptions,
         workers: usize,
     ) -> Result<DecodeStage> {
+        let t0 = Instant::now();
         let lib = Library::get()?;
+        let t_library = t0.elapsed();
         let out = OutputSpec::new(plan.size, plan.dtype, plan.layout, plan.normalize)?;
         let offset = |k: usize| {
             layout
@@ -181,13 +183,19 @@ impl DecodeStage {
             .unwrap_or_else(|| default_memory(batch, plan.size));
         let memory = Arc::new(DecodeMemory::new(device, stream, budget, budget / 4));
         let nvjpeg = |e: NvjpegError| e.into_error(&memory);
+        let t1 = Instant::now();
         let hardware = if opts.hardware {
             HardwareDecoder::new(&lib, &memory).ok()
         } else {
             None
         };
+        let t_hardware = t1.elapsed();
+        let t2 = Instant::now();
         let gpu = GpuDecoder::new(&lib, &memory).map_err(nvjpeg)?;
+        let t_gpu = t2.elapsed();
+        let t3 = Instant::now();
         let kernels = ResizeKernels::load(device.context(), device.sm_count())?;
+        let t_kernels = t3.elapsed();
         let (engines, cores) = hardware
             .as_ref()
             .map_or((0, 0), |h| h.handle().hardware_info());
@@ -200,6 +208,13 @@ impl DecodeStage {
             pooled_memory: gpu.handle().pooled(),
             roi: opts.roi,
             memory_budget: budget,
+            kernels: kernels.image().to_string(),
+            setup: DecodeSetup {
+                library_seconds: t_library.as_secs_f64(),
+                hardware_seconds: t_hardware.as_secs_f64(),
+                gpu_seconds: t_gpu.as_secs_f64(),
+                kernels_seconds: t_kernels.as_secs_f64(),
+            },
             ..DecodeReport::default()
         };
         plan.split.set_workers(workers);
