@@ -246,10 +246,7 @@ fn check_scan_headers(bytes: &[u8], name: &str) -> Result<()> {
         // The entropy-coded data runs to the next marker: 0xFF followed by neither a stuffed
         // zero, a restart marker nor a fill byte.
         loop {
-            let Some(ff) = bytes
-                .get(at..)
-                .and_then(|b| b.iter().position(|&v| v == 0xFF))
-            else {
+            let Some(ff) = bytes.get(at..).and_then(|b| memchr::memchr(0xFF, b)) else {
                 return Ok(());
             };
             at += ff;
