@@ -155,16 +155,6 @@ pub fn gpu_decoded_batches_match_the_cpu_path_for_every_kind() {
     assert!(mean <= 1.0 && p999 <= 8, "f16: mean {mean}, p99.9 {p999}");
 }
 
-/// A JPEG whose scan header names a component its frame does not have: nvJPEG and the CPU
-/// decoder both refuse it.
-fn corrupt_jpeg() -> Vec<u8> {
-    let (_, mut b) = image_common::image_kinds().into_iter().next().unwrap();
-    let sos = b.windows(2).position(|m| m == [0xFF, 0xDA]).unwrap();
-    // SOS: FF DA, length (2), count (1), then (selector, tables) per component.
-    b[sos + 5] = 0x29;
-    b
-}
-
 /// Corrupt and truncated JPEGs: a typed error naming the sample, the next batches unharmed (no
 /// device fault, no poisoned context); under Skip, counted, zeroed, labelled -1.
 pub fn corrupt_jpegs_are_typed_errors_naming_the_sample_or_skipped() {
@@ -176,7 +166,11 @@ pub fn corrupt_jpegs_are_typed_errors_naming_the_sample_or_skipped() {
     for i in 0..4 {
         std::fs::write(class.join(format!("{i}_good.jpg")), &kinds[0].1).unwrap();
     }
-    std::fs::write(class.join("4_corrupt.jpg"), corrupt_jpeg()).unwrap();
+    std::fs::write(
+        class.join("4_corrupt.jpg"),
+        image_common::corrupt_scan_jpeg(),
+    )
+    .unwrap();
     std::fs::write(
         class.join("5_truncated.jpg"),
         &kinds[0].1[..kinds[0].1.len() / 2],
@@ -319,7 +313,9 @@ pub fn resumed_gpu_decode_delivers_the_same_batches() {
 }
 
 /// Device memory after 50 epochs is what it was after 5 (nvJPEG's buffers and the stage's
-/// scratch come from budgeted pools and are reused).
+/// scratch come from budgeted pools and are reused; the scratch is sized from the largest
+/// images seen, not from each batch's, so the split's and the shuffle's choice of images for
+/// each batch, which the automatic split below varies, does not change it).
 pub fn device_memory_does_not_grow_over_50_epochs() {
     let Some(device) = device() else { return };
     let dir = tempfile::tempdir().unwrap();

@@ -2,10 +2,10 @@
 //!
 //! Valid JPEGs and PNGs (RGB, grayscale, RGBA, 16-bit, progressive with `turbojpeg`) are
 //! mutated: bit flips, byte writes, 16-bit size fields overwritten, truncations and
-//! insertions. Each mutant goes through `probe`, `decode_rgb8`, (with `turbojpeg`)
-//! `decode_rgb8_region`, and the train and eval transforms. The property: nothing panics,
-//! and every failure is an `Error::Image` naming the source. The number of cases is
-//! proptest's default (256) unless `PROPTEST_CASES` says more;
+//! insertions. Each mutant goes through `probe`, `inspect_jpeg` (the GPU decode's gate),
+//! `decode_rgb8`, (with `turbojpeg`) `decode_rgb8_region`, and the train and eval transforms.
+//! The property: nothing panics, and every failure is an `Error::Image` naming the source.
+//! The number of cases is proptest's default (256) unless `PROPTEST_CASES` says more;
 //! `PROPTEST_CASES=20000 cargo test --release --test image_fuzz` is the long run.
 
 use crate::image_common as common;
@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use common::*;
 use gpufeed::Error;
-use gpufeed::codec::{DecodeLimits, decode_rgb8, probe};
+use gpufeed::codec::{DecodeLimits, decode_rgb8, inspect_jpeg, probe};
 use gpufeed::format::DType;
 use gpufeed::transform::SampleContext;
 use gpufeed::transform::image::{ImageTransform, Normalize};
@@ -167,6 +167,8 @@ proptest! {
             prop_assert!(w > 0 && h > 0);
         }
         check(probed, "probe")?;
+        // The GPU decode's gate (its marker and scan walk).
+        check(inspect_jpeg(&bytes, name, &DecodeLimits::default()), "inspect_jpeg")?;
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
         let decoded = decode_rgb8(&bytes, name, &DecodeLimits::default(), &mut out, &mut scratch);
         if let Ok(d) = &decoded {

@@ -179,7 +179,7 @@ fn declared_jpeg(w: u16, h: u16, pad: usize, end: bool) -> Vec<u8> {
 }
 
 #[test]
-fn truncated_and_huge_jpegs_are_refused_before_any_decode_and_skipped_when_asked() {
+fn truncated_huge_and_corrupt_jpegs_are_refused_before_any_decode_and_skipped_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let class = dir.path().join("a");
     std::fs::create_dir_all(&class).unwrap();
@@ -191,6 +191,11 @@ fn truncated_and_huge_jpegs_are_refused_before_any_decode_and_skipped_when_asked
     std::fs::write(
         class.join("2_huge.jpg"),
         declared_jpeg(60000, 60000, 4096, true),
+    )
+    .unwrap();
+    std::fs::write(
+        class.join("3_corrupt.jpg"),
+        image_common::corrupt_scan_jpeg(),
     )
     .unwrap();
     let run = |policy: OnBadImage| {
@@ -210,7 +215,11 @@ fn truncated_and_huge_jpegs_are_refused_before_any_decode_and_skipped_when_asked
     };
     let batches = run(OnBadImage::Fail);
     assert!(batches[0].is_ok());
-    for (k, want) in [(1usize, "truncated JPEG"), (2, "max_pixels")] {
+    for (k, want) in [
+        (1usize, "truncated JPEG"),
+        (2, "max_pixels"),
+        (3, "component 41"),
+    ] {
         match &batches[k] {
             Err(Error::Sample { index, source, .. }) => {
                 assert_eq!(*index, k as u64);

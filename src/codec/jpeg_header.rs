@@ -4,7 +4,7 @@
 //! bytes; a decoder elsewhere (the GPU's, `cuda::nvjpeg`) uses it to decide which engine takes
 //! an image ([`inspect_jpeg`]).
 
-use super::{DecodeLimits, check_jpeg_data, check_jpeg_end, check_size};
+use super::{DecodeLimits, check_jpeg_data, check_jpeg_end, check_size, image_error};
 use crate::error::Result;
 
 /// The frame of a JPEG and what its header says about colour, as the markers before the first
@@ -178,7 +178,89 @@ pub fn inspect_jpeg(bytes: &[u8], name: &str, limits: &DecodeLimits) -> Result<O
         let (hmax, vmax) = header.max_sampling();
         check_jpeg_data(name, bytes, w, h, &[(u64::from(hmax), u64::from(vmax))])?;
     }
+    check_scan_headers(bytes, name)?;
     Ok(Some(header))
+}
+
+/// Walks every marker segment and scan of `bytes` (skipping each scan's entropy-coded data)
+/// and checks each scan header against the frame, as the CPU decoders (zune-jpeg,
+/// libjpeg-turbo) do before they read a scan: its length is `6 + 2n`, it names 1 to 4
+/// components, each once, each one the frame declares. nvJPEG's hardware decoder does not
+/// check this and decodes such a file into pixels; the CPU path refuses it, so the GPU path
+/// must too. A walk that loses its way stops without an error: the checks before this one
+/// (the end-of-image marker, the size) stand, and the rest is the decoder's.
+fn check_scan_headers(bytes: &[u8], name: &str) -> Result<()> {
+    let corrupt = |what: String| Err(image_error(name, format!("corrupt JPEG: {what}")));
+    let mut frame: &[u8] = &[];
+    let mut at = 2;
+    loop {
+        if bytes.get(at) != Some(&0xFF) {
+            return Ok(());
+        }
+        while bytes.get(at) == Some(&0xFF) {
+            at += 1;
+        }
+        let Some(&marker) = bytes.get(at) else {
+            return Ok(());
+        };
+        at += 1;
+        match marker {
+            0xD9 => return Ok(()),
+            0x01 | 0xD0..=0xD8 => continue,
+            _ => {}
+        }
+        let (Some(&hi), Some(&lo)) = (bytes.get(at), bytes.get(at + 1)) else {
+            return Ok(());
+        };
+        let len = usize::from(u16::from_be_bytes([hi, lo]));
+        let Some(seg) = bytes.get(at + 2..at + len.max(2)) else {
+            return Ok(());
+        };
+        if (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
+            // Precision, height, width, count, then (id, sampling, table) per component.
+            let n = usize::from(seg.get(5).copied().unwrap_or(0));
+            frame = seg.get(6..6 + 3 * n).unwrap_or(&[]);
+        }
+        at += len.max(2);
+        if marker != 0xDA {
+            continue;
+        }
+        let ns = usize::from(seg.first().copied().unwrap_or(0));
+        if !(1..=4).contains(&ns) {
+            return corrupt(format!("a scan of {ns} components (1 to 4 allowed)"));
+        }
+        if len != 6 + 2 * ns {
+            return corrupt(format!(
+                "scan header of {len} bytes for {ns} components ({} expected)",
+                6 + 2 * ns
+            ));
+        }
+        let ids: Vec<u8> = frame.chunks_exact(3).map(|c| c[0]).collect();
+        let scan: Vec<u8> = seg[1..1 + 2 * ns].chunks_exact(2).map(|c| c[0]).collect();
+        for (k, id) in scan.iter().enumerate() {
+            if !ids.contains(id) {
+                return corrupt(format!(
+                    "a scan names component {id}, which the frame (components {ids:?}) does not have"
+                ));
+            }
+            if scan[..k].contains(id) {
+                return corrupt(format!("a scan names component {id} twice"));
+            }
+        }
+        // The entropy-coded data runs to the next marker: 0xFF followed by neither a stuffed
+        // zero, a restart marker nor a fill byte.
+        loop {
+            let Some(ff) = bytes.get(at..).and_then(|b| memchr::memchr(0xFF, b)) else {
+                return Ok(());
+            };
+            at += ff;
+            match bytes.get(at + 1) {
+                Some(0x00 | 0xD0..=0xD7) => at += 2,
+                Some(0xFF) => at += 1,
+                _ => break,
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -201,7 +283,28 @@ mod tests {
         for (k, (h, v)) in comps.iter().enumerate() {
             b.extend([k as u8 + 1, (h << 4) | v, 0]);
         }
-        b.extend([0xFF, 0xDA, 0x00, 0x02, 0xFF, 0xD9]);
+        b.extend(scan_header(
+            &comps
+                .iter()
+                .enumerate()
+                .map(|(k, _)| (k as u8 + 1, 0))
+                .collect::<Vec<_>>(),
+            0,
+        ));
+        b.extend([0xFF, 0xD9]);
+        b
+    }
+
+    /// An SOS segment over `scan` (id, tables), its length off by `len_delta`.
+    fn scan_header(scan: &[(u8, u8)], len_delta: i16) -> Vec<u8> {
+        let len = (6 + 2 * scan.len() as i16 + len_delta) as u16;
+        let mut b = vec![0xFF, 0xDA];
+        b.extend(len.to_be_bytes());
+        b.push(scan.len() as u8);
+        for &(id, tables) in scan {
+            b.extend([id, tables]);
+        }
+        b.extend([0, 63, 0]);
         b
     }
 
@@ -265,5 +368,47 @@ mod tests {
         let small = DecodeLimits { max_pixels: 1000 };
         let e = inspect_jpeg(&padded, "a.jpg", &small).unwrap_err();
         assert!(e.to_string().contains("max_pixels"), "{e}");
+    }
+
+    /// A frame of three components (ids 1, 2, 3), one scan over `scan` (id, tables) after a
+    /// segment of entropy-coded bytes with stuffed and restart markers, then EOI.
+    fn with_scan(scan: &[(u8, u8)], len_delta: i16) -> Vec<u8> {
+        let mut b = header(0xC0, &[(2, 2), (1, 1), (1, 1)], None);
+        b.truncate(b.len() - 2 - scan_header(&[(1, 0), (2, 0), (3, 0)], 0).len()); // its scan, EOI
+        // A first, good scan, with entropy data holding a stuffed 0xFF and a restart marker.
+        b.extend(scan_header(&[(1, 0x00)], 0));
+        b.extend([0x12; 100]);
+        b.extend([0xFF, 0x00, 0x34, 0xFF, 0xD0, 0x56]);
+        b.extend([0x12; 100]);
+        b.push(0xFF); // a fill byte before the next marker
+        b.extend(scan_header(scan, len_delta));
+        b.extend([0x12; 100]);
+        b.extend([0xFF, 0xD9]);
+        b
+    }
+
+    #[test]
+    fn inspect_refuses_scans_that_do_not_match_the_frame() {
+        let limits = DecodeLimits::default();
+        let good = with_scan(&[(2, 0x11), (3, 0x11)], 0);
+        assert!(inspect_jpeg(&good, "a.jpg", &limits).unwrap().is_some());
+        for (scan, delta, want) in [
+            (vec![(0x29, 0x00), (2, 0x11), (3, 0x11)], 0, "component 41"),
+            (vec![(2, 0x11), (2, 0x11)], 0, "twice"),
+            (vec![(2, 0x11), (3, 0x11)], 2, "scan header"),
+            (vec![], 0, "0 components"),
+            (
+                vec![(1, 0), (2, 0x11), (3, 0x11), (4, 0), (5, 0)],
+                0,
+                "5 components",
+            ),
+        ] {
+            let bad = with_scan(&scan, delta);
+            let e = inspect_jpeg(&bad, "a.jpg", &limits)
+                .err()
+                .unwrap_or_else(|| panic!("{scan:?} {delta}: accepted"));
+            assert!(e.to_string().contains(want), "{scan:?} {delta}: {e}");
+            assert!(e.to_string().contains("a.jpg"), "{e}");
+        }
     }
 }

@@ -96,3 +96,14 @@ pub fn kinds_folder(root: &Path, copies: usize) {
         }
     }
 }
+
+/// The first of [`image_kinds`] with its first scan naming a component (0x29) its frame does
+/// not have: the CPU decoders refuse it; nvJPEG's hardware decoder does not check it (it
+/// decoded it into pixels on an H200), so the GPU path must refuse it from the header.
+pub fn corrupt_scan_jpeg() -> Vec<u8> {
+    let (_, mut b) = image_kinds().into_iter().next().unwrap();
+    let sos = b.windows(2).position(|m| m == [0xFF, 0xDA]).unwrap();
+    // SOS: FF DA, length (2), count (1), then (selector, tables) per component.
+    b[sos + 5] = 0x29;
+    b
+}

@@ -168,6 +168,15 @@ if d:
     text += "; nvJPEG %s hw=%s engines=%s host %.2f s device %.2f s cpu_share %.2f counts %s" % (
         d.get("library"), d.get("hardware"), d.get("hardware_engines"), d.get("host_seconds") or 0,
         d.get("device_seconds") or 0, d.get("cpu_share") or 0, d.get("counts"))
+    s = d.get("setup") or {}
+    text += "\n    stage setup: library %.3f hardware %.3f gpu %.3f kernels %.3f s (%s)" % tuple(
+        [s.get(k) or 0 for k in ("library_seconds", "hardware_seconds", "gpu_seconds",
+                                 "kernels_seconds")] + [d.get("kernels")])
+first = (r.get("epoch_details") or [None])[0]
+if first and d:
+    text += ("\n    first epoch %.2f s: consumer waits %.2f s, copy thread enqueues %.2f waits %.2f s"
+             % tuple(first.get(k) or 0 for k in ("seconds", "consumer_wait_s",
+                                                 "copy_thread_enqueue_s", "copy_thread_host_wait_s")))
 last = (r.get("epoch_details") or [None])[-1]
 if last:
     text += ("\n    last epoch %.2f s: workers fetch %.2f transform %.2f collate %.2f s; copy thread "

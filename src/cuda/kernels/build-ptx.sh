@@ -9,8 +9,10 @@
 # wheel ships ptxas and libnvvm but no nvcc driver. Both wheels go into a virtual environment
 # under target/ (NVCC_VENV to use another). Version 12.4 writes PTX ISA 8.4, which every driver
 # of CUDA 12.4 or later loads (the H200 machine's is CUDA 13); the target is compute_70 (Volta
-# and later: the driver compiles the PTX for the GPU it runs on). Each result is checked with
-# ptxas for sm_90, the H200's architecture, before it replaces the committed one.
+# and later: the driver compiles the PTX for the GPU it runs on). ptxas then compiles each PTX
+# for sm_90 (H100, H200) into a cubin beside it, which the crate also embeds and loads on such a
+# GPU, so that the first batch does not wait for the driver's JIT; both replace the committed
+# ones only once both were made.
 set -euo pipefail
 cd "$(dirname "$0")"
 venv=${NVCC_VENV:-../../../target/nvcc-venv}
@@ -49,7 +51,9 @@ check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
 open(out, "w").write(f"// Generated from {src} by build-ptx.sh (NVRTC, compute_70): do not edit by hand.\n" + ptx.value.decode())
 PY
   ptxas=$("$venv/bin/python" -c 'import nvidia.cuda_nvcc, os; print(os.path.join(os.path.dirname(nvidia.cuda_nvcc.__file__), "bin", "ptxas"))')
-  "$ptxas" -arch=sm_90 "$ptx.tmp" -o /dev/null
+  cubin="${cu%.cu}.sm_90.cubin"
+  "$ptxas" -arch=sm_90 "$ptx.tmp" -o "$cubin.tmp"
   mv "$ptx.tmp" "$ptx"
-  echo "$ptx: $(grep -m1 '^.version' "$ptx"), $(grep -m1 '^.target' "$ptx"), accepted by ptxas -arch=sm_90"
+  mv "$cubin.tmp" "$cubin"
+  echo "$ptx: $(grep -m1 '^.version' "$ptx"), $(grep -m1 '^.target' "$ptx"); $cubin by ptxas -arch=sm_90"
 done

@@ -89,7 +89,9 @@ impl DecodeMemory {
     }
 
     fn device_malloc(&self, bytes: usize) -> Option<u64> {
-        match self.scratch(bytes.max(1)) {
+        // Rounded up to a power of two, as the stage's scratch: nvJPEG's requests, which follow
+        // the images of each batch, then take a few block sizes that the pool reuses.
+        match self.scratch(bytes.max(1).next_power_of_two()) {
             Ok(buf) => {
                 let addr = buf.addr();
                 self.lent_device.lock().ok()?.insert(addr, buf);

@@ -105,6 +105,24 @@ pub struct DecodeReport {
     pub cpu_share: f64,
     /// The counts of the transform's GPU decode (which engine took how many).
     pub counts: crate::transform::image::GpuDecodeCounts,
+    /// Which image of gpufeed's kernels was loaded: `sm_90 cubin` (H100, H200), or the PTX,
+    /// which the driver compiles on first load (or takes from its JIT cache).
+    pub kernels: String,
+    /// What the stage's creation cost, part by part (it counts in a first epoch).
+    pub setup: DecodeSetup,
+}
+
+/// Seconds the parts of a decode stage's creation took (in [`DecodeReport::setup`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct DecodeSetup {
+    /// Loading libnvjpeg (the first stage of the process; later ones find it loaded).
+    pub library_seconds: f64,
+    /// The hardware decoder: its nvJPEG handle (`nvjpegCreateExV2`) and ring of states.
+    pub hardware_seconds: f64,
+    /// The GPU-backend decoder: its handle, states and buffers.
+    pub gpu_seconds: f64,
+    /// Loading gpufeed's resize kernels (`cuModuleLoadData`: the driver's JIT for the PTX).
+    pub kernels_seconds: f64,
 }
 
 /// Loads libnvjpeg (see [`Library::get`]) and says whether the GPU decode can run: `Ok` with

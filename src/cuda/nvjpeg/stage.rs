@@ -16,10 +16,19 @@
 //! 4. an event: the device batch's `ready` fence, behind which the scratch and the host batch
 //!    buffer (which nvJPEG reads the JPEGs from) are released.
 //!
-//! The host never waits for the device here except when a decoder's ring of states has gone
-//! round (a state is reused only once the GPU work that used it has completed).
+//! The host never waits for the device here except when a ring has gone round: a decoder's
+//! states, or the stage's scratch blocks, are reused only once the GPU work that used them has
+//! completed.
+//!
+//! The scratch does not depend on which images a batch holds: each batch's block is sized for
+//! the largest batch the stage can be sent, the batch size's worth of the largest images it has
+//! seen (their decoded pixels and the resize's rows), not for this batch's images; and there
+//! are `SCRATCH_BLOCKS` of them. So which images a batch holds (the shuffle,
+//! the CPU/GPU split) never changes what is asked of the pool: the scratch grows only while
+//! images larger than those seen arrive, and stops once the stage has seen each image once.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,7 +40,7 @@ use super::ffi::Image;
 use super::library::Library;
 use super::memory::DecodeMemory;
 use super::resize::{self, OutputSpec, ResizeKernels, ResizeSample};
-use super::{DecodeOptions, DecodeReport};
+use super::{DecodeOptions, DecodeReport, DecodeSetup};
 use crate::codec::{self, Region};
 use crate::cuda::cuda_err;
 use crate::cuda::fence::EventFence;
@@ -39,12 +48,56 @@ use crate::cuda::{Device, DeviceBuffer, PinnedBacking};
 use crate::error::{Error, Result};
 use crate::layout::{BatchLayout, FIELD_ALIGN};
 use crate::loader::Batch;
-use crate::memory::{HostBuffer, HostPool};
+use crate::memory::{Fence, HostBuffer, HostPool};
 use crate::transform::image::gpu::META_BYTES;
 use crate::transform::image::{GpuDecodePlan, OnBadImage, Route, SampleRecord};
 
 /// Bytes of pinned staging for descriptors and the stage's own CPU decodes.
 const STAGING_BUDGET: u64 = 1 << 30;
+
+/// Scratch blocks in the stage's ring: as many batches' decodes as may be on the GPU at once
+/// before the stage waits for the oldest (as the hardware decoder's ring of states).
+const SCRATCH_BLOCKS: usize = 3;
+
+/// The sum of the `keep` largest sizes noted so far: a bound on what any `keep` of the noted
+/// items take together, whichever they are.
+#[derive(Debug)]
+struct LargestSizes {
+    keep: usize,
+    sizes: BinaryHeap<Reverse<usize>>,
+    sum: usize,
+}
+
+impl LargestSizes {
+    fn new(keep: usize) -> LargestSizes {
+        LargestSizes {
+            keep,
+            sizes: BinaryHeap::with_capacity(keep + 1),
+            sum: 0,
+        }
+    }
+
+    fn note(&mut self, size: usize) {
+        if self.sizes.len() < self.keep {
+            self.sizes.push(Reverse(size));
+            self.sum += size;
+        } else if self
+            .sizes
+            .peek()
+            .is_some_and(|Reverse(least)| size > *least)
+        {
+            if let Some(Reverse(least)) = self.sizes.pop() {
+                self.sum -= least;
+            }
+            self.sizes.push(Reverse(size));
+            self.sum += size;
+        }
+    }
+
+    fn sum(&self) -> usize {
+        self.sum
+    }
+}
 
 /// Timings of batches not yet read: (start, end, images the GPU decoded, host time).
 type Pending = VecDeque<(CudaEvent, EventFence, usize, Duration)>;
@@ -67,6 +120,13 @@ pub(crate) struct DecodeStage {
     pending: Pending,
     report: Arc<Mutex<DecodeReport>>,
     device: Device,
+    /// Samples in a batch at most.
+    batch_size: usize,
+    /// The largest images' places seen (decoded pixels and resize rows, each aligned).
+    largest: LargestSizes,
+    /// The scratch blocks, each with the fence of the last batch that used it.
+    scratch: Vec<Option<(DeviceBuffer, Option<EventFence>)>>,
+    next_scratch: usize,
     /// Dropped after the decoders (their handles' memory).
     memory: Arc<DecodeMemory>,
     _lib: Arc<Library>,
@@ -103,7 +163,9 @@ impl DecodeStage {
         opts: &DecodeOptions,
         workers: usize,
     ) -> Result<DecodeStage> {
+        let t0 = Instant::now();
         let lib = Library::get()?;
+        let t_library = t0.elapsed();
         let out = OutputSpec::new(plan.size, plan.dtype, plan.layout, plan.normalize)?;
         let offset = |k: usize| {
             layout
@@ -121,13 +183,19 @@ impl DecodeStage {
             .unwrap_or_else(|| default_memory(batch, plan.size));
         let memory = Arc::new(DecodeMemory::new(device, stream, budget, budget / 4));
         let nvjpeg = |e: NvjpegError| e.into_error(&memory);
+        let t1 = Instant::now();
         let hardware = if opts.hardware {
             HardwareDecoder::new(&lib, &memory).ok()
         } else {
             None
         };
+        let t_hardware = t1.elapsed();
+        let t2 = Instant::now();
         let gpu = GpuDecoder::new(&lib, &memory).map_err(nvjpeg)?;
+        let t_gpu = t2.elapsed();
+        let t3 = Instant::now();
         let kernels = ResizeKernels::load(device.context(), device.sm_count())?;
+        let t_kernels = t3.elapsed();
         let (engines, cores) = hardware
             .as_ref()
             .map_or((0, 0), |h| h.handle().hardware_info());
@@ -140,6 +208,13 @@ impl DecodeStage {
             pooled_memory: gpu.handle().pooled(),
             roi: opts.roi,
             memory_budget: budget,
+            kernels: kernels.image().to_string(),
+            setup: DecodeSetup {
+                library_seconds: t_library.as_secs_f64(),
+                hardware_seconds: t_hardware.as_secs_f64(),
+                gpu_seconds: t_gpu.as_secs_f64(),
+                kernels_seconds: t_kernels.as_secs_f64(),
+            },
             ..DecodeReport::default()
         };
         plan.split.set_workers(workers);
@@ -157,6 +232,10 @@ impl DecodeStage {
             pending: VecDeque::new(),
             report: Arc::new(Mutex::new(report)),
             device: device.clone(),
+            batch_size: batch,
+            largest: LargestSizes::new(batch),
+            scratch: (0..SCRATCH_BLOCKS).map(|_| None).collect(),
+            next_scratch: 0,
             memory,
             plan,
             _lib: lib,
@@ -242,9 +321,8 @@ impl DecodeStage {
     ) -> Result<(EventFence, usize, CudaEvent, usize)> {
         let n = batch.len();
         let host = batch.buffer().as_slice();
-        let cap = self.plan.capacity;
-        let record_of =
-            |p: usize| &host[self.records_offset + p * cap..self.records_offset + (p + 1) * cap];
+        let (cap, records) = (self.plan.capacity, self.records_offset);
+        let record_of = |p: usize| &host[records + p * cap..records + (p + 1) * cap];
         let (out_h, out_w) = (self.out.height, self.out.width);
         // Where each sample goes in the scratch: descriptors first, then the images, then the
         // resize's rows.
@@ -274,19 +352,21 @@ impl DecodeStage {
                 _ => (None, record.width, record.height, record.region),
             };
             // Each sample's places are sized for its whole image (whatever the region decoded
-            // and the rows resampled), rounded up below: a data set's batches then take a
-            // handful of block sizes, reused epoch after epoch, instead of a new one for each
-            // batch's crops.
+            // and the rows resampled): the block's size then depends on the images seen, not
+            // on this batch's crops (see the module docs).
             let src = at;
             let (full_w, full_h) = if zero {
                 (0, 0)
             } else {
                 (record.width as usize, record.height as usize)
             };
-            at += aligned(3 * full_w * full_h);
+            let pixels = aligned(3 * full_w * full_h);
+            let resize_rows = aligned(full_h * out_w as usize * 3);
+            self.largest.note(pixels + resize_rows);
+            at += pixels;
             let (row0, rows) = resize::source_rows(region.top, region.height, height, out_h);
             let tmp = at;
-            at += aligned(full_h * out_w as usize * 3);
+            at += resize_rows;
             items.push(Item {
                 record,
                 src,
@@ -300,7 +380,11 @@ impl DecodeStage {
                 zero,
             });
         }
-        let scratch = self.memory.scratch(at.next_power_of_two())?;
+        // The largest batch: `batch_size` descriptors and the largest images seen, which this
+        // batch's (noted above) cannot exceed.
+        let bound =
+            aligned(self.batch_size * std::mem::size_of::<ResizeSample>()) + self.largest.sum();
+        let (slot, scratch) = self.take_scratch(at.max(bound).next_power_of_two())?;
         let base = scratch.addr();
         self.device.bind()?;
         scratch.order_on(stream)?;
@@ -493,7 +577,25 @@ impl DecodeStage {
         }?;
         let ready = EventFence::record(stream)?;
         scratch.add_use(stream, ready.clone());
+        self.scratch[slot] = Some((scratch, Some(ready.clone())));
         Ok((ready, skipped, start, gpu_images))
+    }
+
+    /// The ring's next scratch block, at least `bytes` long, once the batch that used it last
+    /// has completed on the GPU; a shorter one goes back to the pool for a new one. On an
+    /// error before the block is put back, it goes back to the pool (fenced by its uses).
+    fn take_scratch(&mut self, bytes: usize) -> Result<(usize, DeviceBuffer)> {
+        let slot = self.next_scratch;
+        self.next_scratch = (slot + 1) % self.scratch.len();
+        if let Some((block, fence)) = self.scratch[slot].take() {
+            if let Some(f) = fence {
+                f.wait();
+            }
+            if block.len() >= bytes {
+                return Ok((slot, block));
+            }
+        }
+        Ok((slot, self.memory.scratch(bytes)?))
     }
 
     /// Decodes on this thread a JPEG nvJPEG refused, its region into a pinned staging buffer,
@@ -652,6 +754,35 @@ fn default_memory(batch: usize, (h, w): (u32, u32)) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scratch_bound_is_the_largest_sizes_whatever_their_order() {
+        let sizes = [5usize, 1, 9, 3, 9, 2, 7, 4, 8, 6];
+        let mut want: Vec<usize> = sizes.to_vec();
+        want.sort_unstable_by(|a, b| b.cmp(a));
+        let top4: usize = want[..4].iter().sum();
+        for rotation in 0..sizes.len() {
+            let mut order = sizes.to_vec();
+            order.rotate_left(rotation);
+            order.reverse();
+            let mut largest = LargestSizes::new(4);
+            for (k, &s) in order.iter().enumerate() {
+                largest.note(s);
+                // Any four of those noted so far fit in the bound.
+                let mut seen = order[..=k].to_vec();
+                seen.sort_unstable_by(|a, b| b.cmp(a));
+                assert_eq!(largest.sum(), seen.iter().take(4).sum::<usize>());
+            }
+            assert_eq!(largest.sum(), top4, "order {order:?}");
+        }
+        // A batch of one keeps the largest; nothing noted is nothing.
+        let mut one = LargestSizes::new(1);
+        assert_eq!(one.sum(), 0);
+        for s in sizes {
+            one.note(s);
+        }
+        assert_eq!(one.sum(), 9);
+    }
 
     #[test]
     fn the_region_decoded_covers_the_resize_support_within_the_image() {
