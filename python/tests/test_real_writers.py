@@ -282,6 +282,18 @@ def test_mds_shards_read_as_streaming_reads_them(tmp_path, monkeypatch, compress
     for w in theirs:
         assert seen[w["id"]][0] == w["sint"]
         np.testing.assert_array_equal(seen[w["id"]][1], w["fixed"])
+    # Variable-size columns through the loader: ragged fields, (values, offsets) per batch,
+    # each sample's bytes exactly what streaming read.
+    by_id = {w["id"]: w for w in theirs}
+    loader = gpufeed.Loader(d, batch_size=5, shuffle=3, fields=["id", "name", "raw"], output="numpy")
+    read = 0
+    for batch in loader:
+        for k, i in enumerate(batch["id"].tolist()):
+            for col, want in (("name", by_id[i]["name"].encode()), ("raw", by_id[i]["raw"])):
+                values, offsets = batch[col]
+                assert bytes(values[offsets[k] : offsets[k + 1]]) == want, (i, col)
+            read += 1
+    assert read == len(theirs)
     # The image pipeline on the jpeg column (the one JPEG field), unlabelled.
     loader = gpufeed.Loader(d, batch_size=4, images={"size": 8, "label_field": None}, output="numpy")
     assert next(iter(loader))["image"].shape == (4, 3, 8, 8)
