@@ -242,7 +242,7 @@ mod tests {
     fn a_failed_open_leaves_the_slot_empty() {
         let set = OpenShards::<u8>::new(2, 1);
         assert!(
-            set.get_or_open(0, || Err(crate::Error::user("no")))
+            set.get_or_open(0, || Err(crate::error::Error::user("no")))
                 .is_err()
         );
         assert_eq!(*set.get_or_open(0, || Ok(7)).unwrap(), 7);
