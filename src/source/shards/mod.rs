@@ -630,7 +630,7 @@ pub(crate) fn unquoted(
     format: &'static str,
     e: Error,
 ) -> Error {
-    use crate::ErrorKind;
+    use crate::error::ErrorKind;
     if !matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::Unsupported) || store.may_quote(name) {
         return e;
     }
