@@ -399,7 +399,9 @@ impl Loader {
             elapsed: self.delivered.elapsed(),
             waited: self.delivered.waited,
         };
-        if let Some((_, prefetch, parts)) = tuner.step(Instant::now(), &self.shared.times, clock) {
+        if let Some((_, prefetch, parts)) =
+            tuner.step(Instant::now(), self.shared.times.work(), clock)
+        {
             self.prefetch = prefetch;
             self.parts = parts;
         }

@@ -8,7 +8,6 @@ use serde::Serialize;
 
 use super::sizing::CpuBudget;
 use super::tune::{Tuning, Work};
-use super::verdict::Verdict;
 use crate::memory::{PoolStats, human_bytes, human_rate};
 use crate::trace::{Args, Track};
 
@@ -232,12 +231,6 @@ impl LoaderStats {
     /// Bytes delivered per second.
     pub fn bytes_per_sec(&self) -> f64 {
         rate(self.bytes, self.elapsed)
-    }
-
-    /// Whether the consumer waited, which stage bound the rate, and what would help, in one
-    /// line (see [`Verdict`]).
-    pub fn verdict(&self) -> Verdict {
-        Verdict::of(self, self.wait_fraction(), &self.cpus)
     }
 }
 

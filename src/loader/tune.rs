@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::sizing::{CpuBudget, default_parts, default_prefetch};
-use super::stats::StageTimes;
 use crate::memory::human_bytes;
 
 /// A loader setting: a number, or [`Setting::Auto`]: chosen by the loader (see
@@ -380,19 +379,18 @@ impl Tuner {
         Some((w, self.derive.prefetch(w), self.derive.parts(w)))
     }
 
-    /// Moves the measurement on at `now`, given the workers' counters and the consumer's;
-    /// returns the settings to use from now (workers, prefetch, parts) when the choice was
-    /// just made.
+    /// Moves the measurement on at `now`, given the workers' counters so far (`work`, from
+    /// the loader's stage times) and the consumer's; returns the settings to use from now
+    /// (workers, prefetch, parts) when the choice was just made.
     pub(crate) fn step(
         &mut self,
         now: Instant,
-        times: &StageTimes,
+        work: Work,
         consumer: ConsumerClock,
     ) -> Option<(usize, usize, usize)> {
         if self.outcome.is_some() {
             return None;
         }
-        let work = times.work();
         let consumer_from = *self.consumer_from.get_or_insert(consumer);
         let active = self.active();
         match self.phase {
@@ -674,7 +672,7 @@ mod tests {
                     waited: Duration::ZERO,
                 },
             };
-            tuner.step(start + t, &times, consumer);
+            tuner.step(start + t, times.work(), consumer);
         }
         (tuner, t.as_secs_f64())
     }

@@ -202,6 +202,14 @@ fn workers(n: f64) -> String {
     }
 }
 
+impl LoaderStats {
+    /// Whether the consumer waited, which stage bound the rate, and what would help, in one
+    /// line (see [`Verdict`]).
+    pub fn verdict(&self) -> Verdict {
+        Verdict::of(self, self.wait_fraction(), &self.cpus)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -197,7 +197,7 @@ impl Decoder {
                 dtype,
                 shape,
             } => {
-                let v = super::mds::decode_ndarray(encoding, bytes).map_err(|e| e.to_string())?;
+                let v = decode_ndarray(encoding, bytes).map_err(|e| e.to_string())?;
                 same_array((*dtype, shape), (v.dtype, &v.shape), "the ndarray value")?;
                 let start = bytes.len() - v.values.len();
                 Ok(Value::Within(start..bytes.len()))
@@ -334,6 +334,119 @@ pub(crate) fn text_float(bytes: &[u8]) -> Result<f64, String> {
         }
     }
     t.replace('_', "").parse::<f64>().map_err(|_| bad())
+}
+
+/// The dtype of a NumPy dtype name as MDS encodings spell it (`uint8`, `float32`, ...).
+pub(super) fn numpy_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "uint8" => DType::U8,
+        "int8" => DType::I8,
+        "uint16" => DType::U16,
+        "int16" => DType::I16,
+        "float16" => DType::F16,
+        "uint32" => DType::U32,
+        "int32" => DType::I32,
+        "float32" => DType::F32,
+        "uint64" => DType::U64,
+        "int64" => DType::I64,
+        "float64" => DType::F64,
+        _ => return None,
+    })
+}
+
+/// A variable-size MDS `ndarray` value, decoded in place: its dtype, its shape and its values'
+/// bytes (C order, little-endian).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NdArrayView<'a> {
+    /// The element type.
+    pub dtype: DType,
+    /// The shape.
+    pub shape: Vec<u64>,
+    /// The values.
+    pub values: &'a [u8],
+}
+
+/// Decodes a value of a column encoded `ndarray` or `ndarray:DTYPE` (streaming's `NDArray`:
+/// `[dtype code: 1 byte, if not in the encoding] [ndim << 2 | shape dtype: 1 byte]
+/// [shape: ndim uints] [values]`).
+///
+/// Bytes that do not hold such a value fail with
+/// [`Error::Mismatch`](crate::error::Error::Mismatch).
+pub fn decode_ndarray<'a>(
+    encoding: &str,
+    bytes: &'a [u8],
+) -> crate::error::Result<NdArrayView<'a>> {
+    ndarray_view(encoding, bytes).map_err(crate::error::Error::mismatch)
+}
+
+fn ndarray_view<'a>(
+    encoding: &str,
+    bytes: &'a [u8],
+) -> std::result::Result<NdArrayView<'a>, String> {
+    let fixed = match encoding.strip_prefix("ndarray") {
+        Some("") => None,
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(d) if !d.contains(':') => {
+                Some(numpy_dtype(d).ok_or_else(|| format!("unknown dtype `{d}`"))?)
+            }
+            _ => {
+                return Err(format!(
+                    "`{encoding}` is not a variable-size ndarray encoding"
+                ));
+            }
+        },
+        None => return Err(format!("`{encoding}` is not an ndarray encoding")),
+    };
+    let mut at = 0usize;
+    let byte = |at: usize| bytes.get(at).copied().ok_or("truncated ndarray header");
+    let dtype = match fixed {
+        Some(d) => d,
+        None => {
+            let code = byte(at)?;
+            at += 1;
+            match code {
+                8 => DType::U8,
+                9 => DType::I8,
+                16 => DType::U16,
+                17 => DType::I16,
+                18 => DType::F16,
+                32 => DType::U32,
+                33 => DType::I32,
+                34 => DType::F32,
+                64 => DType::U64,
+                65 => DType::I64,
+                66 => DType::F64,
+                c => return Err(format!("unknown ndarray dtype code {c}")),
+            }
+        }
+    };
+    let b = byte(at)?;
+    at += 1;
+    let ndim = (b >> 2) as usize;
+    let width = 1usize << (b & 3);
+    let mut shape = Vec::with_capacity(ndim);
+    for _ in 0..ndim {
+        let d = bytes.get(at..at + width).ok_or("truncated ndarray shape")?;
+        let mut v = [0u8; 8];
+        v[..width].copy_from_slice(d);
+        shape.push(u64::from_le_bytes(v));
+        at += width;
+    }
+    let values = &bytes[at..];
+    let want = shape
+        .iter()
+        .try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d));
+    if want != Some(values.len() as u64) {
+        return Err(format!(
+            "shape {shape:?} of {dtype} needs {want:?} bytes, the value has {}",
+            values.len()
+        ));
+    }
+    Ok(NdArrayView {
+        dtype,
+        shape,
+        values,
+    })
 }
 
 #[cfg(test)]

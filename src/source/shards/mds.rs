@@ -57,7 +57,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::compressed::{CompressedShard, Compression, Decompressor, FileCheck};
-use super::decode::{Decoder, FieldDecode, Value};
+use super::decode::{Decoder, FieldDecode, Value, numpy_dtype};
+pub use super::decode::{NdArrayView, decode_ndarray};
 use super::{
     IndexedFormat, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
     check_shard_name,
@@ -330,23 +331,6 @@ pub enum MdsEncoding {
     Pickle,
 }
 
-fn numpy_dtype(name: &str) -> Option<DType> {
-    Some(match name {
-        "uint8" => DType::U8,
-        "int8" => DType::I8,
-        "uint16" => DType::U16,
-        "int16" => DType::I16,
-        "float16" => DType::F16,
-        "uint32" => DType::U32,
-        "int32" => DType::I32,
-        "float32" => DType::F32,
-        "uint64" => DType::U64,
-        "int64" => DType::I64,
-        "float64" => DType::F64,
-        _ => return None,
-    })
-}
-
 impl MdsEncoding {
     /// Parses an MDS encoding name, as `streaming`'s `_get_coder` does; an encoding it does not
     /// know or cannot read in place fails with [`Error::Mismatch`].
@@ -438,97 +422,6 @@ impl MdsEncoding {
             ),
         }
     }
-}
-
-/// A variable-size MDS `ndarray` value, decoded in place: its dtype, its shape and its values'
-/// bytes (C order, little-endian).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NdArrayView<'a> {
-    /// The element type.
-    pub dtype: DType,
-    /// The shape.
-    pub shape: Vec<u64>,
-    /// The values.
-    pub values: &'a [u8],
-}
-
-/// Decodes a value of a column encoded `ndarray` or `ndarray:DTYPE` (streaming's `NDArray`:
-/// `[dtype code: 1 byte, if not in the encoding] [ndim << 2 | shape dtype: 1 byte]
-/// [shape: ndim uints] [values]`).
-///
-/// Bytes that do not hold such a value fail with [`Error::Mismatch`].
-pub fn decode_ndarray<'a>(encoding: &str, bytes: &'a [u8]) -> Result<NdArrayView<'a>> {
-    ndarray_view(encoding, bytes).map_err(Error::mismatch)
-}
-
-fn ndarray_view<'a>(
-    encoding: &str,
-    bytes: &'a [u8],
-) -> std::result::Result<NdArrayView<'a>, String> {
-    let fixed = match encoding.strip_prefix("ndarray") {
-        Some("") => None,
-        Some(rest) => match rest.strip_prefix(':') {
-            Some(d) if !d.contains(':') => {
-                Some(numpy_dtype(d).ok_or_else(|| format!("unknown dtype `{d}`"))?)
-            }
-            _ => {
-                return Err(format!(
-                    "`{encoding}` is not a variable-size ndarray encoding"
-                ));
-            }
-        },
-        None => return Err(format!("`{encoding}` is not an ndarray encoding")),
-    };
-    let mut at = 0usize;
-    let byte = |at: usize| bytes.get(at).copied().ok_or("truncated ndarray header");
-    let dtype = match fixed {
-        Some(d) => d,
-        None => {
-            let code = byte(at)?;
-            at += 1;
-            match code {
-                8 => DType::U8,
-                9 => DType::I8,
-                16 => DType::U16,
-                17 => DType::I16,
-                18 => DType::F16,
-                32 => DType::U32,
-                33 => DType::I32,
-                34 => DType::F32,
-                64 => DType::U64,
-                65 => DType::I64,
-                66 => DType::F64,
-                c => return Err(format!("unknown ndarray dtype code {c}")),
-            }
-        }
-    };
-    let b = byte(at)?;
-    at += 1;
-    let ndim = (b >> 2) as usize;
-    let width = 1usize << (b & 3);
-    let mut shape = Vec::with_capacity(ndim);
-    for _ in 0..ndim {
-        let d = bytes.get(at..at + width).ok_or("truncated ndarray shape")?;
-        let mut v = [0u8; 8];
-        v[..width].copy_from_slice(d);
-        shape.push(u64::from_le_bytes(v));
-        at += width;
-    }
-    let values = &bytes[at..];
-    let want = shape
-        .iter()
-        .try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d));
-    if want != Some(values.len() as u64) {
-        return Err(format!(
-            "shape {shape:?} of {dtype} needs {want:?} bytes, the value has {}",
-            values.len()
-        ));
-    }
-    Ok(NdArrayView {
-        dtype,
-        shape,
-        values,
-    })
 }
 
 /// Reads MDS shards for [`ShardedDataset`].
