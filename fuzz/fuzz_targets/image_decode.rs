@@ -10,9 +10,9 @@
 use std::sync::OnceLock;
 
 use gpufeed::Error;
+use gpufeed::codec::{DecodeLimits, decode_rgb8, probe};
 use gpufeed::format::DType;
 use gpufeed::transform::SampleContext;
-use gpufeed::codec::{DecodeLimits, decode_rgb8, probe};
 use gpufeed::transform::image::{ImageTransform, Normalize};
 use libfuzzer_sys::fuzz_target;
 

@@ -34,7 +34,9 @@ fuzz_target!(|data: &[u8]| {
                     assert!(a.row_bytes() > 0);
                     assert_eq!(s.len(), a.row_bytes());
                     let mut slot = vec![0u8; a.row_bytes()];
-                    s.copy_field_into(0, &mut slot).map(|()| slot).map_err(|e| e.to_string())
+                    s.copy_field_into(0, &mut slot)
+                        .map(|()| slot)
+                        .map_err(|e| e.to_string())
                 }
                 Err(e) => Err(e.to_string()),
             });
