@@ -31,7 +31,7 @@ use super::fence::EventFence;
 use super::nvjpeg::DecodeStage;
 use super::{
     Convert, Converter, Device, DeviceBatch, DeviceBuffer, DeviceLoaderOptions, DevicePool,
-    PinnedBacking,
+    PinnedBacking, Widen, Widener,
 };
 use crate::error::{Error, Result};
 use crate::format::DType;
@@ -70,7 +70,7 @@ struct Plan {
     /// The output fields, shared by every device batch.
     fields: Arc<[FieldSpec]>,
     /// Conversions with their input and output offsets.
-    converts: Vec<(Converter, usize, usize)>,
+    converts: Vec<(Conversion, usize, usize)>,
     /// The mask and indices, if asked for.
     extras: Option<ExtrasPlan>,
     /// The image pipeline's GPU decode, which makes the image field instead of a copy.
@@ -78,6 +78,43 @@ struct Plan {
     /// With `decode`: the bytes a decoded sample delivers (its pixels and label), which the
     /// device batch counts instead of the compressed record it was made from.
     decoded_sample_bytes: usize,
+}
+
+/// A conversion kernel the copy stage runs after the copy of a batch.
+enum Conversion {
+    /// u8 images to a float dtype, normalised ([`Convert`]).
+    Normalize(Converter),
+    /// Integers to wider integers ([`Widen`]).
+    Widen(Widener),
+}
+
+impl Conversion {
+    fn output_bytes(&self, n: usize) -> usize {
+        match self {
+            Conversion::Normalize(c) => c.output_bytes(n),
+            Conversion::Widen(w) => w.output_bytes(n),
+        }
+    }
+
+    /// Enqueues the conversion of `n` samples from `src` to `dst` on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Converter::launch_raw`] and [`Widener::launch_raw`] say.
+    unsafe fn launch_raw(
+        &self,
+        stream: &CudaStream,
+        src: sys::CUdeviceptr,
+        dst: sys::CUdeviceptr,
+        n: usize,
+    ) -> Result<()> {
+        match self {
+            // SAFETY: the caller's contract is the converter's.
+            Conversion::Normalize(c) => unsafe { c.launch_raw(stream, src, dst, n) },
+            // SAFETY: the caller's contract is the widener's.
+            Conversion::Widen(w) => unsafe { w.launch_raw(stream, src, dst, n) },
+        }
+    }
 }
 
 impl Plan {
@@ -99,25 +136,24 @@ impl Plan {
         for (k, f) in layout.fields().iter().enumerate() {
             let offset = layout.field_offset(k).unwrap_or(0);
             let convert: Vec<&Convert> = converts.iter().filter(|c| c.field == f.name).collect();
-            match convert.as_slice() {
-                [] => fields.push(FieldSpec {
-                    name: f.name.clone(),
-                    dtype: f.dtype,
-                    shape: f.shape.clone(),
-                    offset,
-                    sample_bytes: f.item_bytes(),
-                    offsets: layout.offsets_offset(k),
-                }),
-                [_] if f.ragged => {
-                    return Err(Error::config(
-                        "convert",
-                        format!(
-                            "field `{}` is ragged: a conversion works on images of one shape",
-                            f.name
-                        ),
-                    ));
-                }
-                [c] => {
+            let widen: Vec<&Widen> = opts.widen.iter().filter(|w| w.field == f.name).collect();
+            if convert.len() + widen.len() > 1 {
+                return Err(Error::config(
+                    "convert",
+                    format!("field `{}` is converted more than once", f.name),
+                ));
+            }
+            if convert.len() + widen.len() == 1 && f.ragged {
+                return Err(Error::config(
+                    "convert",
+                    format!(
+                        "field `{}` is ragged: a conversion works on fields of one shape",
+                        f.name
+                    ),
+                ));
+            }
+            let conversion = match (convert.first(), widen.first()) {
+                (Some(c), _) => {
                     if f.dtype != DType::U8 {
                         return Err(Error::config(
                             "convert",
@@ -125,39 +161,52 @@ impl Plan {
                         ));
                     }
                     let conv = Converter::new(device, (*c).clone(), &f.shape)?;
+                    let shape = conv.output_shape();
+                    Some((Conversion::Normalize(conv), c.dtype, shape))
+                }
+                (None, Some(w)) => {
+                    let widener = Widener::new(device, (*w).clone(), f.dtype, &f.shape)?;
+                    Some((Conversion::Widen(widener), w.dtype, f.shape.clone()))
+                }
+                (None, None) => None,
+            };
+            match conversion {
+                None => fields.push(FieldSpec {
+                    name: f.name.clone(),
+                    dtype: f.dtype,
+                    shape: f.shape.clone(),
+                    offset,
+                    sample_bytes: f.item_bytes(),
+                    offsets: layout.offsets_offset(k),
+                }),
+                Some((conversion, dtype, shape)) => {
                     let out = device_bytes;
-                    let out_bytes = conv.output_bytes(layout.batch_size());
+                    let out_bytes = conversion.output_bytes(layout.batch_size());
                     device_bytes = (device_bytes + out_bytes).next_multiple_of(FIELD_ALIGN);
                     fields.push(FieldSpec {
                         name: f.name.clone(),
-                        dtype: c.dtype,
-                        shape: conv.output_shape(),
+                        dtype,
+                        shape,
                         offset: out,
-                        sample_bytes: conv.output_bytes(1),
+                        sample_bytes: conversion.output_bytes(1),
                         offsets: None,
                     });
-                    prepared.push((conv, offset, out));
-                }
-                _ => {
-                    return Err(Error::config(
-                        "convert",
-                        format!("field `{}` is converted more than once", f.name),
-                    ));
+                    prepared.push((conversion, offset, out));
                 }
             }
         }
-        if let Some(c) = converts
+        let named = converts
             .iter()
-            .find(|c| layout.index_of(&c.field).is_none())
-        {
-            let names: Vec<&str> = layout.fields().iter().map(|f| f.name.as_str()).collect();
-            return Err(Error::config(
-                "convert",
-                format!(
-                    "no batch field `{}` to convert (fields: {names:?})",
-                    c.field
-                ),
-            ));
+            .map(|c| &c.field)
+            .chain(opts.widen.iter().map(|w| &w.field));
+        for name in named {
+            if layout.index_of(name).is_none() {
+                let names: Vec<&str> = layout.fields().iter().map(|f| f.name.as_str()).collect();
+                return Err(Error::config(
+                    "convert",
+                    format!("no batch field `{name}` to convert (fields: {names:?})"),
+                ));
+            }
         }
         let extras = Plan::extras(opts, layout.batch_size(), device_bytes, &mut fields)?;
         if let Some(e) = &extras {
@@ -177,13 +226,18 @@ impl Plan {
     /// The device batch of the GPU decode: the image field the stage writes, the label as
     /// copied (the start of the host batch, copied as it is), then the mask and indices.
     fn decoded(loader: &Loader, opts: &DeviceLoaderOptions, stage: DecodeStage) -> Result<Plan> {
-        if let Some(c) = opts.convert.first() {
+        if let Some(field) = opts
+            .convert
+            .iter()
+            .map(|c| &c.field)
+            .chain(opts.widen.iter().map(|w| &w.field))
+            .next()
+        {
             return Err(Error::config(
                 "convert",
                 format!(
-                    "field `{}`: the GPU decode writes the images as the ImageTransform's dtype and \
-                     normalisation say; set them there instead of converting",
-                    c.field
+                    "field `{field}`: the GPU decode writes the images as the ImageTransform's dtype and \
+                     normalisation say; set them there instead of converting"
                 ),
             ));
         }
@@ -663,7 +717,9 @@ impl CopyThread {
         };
         buffer.add_use(stream, ready.clone());
         for (conv, _, _) in &plan.converts {
-            conv.fence_coefficients(stream, ready.clone());
+            if let Conversion::Normalize(conv) = conv {
+                conv.fence_coefficients(stream, ready.clone());
+            }
         }
         {
             let mut c = self.shared.counters();

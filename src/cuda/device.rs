@@ -291,6 +291,7 @@ pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
     module: sys::CUmodule,
     pub(crate) convert: sys::CUfunction,
+    pub(crate) widen: sys::CUfunction,
     pub(crate) spin: sys::CUfunction,
 }
 
@@ -316,12 +317,14 @@ impl Kernels {
             unsafe { result::module::get_function(module, cname) }
                 .map_err(cuda_err("find a kernel in the embedded PTX"))
         };
-        let functions = get("gpufeed_convert_u8").and_then(|c| Ok((c, get("gpufeed_spin")?)));
+        let functions = get("gpufeed_convert_u8")
+            .and_then(|c| Ok((c, get("gpufeed_widen")?, get("gpufeed_spin")?)));
         match functions {
-            Ok((convert, spin)) => Ok(Kernels {
+            Ok((convert, widen, spin)) => Ok(Kernels {
                 ctx: Arc::clone(ctx),
                 module,
                 convert,
+                widen,
                 spin,
             }),
             Err(e) => {

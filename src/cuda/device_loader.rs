@@ -19,7 +19,7 @@ use super::batch::FieldSpec;
 use super::copy::{Control, CopyStage, Message, Shared};
 use super::device::ContextScope;
 use super::nvjpeg::{self, DecodeOptions, DecodeReport, DecodeStage};
-use super::{Convert, Device, DeviceBatch, DevicePool};
+use super::{Convert, Device, DeviceBatch, DevicePool, Widen};
 use crate::error::{Error, Result};
 use crate::layout::OutputField;
 use crate::loader::{
@@ -37,6 +37,8 @@ pub struct DeviceLoaderOptions {
     pub depth: Option<usize>,
     /// Fields to convert on the device (opt-in; see [`Convert`]).
     pub convert: Vec<Convert>,
+    /// Integer fields to widen on the device (opt-in; see [`Widen`]).
+    pub widen: Vec<Widen>,
     /// Debugging: fill each device buffer with this byte before the copy, so that bytes the
     /// copy does not write show up (tests use it; it costs a memset per batch).
     pub poison: Option<u8>,
@@ -61,6 +63,12 @@ impl DeviceLoaderOptions {
     /// Adds a conversion.
     pub fn convert(mut self, c: Convert) -> Self {
         self.convert.push(c);
+        self
+    }
+
+    /// Adds a widening.
+    pub fn widen(mut self, w: Widen) -> Self {
+        self.widen.push(w);
         self
     }
 

@@ -26,6 +26,7 @@
 //! | `copy` | [`DeviceLoader`]: the copy stage |
 //! | `release` | the release thread, where a pool whose last handle goes is dropped ([`settle`]) |
 //! | `convert` | [`Convert`], [`Converter`]: u8 images to normalised f32/f16/bf16 CHW on the device |
+//! | `widen` | [`Widen`], [`Widener`]: u16/i16/u32/i32 fields to i32/i64 on the device (token batches) |
 //! | `ceiling` | [`pinned_copy_ceiling`]: what a plain pinned copy reaches, the copy stage's yardstick |
 //! | [`nvjpeg`] | JPEG decode on the GPU: nvJPEG loaded at run time, the decode stage and its resize kernels |
 //!
@@ -87,6 +88,10 @@
 //!
 //! that is `(in * scale - mean) / std`, torchvision's `ToTensor` + `Normalize`, rounded to
 //! nearest-even into f16 or bf16; PCIe carries u8 and the GPU does the arithmetic.
+//!
+//! A [`Widen`] (opt-in, per integer field) makes it run one that widens u16, i16, u32 or i32
+//! values to i32 or i64 (zero- or sign-extended), so that token ids cross PCIe as u16 and
+//! arrive as the i64 an embedding takes.
 
 mod batch;
 mod ceiling;
@@ -100,6 +105,7 @@ mod fence;
 pub mod nvjpeg;
 mod pinned;
 mod release;
+mod widen;
 
 pub use batch::{DeviceBatch, DeviceField, RawStream};
 pub use ceiling::pinned_copy_ceiling;
@@ -111,6 +117,7 @@ pub use device_stats::DeviceStats;
 pub use fence::EventFence;
 pub use pinned::PinnedBacking;
 pub use release::settle;
+pub use widen::{Widen, Widener};
 
 /// The types of cudarc (0.19) that gpufeed's device API takes and gives: streams, the context,
 /// and the trait through which cudarc calls read a device view. cudarc is a public dependency
