@@ -5,6 +5,7 @@
 
 mod cuda_common;
 mod image_common;
+mod token_common;
 
 mod cuda_convert;
 mod cuda_copy;
@@ -15,6 +16,7 @@ mod cuda_ragged;
 mod cuda_raw_streams;
 mod cuda_resume;
 mod cuda_sound;
+mod cuda_tokens;
 
 fn main() -> std::process::ExitCode {
     cuda_common::run_gpu_tests(gpu_tests![
@@ -71,6 +73,10 @@ fn main() -> std::process::ExitCode {
             a_slow_consumer_stream_never_sees_a_batch_overwritten,
             poisoned_device_batches_hold_every_byte_of_the_host_batches,
             the_device_context_keeps_event_tracking,
+        ],
+        cuda_tokens: [
+            device_token_batches_are_the_host_ones_widened_on_the_gpu,
+            widening_refuses_what_it_cannot_widen,
         ],
     ])
 }

@@ -2,6 +2,7 @@
 //! one per file, each linking the whole crate. The GPU tests are `tests/cuda.rs`.
 
 mod image_common;
+mod token_common;
 
 mod autotune;
 mod batch_parts;

@@ -14,39 +14,7 @@ use gpufeed::tokens::{SampleMode, TokenLoader, TokenLoaderBuilder};
 use gpufeed::{Batch, BatchStream, Error, ErrorKind, LoaderState};
 use proptest::prelude::*;
 
-/// Writes `docs` as `prefix.bin` + `prefix.idx`, one sequence per document, as
-/// `IndexedDatasetBuilder.add_document` and `finalize` do (`code`: 8 uint16, 4 int32).
-pub fn write_megatron(prefix: &Path, docs: &[Vec<u32>], code: u8) {
-    let item: usize = if code == 8 { 2 } else { 4 };
-    let mut bin = Vec::new();
-    for d in docs {
-        for &t in d {
-            if item == 2 {
-                bin.extend((t as u16).to_le_bytes());
-            } else {
-                bin.extend((t as i32).to_le_bytes());
-            }
-        }
-    }
-    let mut idx = b"MMIDIDX\x00\x00".to_vec();
-    idx.extend(1u64.to_le_bytes());
-    idx.push(code);
-    idx.extend((docs.len() as u64).to_le_bytes());
-    idx.extend((docs.len() as u64 + 1).to_le_bytes());
-    for d in docs {
-        idx.extend((d.len() as i32).to_le_bytes());
-    }
-    let mut ptr = 0i64;
-    for d in docs {
-        idx.extend(ptr.to_le_bytes());
-        ptr += (d.len() * item) as i64;
-    }
-    for i in 0..=docs.len() as i64 {
-        idx.extend(i.to_le_bytes());
-    }
-    std::fs::write(prefix.with_extension("bin"), bin).unwrap();
-    std::fs::write(prefix.with_extension("idx"), idx).unwrap();
-}
+use crate::token_common::write_megatron;
 
 /// Document `doc`'s tokens: each names its document and place (`doc << 16 | offset`).
 fn doc_tokens(doc: usize, len: u64) -> Vec<u32> {
@@ -710,4 +678,39 @@ fn flat_token_files_of_the_wrong_size_or_dtype_are_typed_errors_naming_the_file(
         .unwrap();
     let e = loader.next().unwrap().unwrap_err();
     assert!(e.to_string().contains("-3"), "{e}");
+}
+
+#[test]
+fn bad_settings_are_config_errors_naming_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = megatron(dir.path(), "a", &[40, 30, 20]);
+    let b = || TokenLoader::builder(16, 4).source(Arc::clone(&src));
+    let cases: [(TokenLoaderBuilder, &str); 9] = [
+        (TokenLoader::builder(16, 4), "sources"),
+        (
+            TokenLoader::builder(0, 4).source(Arc::clone(&src)),
+            "seq_len",
+        ),
+        (
+            TokenLoader::builder(16, 0).source(Arc::clone(&src)),
+            "global_batch",
+        ),
+        (b().window(0), "window"),
+        (b().shard(3, 3), "rank"),
+        (b().input_dtype(DType::F32), "input_dtype"),
+        (b().position_dtype(DType::U16), "position_dtype"),
+        (
+            b().label_dtype(DType::I32).ignore_index(1 << 40),
+            "ignore_index",
+        ),
+        // The padding token must fit the ids' dtype, not be cut to it.
+        (b().input_dtype(DType::U16).pad_id(70_000), "pad_id"),
+    ];
+    for (builder, setting) in cases {
+        match builder.build() {
+            Err(Error::InvalidConfig { setting: s, .. }) => assert_eq!(s, setting),
+            Err(e) => panic!("{setting}: {e}"),
+            Ok(_) => panic!("{setting}: built"),
+        }
+    }
 }

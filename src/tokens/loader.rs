@@ -224,6 +224,42 @@ impl TokenLoaderBuilder {
         Ok(TokenLoader::wrap(loader, built.settings))
     }
 
+    /// As [`build`](Self::build), with the batches on `device` (feature `cuda`): the workers
+    /// write narrow integers into pinned buffers (`input_ids` as u16 when every source stores
+    /// 16-bit tokens, else as u32 for i64 ids; `labels` as i32 for 16-bit tokens;
+    /// `position_ids` as u16 for rows of at most 65,536 tokens), the copy thread copies each
+    /// batch and widens them on the device ([`Widen`](crate::cuda::Widen)) to the dtypes this
+    /// builder names; `document_ids` and `cu_seqlens` are i32 on both sides. `opts` are the
+    /// device loader's (depth, poison, mask, indices).
+    #[cfg(feature = "cuda")]
+    pub fn build_device(
+        self,
+        device: &crate::cuda::Device,
+        opts: crate::cuda::DeviceLoaderOptions,
+    ) -> Result<TokenLoader<crate::cuda::DeviceLoader>> {
+        let sources: Vec<DType> = self.sources.iter().map(|(s, _)| s.dtype()).collect();
+        let labels = self.labels();
+        let (wire, widen) = self
+            .dtypes
+            .wire(&sources, self.seq_len as u64, &labels, self.pad_id);
+        let built = self.prepare(Some(wire))?;
+        let opts = widen.into_iter().fold(opts, |o, (field, dtype)| {
+            o.widen(crate::cuda::Widen::new(field, dtype))
+        });
+        let loader = crate::cuda::DeviceLoader::from_builder(built.inner, device, opts)?;
+        Ok(TokenLoader::wrap(loader, built.settings))
+    }
+
+    /// What labels hold where there is nothing to predict, as set.
+    fn labels(&self) -> Labels {
+        Labels {
+            ignore_index: self.ignore_index,
+            mask_document_ends: self
+                .mask_document_ends
+                .unwrap_or(self.mode == SampleMode::Packed),
+        }
+    }
+
     /// The checks and the inner loader's settings; `host_dtypes`: the row dtypes the host
     /// writes, when they are not the user's (for a loader that widens them after the copy).
     fn prepare(self, host_dtypes: Option<RowDtypes>) -> Result<Built> {
@@ -256,13 +292,9 @@ impl TokenLoaderBuilder {
                 format!("rank {rank} is not below the world size {world}"),
             ));
         }
-        let labels = Labels {
-            ignore_index: self.ignore_index,
-            mask_document_ends: self
-                .mask_document_ends
-                .unwrap_or(self.mode == SampleMode::Packed),
-        };
+        let labels = self.labels();
         self.dtypes.check(&labels, self.seq_len as u64)?;
+        self.dtypes.check_pad(self.pad_id)?;
         let rows = (self.global_batch as u64).div_ceil(world);
         // cu_seqlens are i32 offsets into a batch's tokens, as flash-attention takes them.
         if rows.saturating_mul(self.seq_len as u64 + 1) > i32::MAX as u64 {
@@ -533,9 +565,9 @@ impl TokenStats {
 /// `seq_len` tokens from one source or a weighted blend, each rank's share of every global
 /// batch, resumable exactly under any world size. See the [module docs](super).
 ///
-/// `L` is the loader underneath: [`Loader`] (host batches; [`TokenLoaderBuilder::build`]).
-/// The face is generic so that a device loader can sit there; device batches with the integer
-/// fields widened on the GPU are not built yet (the host writes the dtypes the builder names).
+/// `L` is the loader underneath: [`Loader`] (host batches; [`TokenLoaderBuilder::build`]) or,
+/// with feature `cuda`, a [`DeviceLoader`](crate::cuda::DeviceLoader) (device batches, their
+/// integer fields widened on the GPU; `TokenLoaderBuilder::build_device`).
 pub struct TokenLoader<L = Loader> {
     inner: L,
     settings: Settings,

@@ -19,7 +19,8 @@
 //!      │
 //!      ▼
 //!  TokenLoader: BatchStream of host batches (input_ids, labels, position_ids of the dtypes
-//!  the builder names: u16 over PCIe and widening on the GPU are not built yet)
+//!  the builder names), or of device batches (build_device: narrow integers over PCIe,
+//!  widened on the GPU by the copy stage's Widen kernels)
 //! ```
 //!
 //! What each module owns:
@@ -31,7 +32,7 @@
 //! | `index` | a source's windows, an epoch's order of them, the pieces of row `r` |
 //! | `stream` | the global stream (position -> source and row), the ranks' shares of a global batch |
 //! | `rows` | writing rows into batch slots; `cu_seqlens` and counts per batch |
-//! | `loader` | [`TokenLoader`], [`TokenLoaderBuilder`], states, [`TokenStats`] |
+//! | `loader` | [`TokenLoader`], [`TokenLoaderBuilder`] (host and, with `cuda`, device batches), states, [`TokenStats`] |
 //!
 //! # Rows
 //!

@@ -104,6 +104,65 @@ impl RowDtypes {
         }
         Ok(())
     }
+
+    /// The padding token checked against `input_ids`' dtype.
+    pub(crate) fn check_pad(&self, pad_id: u32) -> Result<()> {
+        let fits = match self.input_ids {
+            DType::U16 => pad_id <= u32::from(u16::MAX),
+            DType::I32 => pad_id <= i32::MAX as u32,
+            _ => true,
+        };
+        if fits {
+            Ok(())
+        } else {
+            Err(Error::config(
+                "pad_id",
+                format!("{pad_id} does not fit {} input_ids", self.input_ids),
+            ))
+        }
+    }
+
+    /// The dtypes to write on the host when the device widens them to these after the copy,
+    /// with the fields to widen: `input_ids` cross as u16 when every source stores 16-bit
+    /// tokens (and the padding token fits), else as u32 when they are to be i64; `labels` as
+    /// i32 when the tokens are 16-bit (and the ignore index fits, as `check` made sure for
+    /// i32 labels); `position_ids` as u16 when rows are at most 65,536 tokens.
+    pub(crate) fn wire(
+        &self,
+        sources: &[DType],
+        seq_len: u64,
+        labels: &Labels,
+        pad_id: u32,
+    ) -> (RowDtypes, Vec<(&'static str, DType)>) {
+        let short_tokens = sources
+            .iter()
+            .all(|d| matches!(d, DType::U8 | DType::U16 | DType::I16));
+        let mut wire = *self;
+        let mut widen = Vec::new();
+        let wide = |d: DType| matches!(d, DType::I32 | DType::I64);
+        if wide(self.input_ids) {
+            let narrow = if short_tokens && pad_id <= u32::from(u16::MAX) {
+                Some(DType::U16)
+            } else if self.input_ids == DType::I64 {
+                Some(DType::U32)
+            } else {
+                None
+            };
+            if let Some(n) = narrow {
+                wire.input_ids = n;
+                widen.push((INPUT_IDS, self.input_ids));
+            }
+        }
+        if self.labels == DType::I64 && short_tokens && i32::try_from(labels.ignore_index).is_ok() {
+            wire.labels = DType::I32;
+            widen.push((LABELS, DType::I64));
+        }
+        if seq_len <= 1 << 16 {
+            wire.position_ids = DType::U16;
+            widen.push((POSITION_IDS, self.position_ids));
+        }
+        (wire, widen)
+    }
 }
 
 /// The fields of a row of `seq_len` tokens.
@@ -430,4 +489,78 @@ fn write_ints(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const I64: RowDtypes = RowDtypes {
+        input_ids: DType::I64,
+        labels: DType::I64,
+        position_ids: DType::I64,
+    };
+    const LABELS: Labels = Labels {
+        ignore_index: -100,
+        mask_document_ends: false,
+    };
+
+    #[test]
+    fn the_wire_is_narrow_where_every_value_fits_and_wide_where_one_may_not() {
+        // 16-bit tokens, rows of 8,192: u16 ids and positions, i32 labels.
+        let (wire, widen) = I64.wire(&[DType::U16, DType::U16], 8192, &LABELS, 0);
+        assert_eq!(
+            (wire.input_ids, wire.labels, wire.position_ids),
+            (DType::U16, DType::I32, DType::U16)
+        );
+        assert_eq!(
+            widen,
+            [
+                (INPUT_IDS, DType::I64),
+                (super::LABELS, DType::I64),
+                (POSITION_IDS, DType::I64)
+            ]
+        );
+        // A 32-bit source in the blend: ids as u32, labels stay i64 (ids past i32 may exist).
+        let (wire, widen) = I64.wire(&[DType::U16, DType::I32], 8192, &LABELS, 0);
+        assert_eq!((wire.input_ids, wire.labels), (DType::U32, DType::I64));
+        assert_eq!(widen.len(), 2);
+        // A padding token past u16: ids as u32.
+        let (wire, _) = I64.wire(&[DType::U16], 8192, &LABELS, 70_000);
+        assert_eq!(wire.input_ids, DType::U32);
+        // An ignore index past i32: labels stay i64.
+        let far = Labels {
+            ignore_index: 1 << 40,
+            ..LABELS
+        };
+        let (wire, _) = I64.wire(&[DType::U16], 8192, &far, 0);
+        assert_eq!(wire.labels, DType::I64);
+        // Rows of 65,536 tokens have positions up to 65,535 (u16); longer ones do not.
+        assert_eq!(
+            I64.wire(&[DType::U16], 1 << 16, &LABELS, 0).0.position_ids,
+            DType::U16
+        );
+        assert_eq!(
+            I64.wire(&[DType::U16], (1 << 16) + 1, &LABELS, 0)
+                .0
+                .position_ids,
+            DType::I64
+        );
+        // i32 ids from u32 tokens cannot be widened: they cross as they are.
+        let i32_ids = RowDtypes {
+            input_ids: DType::I32,
+            ..I64
+        };
+        let (wire, widen) = i32_ids.wire(&[DType::U32], 8192, &LABELS, 0);
+        assert_eq!(wire.input_ids, DType::I32);
+        assert!(widen.iter().all(|(f, _)| *f != INPUT_IDS));
+        // Ids already narrow are not widened.
+        let u16_ids = RowDtypes {
+            input_ids: DType::U16,
+            ..I64
+        };
+        let (wire, widen) = u16_ids.wire(&[DType::U16], 8192, &LABELS, 0);
+        assert_eq!(wire.input_ids, DType::U16);
+        assert!(widen.iter().all(|(f, _)| *f != INPUT_IDS));
+    }
 }
