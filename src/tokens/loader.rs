@@ -25,6 +25,7 @@ use crate::loader::{
 };
 use crate::sampler::{OrderSpec, Remainder};
 use crate::source::tokens::TokenSource;
+use crate::trace::Trace;
 
 /// Settings of a [`TokenLoader`]; see [`TokenLoader::builder`].
 pub struct TokenLoaderBuilder {
@@ -49,6 +50,7 @@ pub struct TokenLoaderBuilder {
     epoch: u64,
     resume: Option<LoaderState>,
     across_epochs: bool,
+    trace: Option<Trace>,
 }
 
 /// What a token loader knows beyond its inner loader: the stream, the shares, the global
@@ -217,6 +219,12 @@ impl TokenLoaderBuilder {
         self
     }
 
+    /// Records the loader's timeline into `trace` (see [`LoaderBuilder::trace`]).
+    pub fn trace(mut self, trace: &Trace) -> Self {
+        self.trace = Some(trace.clone());
+        self
+    }
+
     /// Checks the settings, reads every source's index once, and starts the workers.
     pub fn build(self) -> Result<TokenLoader> {
         let built = self.prepare(None)?;
@@ -362,6 +370,9 @@ impl TokenLoaderBuilder {
         }
         if let Some(b) = self.pool_budget {
             inner = inner.pool_budget(b);
+        }
+        if let Some(t) = &self.trace {
+            inner = inner.trace(t);
         }
         let settings = Settings {
             stream,
@@ -583,6 +594,7 @@ impl TokenLoader {
             epoch: 0,
             resume: None,
             across_epochs: true,
+            trace: None,
         }
     }
 }
