@@ -8,6 +8,9 @@ copy), and the buffer is reused once the last of them is gone. Install with
 - :class:`Loader`: batches of a data set, in PyTorch's vocabulary (``batch_size``,
   ``shuffle``, ``workers``, ``drop_last``, ``shard``, ``set_epoch``, ``state_dict``).
 - :class:`ImageOptions`: the image pipeline (decode, RandomResizedCrop, flip, normalise).
+- :class:`TokenLoader`: language-model batches of token files (Megatron ``.bin/.idx``,
+  nanoGPT's ``train.bin``, ``.npy``): concatenated or packed rows, weighted blends, ranks'
+  shares of global batches, resumable under any world size.
 - :func:`pack`, :func:`inspect`: write and describe packed record files (the ``gpufeed`` command's).
 - :class:`Array`: gpufeed's DLPack array (``output="dlpack"``).
 - :class:`Error` and its subclasses: what goes wrong, and where.
@@ -31,6 +34,7 @@ from ._errors import (
     InternalError,
 )
 from ._loader import INDEX_KEY, MASK_KEY, ImageOptions, Loader
+from ._tokens import TokenLoader
 
 Array = _gpufeed.Array
 
@@ -39,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Loader",
     "ImageOptions",
+    "TokenLoader",
     "Array",
     "pack",
     "inspect",

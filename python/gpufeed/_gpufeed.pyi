@@ -69,6 +69,33 @@ class LoaderCore:
     fields: List[Tuple[str, str, List[int], bool]]
     def close(self) -> None: ...
 
+def token_core(
+    sources: Sequence[Tuple[str, float]],
+    *,
+    seq_len: int,
+    batch_size: int,
+    mode: str,
+    token_dtype: Optional[str],
+    shuffle: Optional[int],
+    window: int,
+    samples_per_epoch: Optional[int],
+    shard: Optional[Tuple[int, int]],
+    shard_env: bool,
+    drop_last: bool,
+    ignore_index: int,
+    mask_document_ends: Optional[bool],
+    pad_id: int,
+    input_dtype: str,
+    label_dtype: str,
+    position_dtype: str,
+    workers: Optional[int],
+    prefetch: Optional[int],
+    batch_parts: Optional[int],
+    pool_budget: Optional[int],
+    epoch: int,
+    convert: Optional[Callable[[Array], Any]],
+    trace: Optional[str] = None,
+) -> LoaderCore: ...
 def pack(
     inputs: Sequence[str],
     output: str,

@@ -1,12 +1,25 @@
 """``gpufeed.Loader`` and ``gpufeed.ImageOptions``: the arguments, checked and spelled out for
-the extension module, which does the work."""
+the extension module, which does the work; and what every gpufeed loader shares (iteration,
+state, epochs, figures, closing: ``_Batches``, the base of ``Loader`` and ``TokenLoader``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import os
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from . import _gpufeed
 from ._errors import config_error, config_said
@@ -36,12 +49,13 @@ _DTYPES = {
 }
 
 
-def _dtype_name(dtype: Any) -> Optional[str]:
-    """gpufeed's name of an image dtype given as a string, a numpy or a torch dtype."""
+def _dtype_name(dtype: Any, names: Mapping[str, str] = _DTYPES) -> Optional[str]:
+    """gpufeed's name of a dtype given as a string, a numpy or a torch dtype, as ``names``
+    spells them (by default the image dtypes); None for another."""
     name = getattr(dtype, "__name__", None) if isinstance(dtype, type) else None
     text = name if name is not None else str(dtype)
     text = text.replace("torch.", "").replace("numpy.", "").lower()
-    return _DTYPES.get(text)
+    return names.get(text)
 
 
 def _is_int(x: Any) -> bool:
@@ -67,6 +81,40 @@ def _setting(argument: str, x: Any) -> Union[int, str]:
             return x
         raise config_error(argument, f"{x!r} is neither a whole number nor 'auto'")
     return _int(argument, x, 1)
+
+
+def _seed(shuffle: Union[None, bool, int]) -> Optional[int]:
+    """``shuffle=``: None or False for the files' order, an int seed, True for seed 0."""
+    if shuffle is None or shuffle is False:
+        return None
+    if shuffle is True:
+        return 0
+    return _int("shuffle", shuffle)
+
+
+def _shard(shard: Union[None, str, Tuple[int, int]]) -> Tuple[Optional[Tuple[int, int]], bool]:
+    """``shard=``: ((rank, world) or None, whether to read them from the environment)."""
+    if isinstance(shard, str):
+        if shard != "env":
+            raise config_error("shard", f"{shard!r} is not 'env' or (rank, world_size)")
+        return None, True
+    if shard is None:
+        return None, False
+    try:
+        rank, world = shard
+    except (TypeError, ValueError):
+        raise config_error("shard", f"{shard!r} is not 'env' or (rank, world_size)") from None
+    return (_int("shard", rank), _int("shard", world, 1)), False
+
+
+def _trace_file(trace: Optional[PathLike]) -> Optional[str]:
+    """``trace=``: the file the timeline is written to, or None."""
+    if trace is None:
+        return None
+    try:
+        return os.fspath(trace)
+    except TypeError:
+        raise config_error("trace", f"{trace!r} is not a file name") from None
 
 
 def _pair(argument: str, x: Any) -> Tuple[float, float]:
@@ -328,7 +376,111 @@ def _paths(path_or_paths: Any) -> List[str]:
     return paths
 
 
-class Loader:
+_B = TypeVar("_B", bound="_Batches")
+
+
+class _Batches:
+    """What every gpufeed loader shares: iteration, epochs, state, figures, closing. Its
+    subclasses (``Loader``, ``TokenLoader``) check their arguments and make ``self._core``,
+    the extension module's ``LoaderCore``, which does the work."""
+
+    _core: Any
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        """The batches of the epoch (see the class docs for which epoch)."""
+        return self._core.iter_epoch()
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (for a TokenLoader, the global batches: each rank
+        gets its share of every one)."""
+        return len(self._core)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts ``epoch`` from its first batch (PyTorch's ``DistributedSampler.set_epoch``).
+
+        Right after ``load_state_dict`` (or a fresh loader made with that epoch), asking for
+        the loader's own epoch keeps the position: the rest of that epoch comes next. Once an
+        epoch has been delivered to its end, gpufeed is already making the next epoch's first
+        batches; asking for that epoch keeps them.
+        """
+        self._core.set_epoch(_int("epoch", epoch))
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loader stands: the epoch, the batches delivered in it, and the settings
+        that decide the order; plain Python values (torchdata's ``StatefulDataLoader`` and
+        ``torch.distributed.checkpoint`` protocol). Take it after the step that used the last
+        batch: batches you still hold count as delivered."""
+        return self._core.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Puts the loader where ``state_dict`` says: the next batches are the rest of that
+        epoch, then the following epochs. Raises a ConfigError naming ``state_dict`` if it was
+        saved with other order settings (see the class docs)."""
+        self._core.load_state_dict(state_dict)
+
+    def stats(self) -> Dict[str, Any]:
+        """Figures so far: batches, samples and bytes delivered, time waited for data
+        (``wait_fraction``), worker time per stage, the pool's bytes (``pool``: host buffers,
+        pinned on the GPU path), images decoded and skipped (``images``, with the image
+        pipeline), and ``text``, a printable table. On the GPU also ``device``: ``ordinal``,
+        ``name``, the copy stage (``h2d_bytes``, ``h2d_copies``, ``h2d_busy_s``,
+        ``h2d_bytes_per_s``), the device pool (``pool``), ``leaked_buffers`` (buffers whose
+        release the driver could not fence: never reused; 0 unless the driver failed) and
+        ``reserved_bytes_all_pools`` (GPU memory all of gpufeed's device pools hold). A
+        TokenLoader's also ``tokens``: ``batches``, ``rows`` (padding rows included),
+        ``tokens`` (of documents), ``padding`` (tokens), ``padding_fraction``,
+        ``rows_per_source`` and ``shares`` (each source's share of the rows from sources)."""
+        return self._core.stats()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being delivered."""
+        return self._core.epoch
+
+    @property
+    def position(self) -> int:
+        """Batches delivered in this epoch."""
+        return self._core.position
+
+    @property
+    def rank(self) -> int:
+        """This loader's rank."""
+        return self._core.order[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return self._core.order[1]
+
+    def write_trace(self, path: Optional[PathLike] = None) -> str:
+        """Writes the timeline recorded so far (``trace=``) to ``path``, or to the file
+        ``trace=`` named, as Chrome trace-event JSON; returns the file's name."""
+        return os.fspath(self._core.write_trace(None if path is None else os.fspath(path)))
+
+    def close(self) -> None:
+        """Stops the worker threads now. Batches you hold stay valid; later calls raise.
+
+        Closing (or dropping the last reference) waits, with the GIL released, for each worker
+        to stop; one stuck in a read that does not return (a named pipe, a hung network file
+        system) is left running after 2 seconds, with a RuntimeWarning, and ends when its read
+        returns."""
+        self._core.close()
+
+    def __enter__(self: _B) -> _B:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"a gpufeed.{type(self).__name__} cannot be pickled (it owns worker threads and a "
+            "memory mapping): make it in the process that uses it; with torch's DataLoader, "
+            "use num_workers=0"
+        )
+
+
+class Loader(_Batches):
     """Batches of a data set, made by worker threads that share one memory-mapped copy of it,
     in PyTorch's vocabulary. Replaces ``torch.utils.data.DataLoader`` for the files gpufeed
     reads: packed record files (``gpufeed.pack``), ``.npy`` arrays, several files of one schema
@@ -343,6 +495,10 @@ class Loader:
             loader.set_epoch(epoch)        # optional; keeps the position right after a resume
             for batch in loader:
                 step(batch["image"], batch["label"])
+
+    Resume: ``state_dict()`` names the epoch and the batches delivered in it; a loader of the
+    same order settings (data set length, batch size, seed, shard, drop_last, evaluation) takes
+    it with ``load_state_dict``, and goes on with the next batch.
 
     Arguments:
 
@@ -470,32 +626,12 @@ class Loader:
         paths = _paths(path_or_paths)
         output_given = output is not None
         batch_size = _int("batch_size", batch_size, 1)
-        if shuffle is None or shuffle is False:
-            seed = None
-        elif shuffle is True:
-            seed = 0
-        else:
-            seed = _int("shuffle", shuffle)
+        seed = _seed(shuffle)
         workers = None if workers is None else _setting("workers", workers)
         prefetch = None if prefetch is None else _setting("prefetch", prefetch)
         batch_parts = None if batch_parts is None else _setting("batch_parts", batch_parts)
-        if trace is not None:
-            try:
-                trace = os.fspath(trace)
-            except TypeError:
-                raise config_error("trace", f"{trace!r} is not a file name") from None
-        shard_pair: Optional[Tuple[int, int]] = None
-        shard_env = False
-        if isinstance(shard, str):
-            if shard != "env":
-                raise config_error("shard", f"{shard!r} is not 'env' or (rank, world_size)")
-            shard_env = True
-        elif shard is not None:
-            try:
-                rank, world = shard
-            except (TypeError, ValueError):
-                raise config_error("shard", f"{shard!r} is not 'env' or (rank, world_size)") from None
-            shard_pair = (_int("shard", rank), _int("shard", world, 1))
+        trace_file = _trace_file(trace)
+        shard_pair, shard_env = _shard(shard)
         ordinal = _device_ordinal(device)
         if ordinal is not None and not _gpufeed.HAS_CUDA:
             raise config_error(
@@ -557,7 +693,7 @@ class Loader:
             ragged_budget_each=budget_each,
             ragged_budgets=budgets,
             ragged_list=ragged == "list",
-            trace=trace,
+            trace=trace_file,
         )
         if self.output == "numpy":
             bf16 = [name for name, dtype, _, _ in self._core.fields if dtype == "bfloat16"]
@@ -578,69 +714,6 @@ class Loader:
         self.batch_size = batch_size
         self.evaluation = bool(evaluation)
 
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
-        """The batches of the epoch (see the class docs for which epoch)."""
-        return self._core.iter_epoch()
-
-    def __len__(self) -> int:
-        """Batches per epoch for this rank."""
-        return len(self._core)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Starts ``epoch`` from its first batch (PyTorch's ``DistributedSampler.set_epoch``).
-
-        Right after ``load_state_dict`` (or a fresh loader made with that epoch), asking for
-        the loader's own epoch keeps the position: the rest of that epoch comes next. Once an
-        epoch has been delivered to its end, gpufeed is already making the next epoch's first
-        batches; asking for that epoch keeps them.
-        """
-        self._core.set_epoch(_int("epoch", epoch))
-
-    def state_dict(self) -> Dict[str, Any]:
-        """Where the loader stands: the epoch, the batches delivered in it, and the settings
-        that decide the order; plain Python values (torchdata's ``StatefulDataLoader`` and
-        ``torch.distributed.checkpoint`` protocol). Take it after the step that used the last
-        batch: batches you still hold count as delivered."""
-        return self._core.state_dict()
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Puts the loader where ``state_dict`` says: the next batches are the rest of that
-        epoch, then the following epochs. Raises a ConfigError naming ``state_dict`` if it was
-        saved with other order settings (data set length, batch size, seed, shard, drop_last,
-        evaluation)."""
-        self._core.load_state_dict(state_dict)
-
-    def stats(self) -> Dict[str, Any]:
-        """Figures so far: batches, samples and bytes delivered, time waited for data
-        (``wait_fraction``), worker time per stage, the pool's bytes (``pool``: host buffers,
-        pinned on the GPU path), images decoded and skipped (``images``, with the image
-        pipeline), and ``text``, a printable table. On the GPU also ``device``: ``ordinal``,
-        ``name``, the copy stage (``h2d_bytes``, ``h2d_copies``, ``h2d_busy_s``,
-        ``h2d_bytes_per_s``), the device pool (``pool``), ``leaked_buffers`` (buffers whose
-        release the driver could not fence: never reused; 0 unless the driver failed) and
-        ``reserved_bytes_all_pools`` (GPU memory all of gpufeed's device pools hold)."""
-        return self._core.stats()
-
-    @property
-    def epoch(self) -> int:
-        """The epoch being delivered."""
-        return self._core.epoch
-
-    @property
-    def position(self) -> int:
-        """Batches delivered in this epoch."""
-        return self._core.position
-
-    @property
-    def rank(self) -> int:
-        """This loader's rank."""
-        return self._core.order[0]
-
-    @property
-    def world_size(self) -> int:
-        """The number of ranks."""
-        return self._core.order[1]
-
     @property
     def num_samples(self) -> int:
         """Samples in the data set (all ranks)."""
@@ -660,32 +733,6 @@ class Loader:
             name: (dtype, ((None,) if ragged else ()) + tuple(shape))
             for name, dtype, shape, ragged in self._core.fields
         }
-
-    def write_trace(self, path: Optional[PathLike] = None) -> str:
-        """Writes the timeline recorded so far (``trace=``) to ``path``, or to the file
-        ``trace=`` named, as Chrome trace-event JSON; returns the file's name."""
-        return os.fspath(self._core.write_trace(None if path is None else os.fspath(path)))
-
-    def close(self) -> None:
-        """Stops the worker threads now. Batches you hold stay valid; later calls raise.
-
-        Closing (or dropping the last reference) waits, with the GIL released, for each worker
-        to stop; one stuck in a read that does not return (a named pipe, a hung network file
-        system) is left running after 2 seconds, with a RuntimeWarning, and ends when its read
-        returns."""
-        self._core.close()
-
-    def __enter__(self) -> "Loader":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __reduce__(self) -> Any:
-        raise TypeError(
-            "a gpufeed.Loader cannot be pickled (it owns worker threads and a memory mapping): "
-            "make it in the process that uses it; with torch's DataLoader, use num_workers=0"
-        )
 
     def __repr__(self) -> str:
         try:

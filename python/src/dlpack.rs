@@ -342,7 +342,8 @@ fn exportable(dtype: DType) -> PyResult<DLDataType> {
 }
 
 /// What of a batch's field an array views: the field (a ragged field's values), a ragged
-/// field's offsets, or the items of one sample of a ragged field.
+/// field's offsets, the items of one sample of a ragged field, or the leading entries of a
+/// field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum View {
     /// The field: `[len, *shape]`, or a ragged field's values, `[items, *item shape]`.
@@ -351,6 +352,9 @@ pub enum View {
     Offsets,
     /// Sample `i`'s items of a ragged field: `[its items, *item shape]`.
     Sample(usize),
+    /// The field's first `n` elements, flat: `[n]` (a token batch's `cu_seqlens`, of which
+    /// the counted entries lead).
+    Leading(usize),
 }
 
 /// `e` as the ValueError of an array that cannot be made.
@@ -388,6 +392,20 @@ impl Array {
                 let mut shape = vec![(b - a) as usize];
                 shape.extend_from_slice(&field.shape);
                 (at + a as usize * field.item_bytes(), field.dtype, shape)
+            }
+            View::Leading(n) => {
+                let all: usize = batch
+                    .shape(&field.name)
+                    .map_err(unviewable)?
+                    .iter()
+                    .product();
+                if n > all {
+                    return Err(PyValueError::new_err(format!(
+                        "field `{}` has {all} entries, not {n}",
+                        field.name
+                    )));
+                }
+                (at, field.dtype, vec![n])
             }
         };
         let nbytes = shape.iter().product::<usize>() * dtype.size();
@@ -451,6 +469,19 @@ impl Array {
                 // SAFETY: see above.
                 let addr = unsafe { field.ptr() } + (a as usize * item_bytes) as u64;
                 (addr, (b - a) as usize * item_bytes, field.dtype(), shape)
+            }
+            View::Leading(n) => {
+                let bytes = n * field.dtype().size();
+                if bytes > field.bytes() {
+                    return Err(PyValueError::new_err(format!(
+                        "field `{}` has {} bytes, not the {bytes} of {n} entries",
+                        field.name(),
+                        field.bytes()
+                    )));
+                }
+                // SAFETY: see above.
+                let addr = unsafe { field.ptr() };
+                (addr, bytes, field.dtype(), vec![n])
             }
         };
         Ok(Array {

@@ -6,6 +6,7 @@
 //! | module | owns |
 //! |---|---|
 //! | `loader` | `LoaderCore`: the library's `Loader` behind a Python iterator, GIL released while waiting |
+//! | `tokens` | the token loader (`gpufeed.TokenLoader`) built from its arguments, served by `LoaderCore` |
 //! | `dlpack` | `Array` and the DLPack capsules that view a batch's buffer in place |
 //! | `errors` | the library's errors as Python exceptions; panics caught before Python |
 //! | `pack` | `pack` and `inspect`, as the command's |
@@ -15,6 +16,7 @@ mod dlpack;
 mod errors;
 mod loader;
 mod pack;
+mod tokens;
 mod value;
 
 use pyo3::prelude::*;
@@ -24,6 +26,7 @@ use pyo3::prelude::*;
 fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::LoaderCore>()?;
     m.add_class::<dlpack::Array>()?;
+    m.add_function(wrap_pyfunction!(tokens::token_core, m)?)?;
     m.add_function(wrap_pyfunction!(pack::pack, m)?)?;
     m.add_function(wrap_pyfunction!(pack::inspect, m)?)?;
     m.add_function(wrap_pyfunction!(pack::read_sample, m)?)?;

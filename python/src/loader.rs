@@ -30,6 +30,9 @@
 //! [`DeviceLoader`], whose device batches become CUDA arrays (`dlpack.rs`); with the image
 //! pipeline to a float dtype, the workers stop at u8 CHW and the GPU converts
 //! ([`gpufeed::cuda::Convert`]); the mask and indices are device fields of the batch.
+//!
+//! Other kinds of loader (the token loader, `tokens.rs`) are served by the same core: each is
+//! a [`Handed`] loader, built elsewhere and wrapped by [`LoaderCore::around`].
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,10 +40,12 @@ use std::time::Duration;
 
 use gpufeed::format::FieldKind;
 use gpufeed::source::{self, Dataset, ImageFolder};
+use gpufeed::tokens::TokenStats;
 use gpufeed::trace::Trace;
 use gpufeed::transform::image::{ImageStats, ImageTransform, Layout, Normalize, OnBadImage};
 use gpufeed::{
-    Batch, BatchStream, Codec, CopyFields, DType, Error, Loader, LoaderState, OutputField,
+    Batch, BatchInfo, BatchStream, Codec, CopyFields, DType, Error, Loader, LoaderState,
+    OutputField,
 };
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -63,7 +68,7 @@ pub const MASK_KEY: &str = "__mask__";
 pub const INDEX_KEY: &str = "__index__";
 
 /// What [`Feed::next_timeout`] found.
-enum Next {
+pub(crate) enum Next {
     /// The next batch, taken from the loader (or kept from a failed hand-over).
     Batch(Taken),
     /// The caller holds every batch the pool's budget allows: `batches` of `batch_bytes`.
@@ -77,14 +82,14 @@ enum Next {
 }
 
 /// A batch taken from the loader, held for the arrays of its hand-over to Python.
-enum Taken {
+pub(crate) enum Taken {
     Host(Arc<HeldBatch>),
     #[cfg(feature = "cuda")]
     Device(Arc<crate::dlpack::HeldDeviceBatch>),
 }
 
 /// A loader's figures, as its kind has them.
-enum Figures {
+pub(crate) enum Figures {
     Host(Box<gpufeed::LoaderStats>),
     #[cfg(feature = "cuda")]
     Device(Box<gpufeed::cuda::DeviceStats>, String),
@@ -93,7 +98,7 @@ enum Figures {
 /// What `LoaderCore` needs of a loader, whatever its batches: the library's [`BatchStream`],
 /// with each batch taken for its hand-over to Python. Implemented once, below, for every
 /// loader the binding knows how to hand over ([`Handed`]).
-trait Feed: Send {
+pub(crate) trait Feed: Send {
     fn next_timeout(&mut self, timeout: Duration) -> Next;
     fn epoch(&self) -> u64;
     fn batches_per_epoch(&self) -> u64;
@@ -105,14 +110,19 @@ trait Feed: Send {
     /// Every field of the batches, in order (device batches: the mask and indices last).
     fn fields(&self) -> Vec<OutputField>;
     fn figures(&self) -> Figures;
+    fn token_figures(&self) -> Option<TokenStats>;
 }
 
 /// A loader whose batches the binding hands to Python: what differs between kinds of loader.
-trait Handed: BatchStream + Send {
+pub(crate) trait Handed: BatchStream + Send {
     /// The batch taken from the loader (or the loader's error, said as the binding says it).
     fn taken(&self, result: gpufeed::Result<Self::Batch>) -> Next;
     fn fields(&self) -> Vec<OutputField>;
     fn figures(&self) -> Figures;
+    /// What a token loader delivered (`stats()["tokens"]`); None for other loaders.
+    fn token_figures(&self) -> Option<TokenStats> {
+        None
+    }
 }
 
 impl<L: Handed> Feed for L {
@@ -159,23 +169,33 @@ impl<L: Handed> Feed for L {
     fn figures(&self) -> Figures {
         Handed::figures(self)
     }
+
+    fn token_figures(&self) -> Option<TokenStats> {
+        Handed::token_figures(self)
+    }
+}
+
+/// A host batch taken from `loader` (or from a loader over it, as a token loader is), or the
+/// loader's error: the pool's budget spent by the caller is said as such.
+pub(crate) fn host_taken(loader: &Loader, result: gpufeed::Result<Batch>) -> Next {
+    match result {
+        Ok(b) => Next::Batch(Taken::Host(HeldBatch::new(b))),
+        // The budget's error (another `pool_budget` error, a failed allocation, is a
+        // batch's, while the caller holds fewer).
+        Err(Error::InvalidConfig {
+            setting: "pool_budget",
+            ..
+        }) if loader.held_batches() >= loader.budget_batches() => Next::Budget {
+            batches: loader.budget_batches(),
+            batch_bytes: gpufeed::HostPool::block_size(loader.layout().total_bytes()),
+        },
+        Err(e) => Next::Failed(e),
+    }
 }
 
 impl Handed for Loader {
     fn taken(&self, result: gpufeed::Result<Batch>) -> Next {
-        match result {
-            Ok(b) => Next::Batch(Taken::Host(HeldBatch::new(b))),
-            // The budget's error (another `pool_budget` error, a failed allocation, is a
-            // batch's, while the caller holds fewer).
-            Err(Error::InvalidConfig {
-                setting: "pool_budget",
-                ..
-            }) if self.held_batches() >= self.budget_batches() => Next::Budget {
-                batches: self.budget_batches(),
-                batch_bytes: gpufeed::HostPool::block_size(self.layout().total_bytes()),
-            },
-            Err(e) => Next::Failed(e),
-        }
+        host_taken(self, result)
     }
 
     fn fields(&self) -> Vec<OutputField> {
@@ -259,15 +279,29 @@ impl Place {
     }
 }
 
-/// The Rust half of `gpufeed.Loader`; not for direct use.
+/// How a field arrives in the batch dict.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Arrives {
+    /// Its array, `[len, *shape]`.
+    Whole,
+    /// A ragged field: `(values, offsets)`, or a list (`ragged_list`).
+    Ragged,
+    /// The leading [`TokenCounts::sequences`](gpufeed::loader::TokenCounts::sequences)` + 1`
+    /// entries, flat: a token batch's `cu_seqlens`.
+    Sequences,
+}
+
+/// The Rust half of `gpufeed.Loader` and `gpufeed.TokenLoader`; not for direct use.
 #[pyclass(frozen, module = "gpufeed._gpufeed", name = "LoaderCore")]
 pub struct LoaderCore {
     core: Mutex<Core>,
+    /// The Python class it serves, for messages (`gpufeed.Loader`).
+    class: &'static str,
     /// The batch dict's keys, one per field of the batches (device batches: the mask and
     /// indices fields too).
     names: Vec<Py<PyString>>,
-    /// Per key of `names`, true for a ragged field: `(values, offsets)`, or a list.
-    ragged: Vec<bool>,
+    /// Per key of `names`, how its field arrives.
+    arrives: Vec<Arrives>,
     /// Ragged fields as a list of one array per sample instead of `(values, offsets)`.
     ragged_list: bool,
     /// The data fields as delivered (device batches: after the conversion on the GPU), without
@@ -488,8 +522,8 @@ impl Settings {
     }
 }
 
-/// A failure of `build` that is the Python user's argument, named as typed.
-enum BuildError {
+/// A failure of a build that is the Python user's argument, named as typed.
+pub(crate) enum BuildError {
     Library(Error),
     /// An invalid argument, and what is wrong with it.
     Argument(&'static str, String),
@@ -505,6 +539,22 @@ const DEFAULT_LABEL_FIELD: &str = "label";
 impl From<Error> for BuildError {
     fn from(e: Error) -> Self {
         BuildError::Library(e)
+    }
+}
+
+/// A build run with the GIL released (`py.detach`), panics caught: its loader, or the error as
+/// the Python user's, for a call that left `defaults` to gpufeed.
+pub(crate) fn built<T: Send>(
+    py: Python<'_>,
+    defaults: &[&'static str],
+    build: impl FnOnce() -> Result<T, BuildError> + Send,
+) -> PyResult<T> {
+    match py.detach(|| catch(build)) {
+        Ok(Ok(built)) => Ok(built),
+        Ok(Err(BuildError::Library(e))) => Err(errors::to_py_with(py, &e, Defaults(defaults))),
+        Ok(Err(BuildError::Argument(arg, what))) => Err(errors::config(py, arg, what)),
+        Ok(Err(BuildError::Lacks(arg, message))) => Err(errors::config_said(py, arg, message)),
+        Err(payload) => Err(errors::panicked(py, payload.as_ref())),
     }
 }
 
@@ -772,7 +822,8 @@ impl LoaderCore {
     fn check_process(&self) -> PyResult<()> {
         if std::process::id() != self.pid {
             return Err(PyRuntimeError::new_err(format!(
-                "this gpufeed.Loader was made in process {} and cannot be used in process {} (a fork copies none of its threads): make the loader in the process that iterates it; with torch's DataLoader, use num_workers=0",
+                "this {} was made in process {} and cannot be used in process {} (a fork copies none of its threads): make the loader in the process that iterates it; with torch's DataLoader, use num_workers=0",
+                self.class,
                 self.pid,
                 std::process::id()
             )));
@@ -797,7 +848,10 @@ impl LoaderCore {
         });
         let defaults = Defaults(&self.defaults);
         match caught {
-            Ok(None) => Err(PyRuntimeError::new_err("this gpufeed.Loader is closed")),
+            Ok(None) => Err(PyRuntimeError::new_err(format!(
+                "this {} is closed",
+                self.class
+            ))),
             Ok(Some(result)) => lift_with(py, Ok(result), defaults),
             Err(payload) => lift_with(py, Err(payload), defaults),
         }
@@ -840,8 +894,7 @@ impl LoaderCore {
         let len = batch.len() as i64;
         let dict = PyDict::new(py);
         for (k, name) in self.names.iter().enumerate() {
-            let value =
-                self.field_value(py, batch.len(), k, |view| Array::batch_field(held, k, view))?;
+            let value = self.field_value(py, batch, k, |view| Array::batch_field(held, k, view))?;
             dict.set_item(name.bind(py), value)?;
         }
         if let Some(mask) = mask {
@@ -868,32 +921,39 @@ impl LoaderCore {
         held: &Arc<crate::dlpack::HeldDeviceBatch>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
-        let len = held.batch().len();
+        let info: &BatchInfo = held.batch();
         for (k, name) in self.names.iter().enumerate() {
-            let value = self.field_value(py, len, k, |view| Array::device_field(held, k, view))?;
+            let value = self.field_value(py, info, k, |view| Array::device_field(held, k, view))?;
             dict.set_item(name.bind(py), value)?;
         }
         Ok(dict)
     }
 
-    /// Field `k` of a batch of `len` samples as the batch dict holds it: its array, or for a
-    /// ragged field `(values, offsets)` or a list of one array per sample; `view` makes the
-    /// arrays (in place).
+    /// Field `k` of the batch `info` as the batch dict holds it (see [`Arrives`]): its array,
+    /// for a ragged field `(values, offsets)` or a list of one array per sample, or its
+    /// counted entries; `view` makes the arrays (in place).
     fn field_value<'py>(
         &self,
         py: Python<'py>,
-        len: usize,
+        info: &BatchInfo,
         k: usize,
         view: impl Fn(View) -> PyResult<Array>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let array = |v: View| -> PyResult<Bound<'py, PyAny>> {
             self.converted(py, Bound::new(py, view(v)?)?)
         };
-        if !self.ragged.get(k).copied().unwrap_or(false) {
-            return array(View::Field);
+        match self.arrives.get(k).copied().unwrap_or(Arrives::Whole) {
+            Arrives::Whole => return array(View::Field),
+            Arrives::Sequences => {
+                return match info.tokens() {
+                    Some(t) => array(View::Leading(t.sequences as usize + 1)),
+                    None => array(View::Field),
+                };
+            }
+            Arrives::Ragged => {}
         }
         if self.ragged_list {
-            let items = (0..len)
+            let items = (0..info.len())
                 .map(|i| array(View::Sample(i)))
                 .collect::<PyResult<Vec<_>>>()?;
             return Ok(PyList::new(py, items)?.into_any());
@@ -909,6 +969,81 @@ impl LoaderCore {
         match &self.convert {
             Some(f) => f.bind(py).call1((array,)),
             None => Ok(array.into_any()),
+        }
+    }
+}
+
+/// What a [`LoaderCore`] holds beside its loader: how batches are handed over, and what its
+/// messages and figures say.
+pub(crate) struct Around {
+    /// The Python class served (`gpufeed.Loader`), for messages.
+    pub class: &'static str,
+    /// Makes each array the user's (`torch.from_dlpack`), or None for `gpufeed.Array`s.
+    pub convert: Option<Py<PyAny>>,
+    /// Adds the padding mask (`MASK_KEY`) to host batches.
+    pub evaluation: bool,
+    /// Adds the sample indices (`INDEX_KEY`) to host batches.
+    pub indices: bool,
+    /// Ragged fields as a list of one array per sample.
+    pub ragged_list: bool,
+    /// The image pipeline's figures, with `images=`.
+    pub images: Option<Arc<ImageStats>>,
+    /// The device's ordinal for device loaders.
+    pub device: Option<usize>,
+    /// The arguments left to gpufeed's defaults (see `errors::Defaults`).
+    pub defaults: Vec<&'static str>,
+    /// The timeline being recorded and the file it is written to.
+    pub trace: Option<(Trace, PathBuf)>,
+    /// The field handed out as its batch's counted sequences (see [`Arrives::Sequences`]).
+    pub sequences: Option<&'static str>,
+}
+
+impl LoaderCore {
+    /// The core of a built `loader`: the Python iterator over its batches.
+    pub(crate) fn around(py: Python<'_>, loader: Box<dyn Feed>, a: Around) -> LoaderCore {
+        // Every field of the batches, in order (device batches: the mask and indices last).
+        let all = loader.fields();
+        let names = all
+            .iter()
+            .map(|f| PyString::intern(py, &f.name).unbind())
+            .collect();
+        let arrives = all
+            .iter()
+            .map(|f| {
+                if f.ragged {
+                    Arrives::Ragged
+                } else if a.sequences == Some(f.name.as_str()) {
+                    Arrives::Sequences
+                } else {
+                    Arrives::Whole
+                }
+            })
+            .collect();
+        let fields = all
+            .into_iter()
+            .filter(|f| f.name != MASK_KEY && f.name != INDEX_KEY)
+            .collect();
+        LoaderCore {
+            core: Mutex::new(Core {
+                loader: Some(loader),
+                place: Place {
+                    fresh: true,
+                    ..Place::default()
+                },
+            }),
+            class: a.class,
+            names,
+            arrives,
+            ragged_list: a.ragged_list,
+            fields,
+            convert: a.convert,
+            evaluation: a.evaluation,
+            indices: a.indices,
+            images: a.images,
+            device: a.device,
+            pid: std::process::id(),
+            defaults: a.defaults,
+            trace: a.trace,
         }
     }
 }
@@ -970,50 +1105,23 @@ impl LoaderCore {
             device,
         };
         let defaults = settings.defaults();
-        let caught = py.detach(|| catch(|| build(settings)));
-        let (loader, image_stats) = match caught {
-            Ok(Ok(built)) => built,
-            Ok(Err(BuildError::Library(e))) => {
-                return Err(errors::to_py_with(py, &e, Defaults(&defaults)));
-            }
-            Ok(Err(BuildError::Argument(arg, what))) => return Err(errors::config(py, arg, what)),
-            Ok(Err(BuildError::Lacks(arg, message))) => {
-                return Err(errors::config_said(py, arg, message));
-            }
-            Err(payload) => return Err(errors::panicked(py, payload.as_ref())),
-        };
-        // Every field of the batches, in order (device batches: the mask and indices last).
-        let all = loader.fields();
-        let names = all
-            .iter()
-            .map(|f| PyString::intern(py, &f.name).unbind())
-            .collect();
-        let ragged = all.iter().map(|f| f.ragged).collect();
-        let fields = all
-            .into_iter()
-            .filter(|f| f.name != MASK_KEY && f.name != INDEX_KEY)
-            .collect();
-        Ok(LoaderCore {
-            core: Mutex::new(Core {
-                loader: Some(loader),
-                place: Place {
-                    fresh: true,
-                    ..Place::default()
-                },
-            }),
-            names,
-            ragged,
-            ragged_list,
-            fields,
-            convert,
-            evaluation,
-            indices,
-            images: image_stats,
-            device,
-            pid: std::process::id(),
-            defaults,
-            trace: timeline,
-        })
+        let (loader, images) = built(py, &defaults, || build(settings))?;
+        Ok(LoaderCore::around(
+            py,
+            loader,
+            Around {
+                class: "gpufeed.Loader",
+                convert,
+                evaluation,
+                indices,
+                ragged_list,
+                images,
+                device,
+                defaults,
+                trace: timeline,
+                sequences: None,
+            },
+        ))
     }
 
     /// Applies the epoch rule of `for` loops and returns the iterator (this object).
@@ -1119,25 +1227,16 @@ impl LoaderCore {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = match self.with_loader(py, |_, l| Ok(l.figures()))? {
-            Figures::Host(s) => *s,
+        let (figures, tokens) =
+            self.with_loader(py, |_, l| Ok((l.figures(), l.token_figures())))?;
+        let d = match figures {
+            Figures::Host(s) => self.host_stats(py, &s)?,
             #[cfg(feature = "cuda")]
-            Figures::Device(s, name) => return self.device_stats(py, *s, name),
+            Figures::Device(s, name) => self.device_stats(py, *s, name)?,
         };
-        let d = PyDict::new(py);
-        d.set_item("batches", s.batches)?;
-        d.set_item("samples", s.samples)?;
-        d.set_item("bytes", s.bytes)?;
-        d.set_item("elapsed_s", s.elapsed.as_secs_f64())?;
-        d.set_item("waited_s", s.waited.as_secs_f64())?;
-        d.set_item("wait_fraction", s.wait_fraction())?;
-        d.set_item("samples_per_s", s.samples_per_sec())?;
-        d.set_item("bytes_per_s", s.bytes_per_sec())?;
-        d.set_item("first_batch_s", s.first_batch.map(|f| f.as_secs_f64()))?;
-        host_figures(py, &d, &s)?;
-        self.image_figures(py, &d)?;
-        d.set_item("verdict", s.verdict().to_string())?;
-        d.set_item("text", s.to_string())?;
+        if let Some(t) = tokens {
+            d.set_item("tokens", token_figures(py, &t)?)?;
+        }
         Ok(d)
     }
 
@@ -1269,7 +1368,43 @@ fn pool_figures<'py>(
     Ok(pool)
 }
 
+/// A token loader's figures as a dict (`stats()["tokens"]`).
+fn token_figures<'py>(py: Python<'py>, t: &TokenStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("batches", t.batches)?;
+    d.set_item("rows", t.rows)?;
+    d.set_item("tokens", t.tokens)?;
+    d.set_item("padding", t.padding)?;
+    d.set_item("padding_fraction", t.padding_fraction())?;
+    d.set_item("rows_per_source", t.rows_per_source.clone())?;
+    d.set_item("shares", t.shares())?;
+    Ok(d)
+}
+
 impl LoaderCore {
+    /// A host loader's figures.
+    fn host_stats<'py>(
+        &self,
+        py: Python<'py>,
+        s: &gpufeed::LoaderStats,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("batches", s.batches)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("elapsed_s", s.elapsed.as_secs_f64())?;
+        d.set_item("waited_s", s.waited.as_secs_f64())?;
+        d.set_item("wait_fraction", s.wait_fraction())?;
+        d.set_item("samples_per_s", s.samples_per_sec())?;
+        d.set_item("bytes_per_s", s.bytes_per_sec())?;
+        d.set_item("first_batch_s", s.first_batch.map(|f| f.as_secs_f64()))?;
+        host_figures(py, &d, s)?;
+        self.image_figures(py, &d)?;
+        d.set_item("verdict", s.verdict().to_string())?;
+        d.set_item("text", s.to_string())?;
+        Ok(d)
+    }
+
     fn image_figures(&self, py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<()> {
         if let Some(images) = &self.images {
             let i = PyDict::new(py);

@@ -25,6 +25,7 @@ use crate::loader::{
 };
 use crate::sampler::{OrderSpec, Remainder};
 use crate::source::tokens::TokenSource;
+use crate::trace::Trace;
 
 /// Settings of a [`TokenLoader`]; see [`TokenLoader::builder`].
 pub struct TokenLoaderBuilder {
@@ -49,6 +50,7 @@ pub struct TokenLoaderBuilder {
     epoch: u64,
     resume: Option<LoaderState>,
     across_epochs: bool,
+    trace: Option<Trace>,
 }
 
 /// What a token loader knows beyond its inner loader: the stream, the shares, the global
@@ -214,6 +216,12 @@ impl TokenLoaderBuilder {
     /// Makes the next epoch's first batches while an epoch ends (default true).
     pub fn prefetch_across_epochs(mut self, yes: bool) -> Self {
         self.across_epochs = yes;
+        self
+    }
+
+    /// Records the loader's timeline into `trace` (see [`LoaderBuilder::trace`]).
+    pub fn trace(mut self, trace: &Trace) -> Self {
+        self.trace = Some(trace.clone());
         self
     }
 
@@ -394,6 +402,9 @@ impl TokenLoaderBuilder {
         }
         if let Some(b) = self.pool_budget {
             inner = inner.pool_budget(b);
+        }
+        if let Some(t) = &self.trace {
+            inner = inner.trace(t);
         }
         let settings = Settings {
             stream,
@@ -615,6 +626,7 @@ impl TokenLoader {
             epoch: 0,
             resume: None,
             across_epochs: true,
+            trace: None,
         }
     }
 }
