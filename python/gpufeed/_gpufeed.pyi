@@ -95,6 +95,7 @@ def token_core(
     epoch: int,
     convert: Optional[Callable[[Array], Any]],
     trace: Optional[str] = None,
+    device: Optional[int] = None,
 ) -> LoaderCore: ...
 def pack(
     inputs: Sequence[str],

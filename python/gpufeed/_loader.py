@@ -298,6 +298,18 @@ def _device_ordinal(device: Any) -> Optional[int]:
     )
 
 
+def _cuda_ordinal(device: Any) -> Optional[int]:
+    """``device=`` as a GPU ordinal (None: host batches), refused if this build has no CUDA."""
+    ordinal = _device_ordinal(device)
+    if ordinal is not None and not _gpufeed.HAS_CUDA:
+        raise config_error(
+            "device",
+            f"{device!r}: this gpufeed was built without its cuda feature: reinstall with "
+            "`pip install ./python` (cuda is a default feature)",
+        )
+    return ordinal
+
+
 def _jax_from_dlpack(array: Any) -> Any:
     import jax.numpy as jnp
 
@@ -632,13 +644,7 @@ class Loader(_Batches):
         batch_parts = None if batch_parts is None else _setting("batch_parts", batch_parts)
         trace_file = _trace_file(trace)
         shard_pair, shard_env = _shard(shard)
-        ordinal = _device_ordinal(device)
-        if ordinal is not None and not _gpufeed.HAS_CUDA:
-            raise config_error(
-                "device",
-                f"{device!r}: this gpufeed was built without its cuda feature: reinstall with "
-                "`pip install ./python` (cuda is a default feature)",
-            )
+        ordinal = _cuda_ordinal(device)
         spelled_images = None
         if decode is not None and images is None:
             raise config_error(

@@ -10,7 +10,17 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _gpufeed
 from ._errors import config_error
-from ._loader import PathLike, _Batches, _converter, _dtype_name, _int, _seed, _shard, _trace_file
+from ._loader import (
+    PathLike,
+    _Batches,
+    _converter,
+    _cuda_ordinal,
+    _dtype_name,
+    _int,
+    _seed,
+    _shard,
+    _trace_file,
+)
 
 __all__ = ["TokenLoader"]
 
@@ -221,6 +231,13 @@ class TokenLoader(_Batches):
     - ``output``: as :class:`gpufeed.Loader`'s (default torch if installed, else numpy).
     - ``trace``: a file name: record a timeline of the loader's work, as
       :class:`gpufeed.Loader`'s ``trace``.
+    - ``device``: None or ``"cpu"``: batches in host memory. ``"cuda:N"`` (or N, or a
+      ``torch.device``; ``"cuda"``: the local rank's GPU): batches on GPU N as CUDA tensors,
+      ordered and kept alive as :class:`gpufeed.Loader`'s are. The workers write narrow
+      integers into pinned buffers (``input_ids`` as uint16 when every source stores 16-bit
+      tokens, ``labels`` as int32, ``position_ids`` as uint16 for rows of at most 65,536
+      tokens) and the GPU widens them to the dtypes asked for after the copy: PCIe carries
+      about half the bytes.
 
     Every bad argument raises a :class:`gpufeed.ConfigError` naming it; a file that is missing,
     unreadable or corrupt (a Megatron index without its magic, a ``.bin`` shorter than its
@@ -252,8 +269,10 @@ class TokenLoader(_Batches):
         epoch: int = 0,
         output: Optional[str] = None,
         trace: Optional[PathLike] = None,
+        device: Any = None,
     ) -> None:
         pairs = _sources(sources)
+        ordinal = _cuda_ordinal(device)
         seq_len = _int("seq_len", seq_len, 1)
         batch_size = _int("batch_size", batch_size, 1)
         if mode not in ("concatenated", "packed"):
@@ -264,7 +283,7 @@ class TokenLoader(_Batches):
         shard_pair, shard_env = _shard(shard)
         if samples_per_epoch is not None:
             samples_per_epoch = _int("samples_per_epoch", samples_per_epoch, 1)
-        self.output, convert = _converter(output)
+        self.output, convert = _converter(output, ordinal is not None)
         self._core = _gpufeed.token_core(
             pairs,
             seq_len=seq_len,
@@ -290,6 +309,7 @@ class TokenLoader(_Batches):
             epoch=_int("epoch", epoch),
             convert=convert,
             trace=_trace_file(trace),
+            device=ordinal,
         )
         self.seq_len = seq_len
         self.batch_size = batch_size

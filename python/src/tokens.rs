@@ -8,8 +8,8 @@
 //! Python arguments), the token figures of `stats()["tokens"]`, and `cu_seqlens` handed out as
 //! its counted entries (`TokenCounts::sequences + 1`, a view of the batch's field, no copy).
 //!
-//! Host batches only for now: a `TokenLoader<DeviceLoader>` takes its own `impl Handed`
-//! (its batches as the device loader's, the same `token_figures`) beside this one.
+//! On a GPU (`device=N`) the library's `build_device`: the workers write narrow integers, the
+//! copy stage widens them on the device; its batches are handed over as a device loader's.
 
 use std::path::PathBuf;
 
@@ -35,6 +35,25 @@ impl Handed for TokenLoader<Loader> {
 
     fn figures(&self) -> Figures {
         Figures::Host(Box::new(self.loader().stats()))
+    }
+
+    fn token_figures(&self) -> Option<TokenStats> {
+        Some(self.token_stats().clone())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Handed for TokenLoader<gpufeed::cuda::DeviceLoader> {
+    fn taken(&self, result: gpufeed::Result<gpufeed::cuda::DeviceBatch>) -> Next {
+        Handed::taken(self.loader(), result)
+    }
+
+    fn fields(&self) -> Vec<OutputField> {
+        self.loader().fields()
+    }
+
+    fn figures(&self) -> Figures {
+        Handed::figures(self.loader())
     }
 
     fn token_figures(&self) -> Option<TokenStats> {
@@ -68,6 +87,8 @@ struct TokenSettings {
     pool_budget: Option<u64>,
     epoch: u64,
     trace: Option<Trace>,
+    /// The GPU of the batches, or none for host batches.
+    device: Option<usize>,
 }
 
 impl TokenSettings {
@@ -190,8 +211,24 @@ fn build(s: TokenSettings) -> Result<Box<dyn Feed>, BuildError> {
     if let Some(t) = &s.trace {
         builder = builder.trace(t);
     }
-    match builder.build() {
-        Ok(loader) => Ok(Box::new(loader)),
+    let loader: gpufeed::Result<Box<dyn Feed>> = match s.device {
+        None => builder.build().map(|l| Box::new(l) as Box<dyn Feed>),
+        #[cfg(feature = "cuda")]
+        Some(ordinal) => crate::dlpack::open_device(ordinal).and_then(|device| {
+            builder
+                .build_device(&device, gpufeed::cuda::DeviceLoaderOptions::default())
+                .map(|l| Box::new(l) as Box<dyn Feed>)
+        }),
+        #[cfg(not(feature = "cuda"))]
+        Some(_) => {
+            return Err(BuildError::Argument(
+                "device",
+                "this gpufeed was built without CUDA (the Python package's `cuda` feature): build it with `pip install ./python` (cuda is a default feature) to load batches to the GPU".into(),
+            ));
+        }
+    };
+    match loader {
+        Ok(loader) => Ok(loader),
         Err(Error::InvalidConfig { setting, what }) => Err(match argument_of(setting) {
             Some(argument) => BuildError::Argument(argument, what),
             None => Error::InvalidConfig { setting, what }.into(),
@@ -207,7 +244,7 @@ fn build(s: TokenSettings) -> Result<Box<dyn Feed>, BuildError> {
     sources, *, seq_len, batch_size, mode, token_dtype, shuffle, window, samples_per_epoch,
     shard, shard_env, drop_last, ignore_index, mask_document_ends, pad_id, input_dtype,
     label_dtype, position_dtype, workers, prefetch, batch_parts, pool_budget, epoch, convert,
-    trace=None
+    trace=None, device=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn token_core(
@@ -236,6 +273,7 @@ pub fn token_core(
     epoch: u64,
     convert: Option<Py<PyAny>>,
     trace: Option<PathBuf>,
+    device: Option<usize>,
 ) -> PyResult<LoaderCore> {
     let mode = SampleMode::from_name(mode).ok_or_else(|| {
         crate::errors::config(
@@ -271,6 +309,7 @@ pub fn token_core(
         pool_budget,
         epoch,
         trace: timeline.as_ref().map(|(t, _)| t.clone()),
+        device,
     };
     let defaults = settings.defaults();
     let loader = built(py, &defaults, || build(settings))?;
@@ -284,7 +323,7 @@ pub fn token_core(
             indices: false,
             ragged_list: false,
             images: None,
-            device: None,
+            device,
             defaults,
             trace: timeline,
             sequences: Some(CU_SEQLENS),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import List
 
 import numpy as np
 import pytest
@@ -151,3 +152,32 @@ def run_isolated(function, *args, timeout: float = 120) -> subprocess.CompletedP
             f"{done.stdout}\n{done.stderr}"
         )
     return done
+
+
+#: Megatron's dtype codes (megatron.core.datasets.indexed_dataset.DType).
+MEGATRON_CODES = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8}
+
+
+def write_megatron(prefix: Path, docs: List[np.ndarray], dtype=np.uint16) -> None:
+    """`prefix.bin` and `prefix.idx` as Megatron's IndexedDatasetBuilder writes them, one
+    sequence per document: the magic, version 1, the dtype code, the counts, then the sequence
+    lengths (i32), their byte offsets in the .bin (i64) and the document index (i64)."""
+    item = np.dtype(dtype).itemsize
+    lengths = np.array([len(d) for d in docs], dtype="<i4")
+    pointers = np.zeros(len(docs), dtype="<i8")
+    pointers[1:] = np.cumsum(lengths[:-1].astype(np.int64) * item)
+    header = b"MMIDIDX\x00\x00" + struct.pack(
+        "<QBQQ", 1, MEGATRON_CODES[dtype], len(docs), len(docs) + 1
+    )
+    index = header + lengths.tobytes() + pointers.tobytes()
+    index += np.arange(len(docs) + 1, dtype="<i8").tobytes()
+    Path(f"{prefix}.idx").write_bytes(index)
+    np.concatenate(docs).astype(dtype).tofile(f"{prefix}.bin")
+
+
+def documents(count: int = 60, longest: int = 40, seed: int = 5) -> List[np.ndarray]:
+    """Documents of 1 to `longest` tokens whose tokens are the numbers 1, 2, 3, ... in file
+    order: a token names its document and place, and the next token of a document is token + 1."""
+    lengths = np.random.default_rng(seed).integers(1, longest + 1, size=count)
+    ends = np.cumsum(lengths)
+    return [np.arange(end - n + 1, end + 1) for n, end in zip(lengths, ends)]

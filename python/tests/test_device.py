@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import gpufeed
-from conftest import CLASSES, N, live, require_gpu_tools, rows, write_png
+from conftest import CLASSES, N, documents, live, require_gpu_tools, rows, write_megatron, write_png
 
 # JAX takes most of the GPU's memory at its first use unless told not to.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -430,3 +430,24 @@ def test_ragged_fields_reach_the_gpu_exactly_as_values_offsets_and_lists(tmp_pat
                 assert all(t.is_cuda for t in batch["txt"])
             seen.extend(indices)
         assert sorted(seen) == list(range(50))
+
+
+def test_token_batches_on_the_gpu_are_the_host_ones(tmp_path):
+    """TokenLoader(device=...): narrow integers over PCIe, widened on the GPU, equal to the host
+    loader's rows field by field, int64 as asked; the states agree."""
+    docs = [d % 65536 for d in documents(count=300, longest=200, seed=11)]
+    prefix = tmp_path / "docs"
+    write_megatron(prefix, docs)
+    common = dict(seq_len=64, batch_size=8, mode="packed", shuffle=3, shard=(1, 2))
+    host = gpufeed.TokenLoader(str(prefix), output="torch", **common)
+    gpu = gpufeed.TokenLoader(str(prefix), device=DEV, output="torch", **common)
+    n = 0
+    for h, d in zip(host, gpu):
+        for name in ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens"):
+            assert d[name].is_cuda, name
+            assert d[name].dtype == h[name].dtype, name
+            assert torch.equal(d[name].cpu(), h[name]), name
+        n += 1
+    assert n == len(host) and n > 0
+    assert gpu.state_dict() == host.state_dict()
+    assert gpu.stats()["tokens"] == host.stats()["tokens"]

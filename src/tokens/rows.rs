@@ -127,6 +127,7 @@ impl RowDtypes {
     /// tokens (and the padding token fits), else as u32 when they are to be i64; `labels` as
     /// i32 when the tokens are 16-bit (and the ignore index fits, as `check` made sure for
     /// i32 labels); `position_ids` as u16 when rows are at most 65,536 tokens.
+    #[cfg(any(feature = "cuda", test))]
     pub(crate) fn wire(
         &self,
         sources: &[DType],

@@ -970,6 +970,12 @@ fn bench_runs_the_token_loader_over_a_blend_and_reports_shares_and_padding() {
     assert_eq!(v["kind"], "tokens");
     assert_eq!(v["mode"], "concatenated");
     assert_eq!(v["tokens"], 2 * 3964, "{v}");
+    assert!(v["first_batch_ms"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(
+        v["cpu_seconds_per_million_tokens"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert!(v["device"].is_null(), "{v}");
     // A blend 3 : 1 of it and nanoGPT's train.bin, packed.
     let weighted = format!("{}=3", u16.display());
     let o = gpufeed(&[
@@ -1018,6 +1024,19 @@ fn bench_runs_the_token_loader_over_a_blend_and_reports_shares_and_padding() {
     let o = gpufeed(&["bench", "--tokens", s(&fixtures.join("train.bin"))]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--token-dtype"), "{}", stderr(&o));
+    let o = gpufeed(&[
+        "bench",
+        "--tokens",
+        s(&fixtures.join("train.bin")),
+        "--token-dtype",
+        "f7",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--token-dtype"), "{}", stderr(&o));
+    // The command as built here has no `cuda` feature: --device says so, and runs nothing.
+    let o = gpufeed(&["bench", "--tokens", s(&u16), "--device", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--device"), "{}", stderr(&o));
 }
 
 #[test]

@@ -16,7 +16,7 @@ use crate::cleanup::{ReportOnInterrupt, interrupted};
 use crate::messages::progress;
 
 /// Opens GPU `ordinal`, with a hint in the error when there is none.
-fn open_device(ordinal: usize) -> Result<Device> {
+pub(super) fn open_device(ordinal: usize) -> Result<Device> {
     Device::open(ordinal).map_err(|e| match e {
         Error::NoGpu { what } => Error::NoGpu {
             what: format!("{what}; run `gpufeed bench` without --device for the host-only figures"),

@@ -3,21 +3,26 @@
 //! `--seq-len` tokens in global batches of `--batch-size` rows, concatenated or packed
 //! (`--token-mode`). The report: tokens and rows per second over the run and in the epochs
 //! after the first, the padding fraction, and each source's share of the rows against its
-//! weight.
+//! weight. With `--device N` (feature `cuda`) the batches go to the GPU (u16 ids over PCIe,
+//! widened there) and each is ordered on a consumer stream; the report adds the device, the
+//! first batch on the device and the bytes copied. Both report the process's CPU time per
+//! million tokens.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use gpufeed::format::DType;
-use gpufeed::source::tokens::{FlatTokens, IndexedTokens, TokenSource};
+use gpufeed::source::ReadMode;
+use gpufeed::source::tokens::{IndexedTokens, TokenSource, open_tokens};
 use gpufeed::tokens::{SampleMode, TokenLoader};
-use gpufeed::{BatchStream, Result, Setting};
+use gpufeed::{BatchStream, Error, Result, Setting};
 use serde_json::json;
 
 use super::args::{Args, fixed, refuse, shard_of, workers};
 
-/// `PATH` or `PATH=WEIGHT`, opened: a Megatron dataset (its `.idx`, `.bin` or prefix), a 1-D
-/// `.npy`, or a flat file of `--token-dtype` tokens.
+/// `PATH` or `PATH=WEIGHT`, opened by the library's rule ([`open_tokens`]): a Megatron
+/// dataset (its `.idx`, `.bin` or prefix), a 1-D `.npy`, or a flat file of `--token-dtype`
+/// tokens.
 fn open_source(spec: &str, dtype: Option<&str>) -> Result<(Arc<dyn TokenSource>, f64)> {
     let (path, weight) = match spec.rsplit_once('=') {
         Some((p, w)) => {
@@ -31,27 +36,93 @@ fn open_source(spec: &str, dtype: Option<&str>) -> Result<(Arc<dyn TokenSource>,
         }
         None => (spec, 1.0),
     };
+    let dtype = dtype
+        .map(|name| {
+            DType::from_name(name)
+                .ok_or_else(|| refuse("--token-dtype", format!("`{name}` is no dtype")))
+        })
+        .transpose()?;
     let path = std::path::Path::new(path);
-    let source: Arc<dyn TokenSource> = if let Some(prefix) = IndexedTokens::prefix_of(path) {
-        Arc::new(IndexedTokens::open(prefix)?)
-    } else if path.extension().is_some_and(|e| e == "npy") {
-        Arc::new(FlatTokens::open_npy(path)?)
-    } else {
-        let name = dtype.ok_or_else(|| {
-            refuse(
-                "--token-dtype",
-                format!(
-                    "{}: no .idx beside it and not a .npy: name the dtype of its raw tokens \
-                     (nanoGPT's train.bin: --token-dtype u16)",
-                    path.display()
-                ),
-            )
-        })?;
-        let d = DType::from_name(name)
-            .ok_or_else(|| refuse("--token-dtype", format!("`{name}` is no dtype")))?;
-        Arc::new(FlatTokens::open(path, d)?)
-    };
+    // A .npy header and a Megatron index name their dtype: --token-dtype is for the others.
+    let given = dtype.filter(|_| {
+        IndexedTokens::prefix_of(path).is_none() && path.extension().is_none_or(|e| e != "npy")
+    });
+    let source = open_tokens(path, given, ReadMode::Map).map_err(|e| match e {
+        Error::InvalidConfig {
+            setting: "token_dtype",
+            what,
+        } => refuse("--token-dtype", what),
+        other => other,
+    })?;
     Ok((source, weight))
+}
+
+/// What a run of the token loader measured.
+struct Run {
+    seconds: f64,
+    steady_tokens: u64,
+    steady_s: f64,
+    /// From the loader's creation to the first batch taken (on a GPU: ready there).
+    first_batch_ms: Option<f64>,
+}
+
+/// Takes every batch of `args.epochs` epochs (at most `--max-batches` each); `take` is given
+/// each batch and whether it is the first, `settle` is called at each epoch's end.
+fn drive<L>(
+    loader: &mut TokenLoader<L>,
+    args: &Args,
+    built: Instant,
+    mut take: impl FnMut(&L::Batch, bool) -> Result<()>,
+    mut settle: impl FnMut() -> Result<()>,
+) -> Result<Run>
+where
+    L: BatchStream,
+    L::Batch: std::ops::Deref<Target = gpufeed::BatchInfo>,
+{
+    let start = Instant::now();
+    let (mut steady_tokens, mut steady_s) = (0u64, 0f64);
+    let mut first_batch_ms = None;
+    for epoch in 0..args.epochs {
+        loader.set_epoch(epoch);
+        let (t0, before) = (Instant::now(), loader.token_stats().tokens);
+        let mut n = 0;
+        while args.max_batches.is_none_or(|m| n < m) {
+            match loader.next() {
+                Some(b) => {
+                    let b = b?;
+                    take(&b, first_batch_ms.is_none())?;
+                    first_batch_ms.get_or_insert_with(|| built.elapsed().as_secs_f64() * 1e3);
+                }
+                None => break,
+            }
+            n += 1;
+        }
+        settle()?;
+        if epoch > 0 {
+            steady_tokens += loader.token_stats().tokens - before;
+            steady_s += t0.elapsed().as_secs_f64();
+        }
+    }
+    Ok(Run {
+        seconds: start.elapsed().as_secs_f64(),
+        steady_tokens,
+        steady_s,
+        first_batch_ms,
+    })
+}
+
+/// The CPU time this process has used so far (user and system), in seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: `getrusage` writes one `rusage` into the zeroed struct it is given and reads
+    // nothing else; RUSAGE_SELF is always a valid `who`.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(libc::RUSAGE_SELF, &mut u) == 0).then_some(u)
+    };
+    usage.map_or(0.0, |u| {
+        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+        t(u.ru_utime) + t(u.ru_stime)
+    })
 }
 
 /// Runs the token bench.
@@ -60,7 +131,6 @@ pub fn run(args: &Args) -> Result<()> {
         ("DATASET", args.dataset.is_some()),
         ("--labels", args.labels.is_some()),
         ("--fields", args.fields.is_some()),
-        ("--device", args.device.is_some()),
         ("--evaluation", args.evaluation),
         ("--baseline", args.baseline),
         ("--verify", args.verify),
@@ -114,29 +184,72 @@ pub fn run(args: &Args) -> Result<()> {
         weights.push(weight);
         builder = builder.weighted(source, weight);
     }
+    let cpu0 = cpu_seconds();
     let t_build = Instant::now();
-    let mut loader = builder.build()?;
-    let build_s = t_build.elapsed().as_secs_f64();
-    let start = Instant::now();
-    let (mut steady_tokens, mut steady_s) = (0u64, 0f64);
-    for epoch in 0..args.epochs {
-        loader.set_epoch(epoch);
-        let (t0, before) = (Instant::now(), loader.token_stats().tokens);
-        let mut n = 0;
-        while args.max_batches.is_none_or(|m| n < m) {
-            match loader.next() {
-                Some(b) => drop(b?),
-                None => break,
-            }
-            n += 1;
+    let (run, stats, device, build_s) = match args.device {
+        None => {
+            let mut loader = builder.build()?;
+            let build_s = t_build.elapsed().as_secs_f64();
+            let run = drive(&mut loader, args, t_build, |_, _| Ok(()), || Ok(()))?;
+            (
+                run,
+                loader.token_stats().clone(),
+                None::<serde_json::Value>,
+                build_s,
+            )
         }
-        if epoch > 0 {
-            steady_tokens += loader.token_stats().tokens - before;
-            steady_s += t0.elapsed().as_secs_f64();
+        #[cfg(feature = "cuda")]
+        Some(ordinal) => {
+            let device = super::device::open_device(ordinal)?;
+            let mut loader =
+                builder.build_device(&device, gpufeed::cuda::DeviceLoaderOptions::default())?;
+            let build_s = t_build.elapsed().as_secs_f64();
+            let consumer = device.new_stream()?;
+            let sync = || {
+                consumer
+                    .synchronize()
+                    .map_err(|source| gpufeed::Error::Driver {
+                        op: "synchronize the consumer stream",
+                        source,
+                    })
+            };
+            // Each batch ordered on the consumer's stream (as a training step would be); the
+            // first and each epoch's last waited for on the host, so that the rates count
+            // batches on the device.
+            let run = drive(
+                &mut loader,
+                args,
+                t_build,
+                |b, first| {
+                    b.wait_on(&consumer)?;
+                    if first { sync() } else { Ok(()) }
+                },
+                sync,
+            )?;
+            let s = loader.loader().stats();
+            let device = json!({
+                "device": format!("{} (ordinal {})", device.name(), device.ordinal()),
+                "h2d_bytes": s.h2d_bytes,
+                "h2d_bytes_per_token": s.h2d_bytes as f64 / loader.token_stats().tokens.max(1) as f64,
+                "wait_fraction": s.wait_fraction(),
+            });
+            (run, loader.token_stats().clone(), Some(device), build_s)
         }
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    let stats = loader.token_stats().clone();
+        #[cfg(not(feature = "cuda"))]
+        Some(_) => {
+            return Err(refuse(
+                "--device",
+                "this gpufeed was built without the `cuda` feature",
+            ));
+        }
+    };
+    let cpu_s = cpu_seconds() - cpu0;
+    let Run {
+        seconds,
+        steady_tokens,
+        steady_s,
+        first_batch_ms,
+    } = run;
     let total: f64 = weights.iter().sum();
     let shares = stats.shares();
     let sources: Vec<_> = names
@@ -153,7 +266,8 @@ pub fn run(args: &Args) -> Result<()> {
         })
         .collect();
     let per_s = |x: u64, s: f64| if s > 0.0 { x as f64 / s } else { 0.0 };
-    let report = json!({
+    let cpu_per_m = cpu_s / (stats.tokens.max(1) as f64 / 1e6);
+    let mut report = json!({
         "kind": "tokens",
         "mode": mode.name(),
         "seq_len": seq_len,
@@ -171,8 +285,14 @@ pub fn run(args: &Args) -> Result<()> {
         "padding_fraction": stats.padding_fraction(),
         "tokens_per_s": per_s(stats.tokens, seconds),
         "steady_tokens_per_s": per_s(steady_tokens, steady_s),
+        "first_batch_ms": first_batch_ms,
+        "cpu_seconds": cpu_s,
+        "cpu_seconds_per_million_tokens": cpu_per_m,
         "sources": sources,
     });
+    if let Some(d) = &device {
+        report["device"] = d.clone();
+    }
     if args.json {
         return crate::out(report);
     }
@@ -180,7 +300,9 @@ pub fn run(args: &Args) -> Result<()> {
         "token loader: {} rows of {seq_len} tokens, global batch {}, rank {rank}/{world}, {} workers\n\
          built in:      {build_s:.3} s\n\
          delivered:     {} batches, {} rows, {} tokens in {seconds:.3} s: {:.1} M tokens/s ({:.1} M/s after the first epoch)\n\
-         padding:       {} tokens ({:.2}%)\n",
+         padding:       {} tokens ({:.2}%)\n\
+         first batch:   {:.1} ms{}\n\
+         CPU time:      {cpu_s:.3} s, {cpu_per_m:.4} s per million tokens\n",
         mode.name(),
         args.batch_size,
         workers(args),
@@ -191,6 +313,12 @@ pub fn run(args: &Args) -> Result<()> {
         per_s(steady_tokens, steady_s) / 1e6,
         stats.padding,
         100.0 * stats.padding_fraction(),
+        first_batch_ms.unwrap_or(0.0),
+        device.as_ref().map_or(String::new(), |d| format!(
+            " (on {}: {:.2} bytes copied per token)",
+            d["device"].as_str().unwrap_or(""),
+            d["h2d_bytes_per_token"].as_f64().unwrap_or(0.0)
+        )),
     );
     for s in report["sources"].as_array().into_iter().flatten() {
         text.push_str(&format!(
