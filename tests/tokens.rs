@@ -714,3 +714,41 @@ fn bad_settings_are_config_errors_naming_the_setting() {
         }
     }
 }
+
+#[test]
+fn state_at_an_earlier_batch_is_the_state_the_loader_had_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = megatron(dir.path(), "a", &[40, 30, 20, 90, 17, 64, 5, 33]);
+    let b = megatron(dir.path(), "b", &[12, 80, 41, 7, 29]);
+    let build = || {
+        TokenLoader::builder(16, 4)
+            .weighted(Arc::clone(&a), 2.0)
+            .weighted(Arc::clone(&b), 1.0)
+            .mode(SampleMode::Packed)
+            .shuffle(9)
+            .shard(0, 2)
+            .build()
+            .unwrap()
+    };
+    let mut ahead = build();
+    let mut behind = build();
+    ahead.next().unwrap().unwrap();
+    for _ in 0..3 {
+        ahead.next().unwrap().unwrap();
+        behind.next().unwrap().unwrap();
+        let back = ahead.state_at(ahead.state().next_batch - 1);
+        assert_eq!(back, behind.state());
+        // And it resumes with the batch taken after it.
+        let mut resumed = TokenLoader::builder(16, 4)
+            .weighted(Arc::clone(&a), 2.0)
+            .weighted(Arc::clone(&b), 1.0)
+            .mode(SampleMode::Packed)
+            .shuffle(9)
+            .shard(1, 2)
+            .resume(back)
+            .build()
+            .unwrap();
+        assert_eq!(resumed.state().next_batch, behind.state().next_batch);
+        assert!(resumed.next().is_some());
+    }
+}

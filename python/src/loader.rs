@@ -104,6 +104,9 @@ pub(crate) trait Feed: Send {
     fn batches_per_epoch(&self) -> u64;
     fn order_spec(&self) -> &OrderSpec;
     fn state(&self) -> LoaderState;
+    /// The state with one batch fewer of this epoch delivered (the batch kept for the next
+    /// call, whose hand-over failed).
+    fn state_less_one(&self) -> LoaderState;
     fn load_state(&mut self, state: LoaderState) -> gpufeed::Result<()>;
     fn set_epoch(&mut self, epoch: u64);
     fn next_epoch(&mut self);
@@ -122,6 +125,14 @@ pub(crate) trait Handed: BatchStream + Send {
     /// What a token loader delivered (`stats()["tokens"]`); None for other loaders.
     fn token_figures(&self) -> Option<TokenStats> {
         None
+    }
+    /// The state at `next_batch` batches of this epoch: the state with its count set, for a
+    /// loader whose state is nothing more (a token loader's names the stream's places too).
+    fn state_at(&self, next_batch: u64) -> LoaderState {
+        LoaderState {
+            next_batch,
+            ..BatchStream::state(self)
+        }
     }
 }
 
@@ -148,6 +159,11 @@ impl<L: Handed> Feed for L {
 
     fn state(&self) -> LoaderState {
         BatchStream::state(self)
+    }
+
+    fn state_less_one(&self) -> LoaderState {
+        let next = BatchStream::state(self).next_batch;
+        self.state_at(next.saturating_sub(1))
     }
 
     fn load_state(&mut self, state: LoaderState) -> gpufeed::Result<()> {
@@ -257,11 +273,11 @@ struct Prior {
 impl Place {
     /// The loader's state, less the batch kept for the next call.
     fn state(&self, loader: &dyn Feed) -> LoaderState {
-        let mut state = loader.state();
         if self.pending.is_some() {
-            state.next_batch -= 1;
+            loader.state_less_one()
+        } else {
+            loader.state()
         }
-        state
     }
 
     fn prior(&self) -> Prior {

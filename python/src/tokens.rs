@@ -40,6 +40,10 @@ impl Handed for TokenLoader<Loader> {
     fn token_figures(&self) -> Option<TokenStats> {
         Some(self.token_stats().clone())
     }
+
+    fn state_at(&self, next_batch: u64) -> gpufeed::LoaderState {
+        TokenLoader::state_at(self, next_batch)
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -58,6 +62,10 @@ impl Handed for TokenLoader<gpufeed::cuda::DeviceLoader> {
 
     fn token_figures(&self) -> Option<TokenStats> {
         Some(self.token_stats().clone())
+    }
+
+    fn state_at(&self, next_batch: u64) -> gpufeed::LoaderState {
+        TokenLoader::state_at(self, next_batch)
     }
 }
 

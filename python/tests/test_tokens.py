@@ -464,3 +464,36 @@ def test_the_readme_loop_runs(tmp_path, monkeypatch, capsys):
     first = next(iter(loader))
     assert first["input_ids"].shape == (4, 128)
     assert np.array_equal(first["input_ids"][0], np.arange(512, 640))
+
+
+def interrupted_token_batch_is_not_in_the_state(prefix: str) -> None:
+    from test_interrupt import interrupting_conversion
+
+    settings = dict(seq_len=SEQ, batch_size=4, mode="packed", shuffle=2, output="numpy")
+    reference = gpufeed.TokenLoader(prefix, **settings)
+    it = iter(reference)
+    next(it), next(it)
+    expected = reference.state_dict()
+    third = {k: v.copy() for k, v in next(it).items()}
+    # Five arrays a batch: the 11th conversion is the third batch's first.
+    interrupting_conversion(lambda k: "after" if k == 11 else None)
+    loader = gpufeed.TokenLoader(prefix, **settings)
+    it = iter(loader)
+    next(it), next(it)
+    try:
+        next(it)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the conversion was not interrupted")
+    # The batch whose hand-over failed is not counted, the stream's places included.
+    assert loader.state_dict() == expected
+    again = next(iter(loader))
+    assert all(np.array_equal(again[k], third[k]) for k in third)
+
+
+def test_a_token_batch_whose_hand_over_was_interrupted_is_not_in_the_state(megatron):
+    from conftest import run_isolated
+
+    prefix, _ = megatron
+    run_isolated(interrupted_token_batch_is_not_in_the_state, str(prefix))

@@ -686,6 +686,22 @@ impl<L> TokenLoader<L> {
     }
 }
 
+impl<L: BatchStream> TokenLoader<L> {
+    /// The state with `next_batch` global batches of the current epoch delivered: the stream's
+    /// places as they stood there. For a batch taken from the loader but not used (a
+    /// binding's hand-over that failed), `state_at(state().next_batch - 1)` resumes with it.
+    pub fn state_at(&self, next_batch: u64) -> LoaderState {
+        let epoch = self.inner.state().epoch;
+        LoaderState {
+            epoch,
+            next_batch,
+            start: 0,
+            order: self.settings.spec.clone(),
+            tokens: Some(self.settings.token_state(epoch, next_batch)),
+        }
+    }
+}
+
 impl<L> Iterator for TokenLoader<L>
 where
     L: BatchStream,
@@ -726,14 +742,7 @@ where
     /// The epoch and the global batches delivered in it, with the stream's settings and
     /// places ([`TokenState`]).
     fn state(&self) -> LoaderState {
-        let inner = self.inner.state();
-        LoaderState {
-            epoch: inner.epoch,
-            next_batch: inner.next_batch,
-            start: 0,
-            order: self.settings.spec.clone(),
-            tokens: Some(self.settings.token_state(inner.epoch, inner.next_batch)),
-        }
+        self.state_at(self.inner.state().next_batch)
     }
 
     /// Puts the loader at the state's next global batch, whatever world size saved it.
