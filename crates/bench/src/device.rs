@@ -128,6 +128,9 @@ pub fn bench_images_device(
         consumer: Arc<CudaStream>,
         /// The loader's figures when made and at the end of each epoch.
         stats: Vec<gpufeed::cuda::DeviceStats>,
+        /// When the loader was made, and how long after it the first batch was on the device.
+        started: std::time::Instant,
+        first_ms: Option<f64>,
     }
 
     impl EpochSource for Feed {
@@ -140,6 +143,10 @@ pub fn bench_images_device(
             let batch = self.loader.next()?;
             Some(batch.and_then(|b| {
                 b.wait_on(&self.consumer)?;
+                if self.first_ms.is_none() {
+                    synchronize(&self.consumer)?;
+                    self.first_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
+                }
                 Ok((b.len() as u64, b.skipped() as u64))
             }))
         }
@@ -170,6 +177,8 @@ pub fn bench_images_device(
         stats: vec![feed.stats()],
         loader: feed,
         consumer: device.new_stream()?,
+        started,
+        first_ms: None,
     };
     let times = EpochTimes::measure(cfg, started, &mut feed)?;
     let stats = feed.loader.stats();
@@ -192,6 +201,7 @@ pub fn bench_images_device(
     }
     report.decode_report = decode_report;
     report.device_stats = feed.stats;
+    report.first_device_batch_ms = feed.first_ms;
     report.verdict = stats.verdict().map(|v| v.to_string());
     Ok(report)
 }

@@ -142,6 +142,9 @@ pub struct ImageBenchReport {
     #[cfg(feature = "cuda")]
     #[serde(skip)]
     pub device_stats: Vec<gpufeed::cuda::DeviceStats>,
+    /// Device runs: milliseconds from the loader's creation to the first batch on the
+    /// device (the consumer stream synchronised on it).
+    pub first_device_batch_ms: Option<f64>,
     /// Images delivered when, from the loader's creation (for a plot).
     pub timeline: crate::Timeline,
     /// Whether the consumer waited, what bound the rate, what would help (one line).
@@ -428,6 +431,7 @@ impl ImageBenchReport {
             decode_report: None,
             #[cfg(feature = "cuda")]
             device_stats: Vec::new(),
+            first_device_batch_ms: None,
             timeline: times.timeline,
             verdict: None,
             tuning: stats.tuning.clone(),

@@ -570,6 +570,7 @@ fn run_images(args: &Args, path: &Path, trace: Option<&Trace>) -> Result<()> {
         decode_report: r.decode_report.clone(),
         #[cfg(feature = "cuda")]
         epoch_details: device::image_epoch_details(&r, sample_bytes),
+        first_device_batch_ms: r.first_device_batch_ms,
         verdict: r.verdict.clone(),
         tuning: r.tuning.clone(),
         ..Report::default()
