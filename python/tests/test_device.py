@@ -407,7 +407,8 @@ def test_ragged_fields_reach_the_gpu_exactly_as_values_offsets_and_lists(tmp_pat
     root.mkdir()
     with tarfile.open(root / "shard-0000.tar", "w") as tar:
         for i in range(50):
-            info = tarfile.TarInfo(f"{i:06d}.txt")
+            # Raw bytes of every value (`.bin`; a `.txt` member must be UTF-8 text).
+            info = tarfile.TarInfo(f"{i:06d}.bin")
             data = text(i)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -419,15 +420,15 @@ def test_ragged_fields_reach_the_gpu_exactly_as_values_offsets_and_lists(tmp_pat
         for batch in loader:
             indices = batch[gpufeed.INDEX_KEY].tolist()
             if ragged == "offsets":
-                values, offsets = batch["txt"]
+                values, offsets = batch["bin"]
                 assert values.is_cuda and offsets.is_cuda and offsets.dtype == torch.int64
                 offsets = offsets.cpu().tolist()
                 got = bytes(values.cpu().numpy())
                 assert got == b"".join(text(i) for i in indices)
                 assert offsets[0] == 0 and offsets[-1] == len(got)
             else:
-                assert [bytes(t.cpu().numpy()) for t in batch["txt"]] == [text(i) for i in indices]
-                assert all(t.is_cuda for t in batch["txt"])
+                assert [bytes(t.cpu().numpy()) for t in batch["bin"]] == [text(i) for i in indices]
+                assert all(t.is_cuda for t in batch["bin"])
             seen.extend(indices)
         assert sorted(seen) == list(range(50))
 
