@@ -84,6 +84,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--device", default="cuda", help="cuda (LOCAL_RANK's GPU), cuda:N, or cpu")
+    p.add_argument("--decode", default="cpu", choices=["cpu", "gpu", "auto"],
+                   help="gpufeed's JPEG decode: in its worker threads, or nvJPEG on the GPU")
     p.add_argument("--out", help="write the JSON here too")
     return p
 
@@ -192,9 +194,10 @@ class GpufeedFeed:
             device=str(device) if device.type == "cuda" else None,
             shard="env" if world > 1 else None,
             images={"size": args.image_size, "dtype": "bfloat16", "normalize": "imagenet"},
+            decode=args.decode if device.type == "cuda" else None,
         )
         self.settings = {"workers": args.workers, "device": self.loader.device,
-                         "shard": "env" if world > 1 else None}
+                         "shard": "env" if world > 1 else None, "decode": args.decode}
 
     def epoch(self, e: int):
         self.loader.set_epoch(e)
