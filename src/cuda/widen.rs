@@ -18,7 +18,8 @@ use super::device::Kernels;
 use crate::error::{Error, Result};
 use crate::format::DType;
 
-/// The widening of one integer batch field on the device (opt-in; see the [module docs](self)).
+/// The widening of one integer batch field on the device (opt-in; see [conversion on the
+/// device](crate::cuda#conversion-on-the-device)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Widen {
     /// The batch field to widen (u16, i16, u32 or i32, any shape; not ragged).

@@ -577,7 +577,7 @@ impl TokenStats {
 /// batch, resumable exactly under any world size. See the [module docs](super).
 ///
 /// `L` is the loader underneath: [`Loader`] (host batches; [`TokenLoaderBuilder::build`]) or,
-/// with feature `cuda`, a [`DeviceLoader`](crate::cuda::DeviceLoader) (device batches, their
+/// with feature `cuda`, a `cuda::DeviceLoader` (device batches, their
 /// integer fields widened on the GPU; `TokenLoaderBuilder::build_device`).
 pub struct TokenLoader<L = Loader> {
     inner: L,
