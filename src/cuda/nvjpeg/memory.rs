@@ -173,6 +173,47 @@ impl DecodeMemory {
     }
 }
 
+/// The body of nvJPEG's allocation callbacks: `alloc` on the [`DecodeMemory`] at `ctx`, its
+/// address written to `ptr`; 0 on success, 1 (nvJPEG's failure) when it gives none, `ptr` is
+/// null, or it panics (a panic must not unwind into C).
+///
+/// # Safety
+///
+/// `ctx` must be the `DecodeMemory` the handle was made with (its owner keeps it alive until
+/// after `nvjpegDestroy`), and `ptr` null or valid for one write, as nvJPEG passes them.
+unsafe fn allocated(
+    ctx: *mut c_void,
+    ptr: *mut *mut c_void,
+    alloc: impl FnOnce(&DecodeMemory) -> Option<usize>,
+) -> i32 {
+    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `ctx` is a live `DecodeMemory`, by the caller's contract.
+        alloc(unsafe { &*ctx.cast::<DecodeMemory>() })
+    }));
+    match done {
+        Ok(Some(addr)) if !ptr.is_null() => {
+            // SAFETY: `ptr` is valid for one write, by the caller's contract.
+            unsafe { *ptr = addr as *mut c_void };
+            0
+        }
+        _ => 1,
+    }
+}
+
+/// The body of nvJPEG's free callbacks: `free` on the [`DecodeMemory`] at `ctx`; 0 if it took
+/// the block back, 1 if it did not know it or panicked.
+///
+/// # Safety
+///
+/// As for [`allocated`]'s `ctx`.
+unsafe fn freed(ctx: *mut c_void, free: impl FnOnce(&DecodeMemory) -> bool) -> i32 {
+    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `ctx` is a live `DecodeMemory`, by the caller's contract.
+        free(unsafe { &*ctx.cast::<DecodeMemory>() })
+    }));
+    if done.unwrap_or(false) { 0 } else { 1 }
+}
+
 /// nvJPEG's `tDevMallocV2` over [`DecodeMemory`] (`ctx`).
 pub(super) unsafe extern "C" fn dev_malloc(
     ctx: *mut c_void,
@@ -180,20 +221,8 @@ pub(super) unsafe extern "C" fn dev_malloc(
     size: usize,
     _stream: CUstream,
 ) -> i32 {
-    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: `ctx` is the `DecodeMemory` the handle was made with; the handle's owner
-        // keeps it alive until after nvjpegDestroy.
-        let memory = unsafe { &*ctx.cast::<DecodeMemory>() };
-        memory.device_malloc(size)
-    }));
-    match done {
-        Ok(Some(addr)) if !ptr.is_null() => {
-            // SAFETY: nvJPEG passes a valid pointer to receive the address.
-            unsafe { *ptr = addr as *mut c_void };
-            0
-        }
-        _ => 1,
-    }
+    // SAFETY: nvJPEG calls this with the handle's `ctx` and a pointer to receive the address.
+    unsafe { allocated(ctx, ptr, |m| m.device_malloc(size).map(|a| a as usize)) }
 }
 
 /// nvJPEG's `tDevFreeV2` over [`DecodeMemory`].
@@ -203,12 +232,8 @@ pub(super) unsafe extern "C" fn dev_free(
     _size: usize,
     stream: CUstream,
 ) -> i32 {
-    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: as in `dev_malloc`.
-        let memory = unsafe { &*ctx.cast::<DecodeMemory>() };
-        memory.device_free(ptr as u64, stream)
-    }));
-    if done.unwrap_or(false) { 0 } else { 1 }
+    // SAFETY: nvJPEG calls this with the handle's `ctx`.
+    unsafe { freed(ctx, |m| m.device_free(ptr as u64, stream)) }
 }
 
 /// nvJPEG's `tPinnedMallocV2` over [`DecodeMemory`].
@@ -218,19 +243,8 @@ pub(super) unsafe extern "C" fn pinned_malloc(
     size: usize,
     _stream: CUstream,
 ) -> i32 {
-    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: as in `dev_malloc`.
-        let memory = unsafe { &*ctx.cast::<DecodeMemory>() };
-        memory.pinned_malloc(size)
-    }));
-    match done {
-        Ok(Some(addr)) if !ptr.is_null() => {
-            // SAFETY: nvJPEG passes a valid pointer to receive the address.
-            unsafe { *ptr = addr as *mut c_void };
-            0
-        }
-        _ => 1,
-    }
+    // SAFETY: as for `dev_malloc`.
+    unsafe { allocated(ctx, ptr, |m| m.pinned_malloc(size)) }
 }
 
 /// nvJPEG's `tPinnedFreeV2` over [`DecodeMemory`].
@@ -240,10 +254,6 @@ pub(super) unsafe extern "C" fn pinned_free(
     _size: usize,
     _stream: CUstream,
 ) -> i32 {
-    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // SAFETY: as in `dev_malloc`.
-        let memory = unsafe { &*ctx.cast::<DecodeMemory>() };
-        memory.pinned_free(ptr as usize)
-    }));
-    if done.unwrap_or(false) { 0 } else { 1 }
+    // SAFETY: as for `dev_free`.
+    unsafe { freed(ctx, |m| m.pinned_free(ptr as usize)) }
 }
