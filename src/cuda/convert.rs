@@ -16,9 +16,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, result, sys};
+use cudarc::driver::{CudaStream, sys};
 
-use super::cuda_err;
 use super::device::Kernels;
 use super::fence::EventFence;
 use super::{Device, DeviceBuffer, DevicePool};
@@ -317,11 +316,6 @@ impl Converter {
         let (mut src, mut dst) = (src, dst);
         let mut scale = self.coefficients.addr();
         let mut bias = scale + 4 * self.c as u64;
-        let block = 256u32;
-        let grid = total
-            .div_ceil(block)
-            .min(self.device.sm_count() * 16)
-            .max(1);
         let mut args: [*mut c_void; 10] = [
             (&raw mut src).cast(),
             (&raw mut dst).cast(),
@@ -334,22 +328,19 @@ impl Converter {
             (&raw mut src_chw).cast(),
             (&raw mut dtype).cast(),
         ];
-        self.device.bind()?;
         // SAFETY: the arguments match `gpufeed_convert_u8`'s parameters in order and type
-        // (u64 x4, u32 x6) and live until the call returns (the driver copies them); the
-        // kernel reads `total` bytes at `src` and 2*C f32 coefficients (owned by self, fenced
-        // behind the kernel by the caller's contract), and writes `total` elements of the
-        // output dtype at `dst`: in bounds and allocated by the caller's contract.
+        // (u64 x4, u32 x6) and live until the call returns; the kernel reads `total` bytes at
+        // `src` and 2*C f32 coefficients (owned by self, fenced behind the kernel by the
+        // caller's contract), and writes `total` elements of the output dtype at `dst`: in
+        // bounds and allocated by the caller's contract.
         unsafe {
-            result::launch_kernel(
+            self.device.launch_grid_stride(
                 self.kernels.convert,
-                (grid, 1, 1),
-                (block, 1, 1),
-                0,
-                stream.cu_stream(),
+                total,
+                stream,
                 &mut args,
+                "launch gpufeed_convert_u8",
             )
         }
-        .map_err(cuda_err("launch gpufeed_convert_u8"))
     }
 }

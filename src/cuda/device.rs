@@ -173,6 +173,42 @@ impl Device {
             .map_err(cuda_err("make the context current"))
     }
 
+    /// Launches `kernel`, one of the embedded kernels that loop over `total` elements with a
+    /// grid stride, on `stream`: blocks of 256 threads, as many as the elements need and at
+    /// most 16 per multiprocessor. `what` names the launch in its error.
+    ///
+    /// # Safety
+    ///
+    /// `kernel` must be a function of this device's [`Kernels`], `args` must point at values
+    /// that match its parameters in order and type, and every address among them must reach
+    /// memory of this device that holds what the kernel reads and writes for `total` elements
+    /// and stays allocated until it has run.
+    pub(crate) unsafe fn launch_grid_stride(
+        &self,
+        kernel: sys::CUfunction,
+        total: u32,
+        stream: &CudaStream,
+        args: &mut [*mut c_void],
+        what: &'static str,
+    ) -> Result<()> {
+        let block = 256u32;
+        let grid = total.div_ceil(block).min(self.sm_count() * 16).max(1);
+        self.bind()?;
+        // SAFETY: the kernel, its arguments and the memory they reach are as the caller's
+        // contract says; the driver copies the arguments before this returns.
+        unsafe {
+            result::launch_kernel(
+                kernel,
+                (grid, 1, 1),
+                (block, 1, 1),
+                0,
+                stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(cuda_err(what))
+    }
+
     /// Waits (blocking the host) until every stream of the device is idle.
     pub fn synchronize(&self) -> Result<()> {
         self.inner

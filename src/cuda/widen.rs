@@ -10,10 +10,9 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, result, sys};
+use cudarc::driver::{CudaStream, sys};
 
 use super::Device;
-use super::cuda_err;
 use super::device::Kernels;
 use crate::error::{Error, Result};
 use crate::format::DType;
@@ -156,11 +155,6 @@ impl Widener {
             })?;
         let (mut code, mut wide) = self.codes;
         let (mut src, mut dst) = (src, dst);
-        let block = 256u32;
-        let grid = total
-            .div_ceil(block)
-            .min(self.device.sm_count() * 16)
-            .max(1);
         let mut args: [*mut c_void; 5] = [
             (&raw mut src).cast(),
             (&raw mut dst).cast(),
@@ -168,21 +162,18 @@ impl Widener {
             (&raw mut code).cast(),
             (&raw mut wide).cast(),
         ];
-        self.device.bind()?;
         // SAFETY: the arguments match `gpufeed_widen`'s parameters in order and type (u64 x2,
-        // u32 x3) and live until the call returns (the driver copies them); the kernel reads
-        // `total` values of the input dtype at `src` and writes `total` of the output dtype at
-        // `dst`: in bounds, aligned and allocated by the caller's contract.
+        // u32 x3) and live until the call returns; the kernel reads `total` values of the
+        // input dtype at `src` and writes `total` of the output dtype at `dst`: in bounds,
+        // aligned and allocated by the caller's contract.
         unsafe {
-            result::launch_kernel(
+            self.device.launch_grid_stride(
                 self.kernels.widen,
-                (grid, 1, 1),
-                (block, 1, 1),
-                0,
-                stream.cu_stream(),
+                total,
+                stream,
                 &mut args,
+                "launch gpufeed_widen",
             )
         }
-        .map_err(cuda_err("launch gpufeed_widen"))
     }
 }
