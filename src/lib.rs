@@ -55,6 +55,7 @@ pub mod loader;
 pub mod memory;
 pub mod sampler;
 pub mod source;
+pub mod temporary;
 pub mod tokens;
 pub mod trace;
 pub mod transform;

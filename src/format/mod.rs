@@ -29,8 +29,10 @@ pub use layout::{FOOTER_MAGIC, MAGIC, VERSION_MAJOR, VERSION_MINOR};
 pub use raw::pack_raw_records;
 pub use reader::{ReadMode, ReadOptions, RecordFile};
 pub use schema::{Codec, DType, Field, FieldKind, Schema};
-pub use writer::{
-    PackSummary, RecordSink, RecordWriter, TEMPORARY_MARKER, remove_stale_temporaries,
-    remove_unfinished_temporaries,
+// The temporaries' functions are the crate's `temporary` module's, named here too because the
+// record writer is where users first meet them.
+pub use crate::temporary::{
+    TEMPORARY_MARKER, remove_stale_temporaries, remove_unfinished_temporaries,
 };
-pub(crate) use writer::{default_record_align, discard, forget_unfinished, register_unfinished};
+pub(crate) use writer::default_record_align;
+pub use writer::{PackSummary, RecordSink, RecordWriter};

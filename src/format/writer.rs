@@ -7,20 +7,21 @@
 //! linked, for [`RecordWriter::create_new`]) to the destination, and the directory synced. A
 //! writer that is dropped before [`RecordWriter::finish`] removes its temporary file, so a
 //! half-written file never carries the destination's name; a process killed outright (SIGKILL)
-//! leaves its temporary, which [`remove_stale_temporaries`] (called by `gpufeed pack` before it
-//! writes) removes once that process is gone. [`remove_unfinished_temporaries`] is for signal handlers.
+//! leaves its temporary, which [`remove_stale_temporaries`](crate::temporary::remove_stale_temporaries) (called by `gpufeed pack` before it
+//! writes) removes once that process is gone.
+//! [`remove_unfinished_temporaries`](crate::temporary::remove_unfinished_temporaries) is for
+//! signal handlers. The temporaries themselves are the crate's [`temporary`] module's.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use xxhash_rust::xxh3::Xxh3;
 
 use super::layout::{BLOCK, Footer, Header, VERSION_MAJOR, VERSION_MINOR};
 use super::schema::{FieldKind, Schema, align_up};
 use crate::error::{Error, Result};
+use crate::temporary::{self, discard};
 
 /// What [`RecordWriter::finish`] wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,9 +122,9 @@ impl RecordWriter {
                 std::io::Error::from(std::io::ErrorKind::AlreadyExists),
             ));
         }
-        let (tmp, file) = create_temporary(&path)?;
+        let (tmp, file) = temporary::create(&path)?;
         // From here on, dropping `guard` removes the temporary (on an error below).
-        let guard = Temporary(tmp);
+        let guard = temporary::Unowned::new(tmp);
         let mut out = BufWriter::with_capacity(8 << 20, file);
         let data_offset = align_up(BLOCK, record_align) as u64;
         let header = Header {
@@ -473,242 +474,6 @@ impl Drop for RecordWriter {
 
 /// What a failed write is called in errors (which name the destination, not the temporary).
 const WRITE: &str = "write (its temporary file)";
-
-/// What the names of temporary files have after the destination's name:
-/// `NAME.gpufeed-tmp-PID-NONCE`.
-pub const TEMPORARY_MARKER: &str = ".gpufeed-tmp-";
-
-/// The temporary files of this process's unfinished writers.
-static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A temporary file not yet owned by a writer: removed on drop.
-struct Temporary(PathBuf);
-
-impl Temporary {
-    /// Hands the file over to a writer, which removes it from now on.
-    fn keep(mut self) -> PathBuf {
-        std::mem::take(&mut self.0)
-    }
-}
-
-impl Drop for Temporary {
-    fn drop(&mut self) {
-        if !self.0.as_os_str().is_empty() {
-            discard(&self.0);
-        }
-    }
-}
-
-/// Removes a temporary file and forgets it.
-pub(crate) fn discard(tmp: &Path) {
-    let _ = std::fs::remove_file(tmp);
-    forget_unfinished(tmp);
-}
-
-/// Records `path`, a file about to be placed that is not complete without files placed after
-/// it (a shard before its index: `ShardWriter`), so that [`remove_unfinished_temporaries`]
-/// removes it with the temporaries until [`forget_unfinished`] (or [`discard`]) is called.
-/// Recorded before it is placed and after its temporary, it is removed in the same pass as
-/// that temporary: whichever of the two exists then goes.
-pub(crate) fn register_unfinished(path: &Path) {
-    live().push(path.to_path_buf());
-}
-
-/// Forgets a file recorded for [`remove_unfinished_temporaries`], leaving it in place.
-pub(crate) fn forget_unfinished(path: &Path) {
-    live().retain(|p| p != path);
-}
-
-/// Creates a new temporary file beside `path`, exclusively, under a name no other writer (in
-/// this process, another, or another machine sharing the directory) uses, locks it, and
-/// records it for [`remove_unfinished_temporaries`].
-fn create_temporary(path: &Path) -> Result<(PathBuf, File)> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = path.file_name().unwrap_or_default();
-    let mut last = None;
-    for _ in 0..16 {
-        let nonce = COUNTER.fetch_add(1, Ordering::Relaxed) ^ random_bits();
-        let mut tmp_name = name.to_os_string();
-        tmp_name.push(format!(
-            "{TEMPORARY_MARKER}{}-{:016x}",
-            std::process::id(),
-            nonce
-        ));
-        let tmp = path.with_file_name(tmp_name);
-        // Hold the registry while creating, so that a signal's cleanup never misses it.
-        let mut registry = live();
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-        {
-            Ok(file) => {
-                registry.push(tmp.clone());
-                drop(registry);
-                lock(&file);
-                return Ok((tmp, file));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => {
-                return Err(Error::io(
-                    path,
-                    "create (a temporary file beside it, in its directory)",
-                    e,
-                ));
-            }
-        }
-    }
-    Err(Error::io(
-        path,
-        "create (a temporary file beside it: 16 names taken)",
-        last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::AlreadyExists)),
-    ))
-}
-
-/// 64 bits that differ between processes and calls (std's per-process random hash keys).
-fn random_bits() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
-}
-
-/// Takes an exclusive advisory lock on a writer's temporary file, held until the file is
-/// closed (also when the process is killed): how [`remove_stale_temporaries`] tells a live
-/// writer's file from a dead one's, across processes and machines sharing the directory. A
-/// file system without locks gets none; the pid in the name still protects this machine's
-/// writers.
-#[cfg(unix)]
-fn lock(file: &File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor `file` owns and keeps open; no memory is involved.
-    let _ = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-}
-
-#[cfg(not(unix))]
-fn lock(_file: &File) {}
-
-/// True if `path`'s lock can be taken: no live writer holds the file open.
-#[cfg(unix)]
-fn unlocked(path: &Path) -> bool {
-    use std::os::fd::AsRawFd;
-    let Ok(file) = File::open(path) else {
-        return false;
-    };
-    // SAFETY: as in `lock`; the lock is released when `file` closes, below.
-    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if r == 0 {
-        return true;
-    }
-    // No lock support: only the pid, already checked, can tell.
-    let e = std::io::Error::last_os_error().raw_os_error();
-    matches!(e, Some(libc::ENOLCK) | Some(libc::EOPNOTSUPP))
-}
-
-#[cfg(not(unix))]
-fn unlocked(_path: &Path) -> bool {
-    false
-}
-
-/// True if a process with this id runs (on this machine, in this pid namespace).
-#[cfg(unix)]
-fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return true;
-    };
-    if pid <= 0 {
-        return true;
-    }
-    // SAFETY: signal 0 only checks that `pid` (> 0: one process, never a group) exists.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-#[cfg(not(unix))]
-fn process_alive(_pid: u32) -> bool {
-    true
-}
-
-/// The writer's process id in a temporary's name `NAME.gpufeed-tmp-PID-NONCE` (or the
-/// `NAME.tmp-PID` of gpufeed 0.1's writers), if `file_name` is a temporary of `name`'s.
-fn temporary_pid(file_name: &std::ffi::OsStr, name: &std::ffi::OsStr) -> Option<u32> {
-    let rest = file_name
-        .as_encoded_bytes()
-        .strip_prefix(name.as_encoded_bytes())?;
-    let rest = std::str::from_utf8(rest).ok()?;
-    if let Some(r) = rest.strip_prefix(TEMPORARY_MARKER) {
-        let (pid, nonce) = r.split_once('-')?;
-        if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        return pid.parse().ok();
-    }
-    let pid = rest.strip_prefix(".tmp-")?;
-    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    pid.parse().ok()
-}
-
-/// Removes the temporary files that writers to `path` killed outright (SIGKILL, a power
-/// cut) left beside it: those whose process is gone and that no process holds locked. A live
-/// writer's file, in this process or another, is never touched. Returns the files removed and
-/// their sizes. Writers do not call this themselves (it lists the directory); `gpufeed pack`
-/// does, before it writes.
-pub fn remove_stale_temporaries(path: &Path) -> Result<Vec<(PathBuf, u64)>> {
-    let Some(name) = path.file_name() else {
-        return Ok(Vec::new());
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(dir, "list (for stale temporary files)", e)),
-    };
-    let mut removed = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = temporary_pid(&entry.file_name(), name) else {
-            continue;
-        };
-        let tmp = entry.path();
-        if pid == std::process::id() || process_alive(pid) || !unlocked(&tmp) {
-            continue;
-        }
-        let Ok(meta) = std::fs::symlink_metadata(&tmp) else {
-            continue;
-        };
-        if meta.is_file() && std::fs::remove_file(&tmp).is_ok() {
-            removed.push((tmp, meta.len()));
-        }
-    }
-    Ok(removed)
-}
-
-/// Removes the temporary file of every unfinished [`RecordWriter`] of this process, and the
-/// shards an unfinished [`ShardWriter`](crate::source::shards::packed::ShardWriter) has placed
-/// (a shard directory is complete only with its index), so that a process about to die of a
-/// signal leaves none behind; returns how many files it removed or found gone. For a
-/// signal-handling thread (such as `signal-hook`'s iterator), not for a signal handler itself
-/// (it takes a lock and allocates). Those writers then fail at [`RecordWriter::finish`].
-pub fn remove_unfinished_temporaries() -> usize {
-    let mut registry = live();
-    let n = registry.len();
-    for tmp in registry.drain(..) {
-        let _ = std::fs::remove_file(tmp);
-    }
-    n
-}
 
 /// Syncs the directory that holds `path`, so that the rename that put it there survives a
 /// crash. File systems that cannot sync a directory (EINVAL) are taken at their word.

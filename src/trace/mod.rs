@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Events a [`Trace`] keeps by default: about 80 MiB at most, some minutes of a fast run of
 /// small batches, hours of large ones.
@@ -145,42 +145,13 @@ impl Trace {
     }
 
     /// Writes the timeline so far to the file `path`, replacing it: written to a temporary
-    /// file beside it first, then renamed, so that `path` is never half written. Refuses a
-    /// path that exists and is not a regular file (a directory, a pipe, a device).
+    /// file beside it first, then renamed, so that `path` is never half written
+    /// ([`write_replacing`](crate::temporary::write_replacing)). Refuses a path that exists
+    /// and is not a regular file (a directory, a pipe, a device).
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        if let Ok(meta) = std::fs::metadata(path)
-            && !meta.is_file()
-        {
-            return Err(Error::io(
-                path,
-                "write the trace",
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "exists and is not a regular file",
-                ),
-            ));
-        }
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "trace".to_owned());
-        let temporary = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-        let written = std::fs::File::create(&temporary)
-            .map_err(|e| Error::io(&temporary, "create", e))
-            .and_then(|file| {
-                let mut out = std::io::BufWriter::new(file);
-                self.write_to(&mut out)
-                    .and_then(|()| std::io::Write::flush(&mut out))
-                    .map_err(|e| Error::io(&temporary, "write the trace", e))
-            })
-            .and_then(|()| {
-                std::fs::rename(&temporary, path).map_err(|e| Error::io(path, "rename", e))
-            });
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temporary);
-        }
-        written
+        crate::temporary::write_replacing(path.as_ref(), "write the trace", |out| {
+            self.write_to(out)
+        })
     }
 
     /// A new process of the timeline (one loader), named `name` and a number; returns it.

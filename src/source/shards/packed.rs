@@ -388,7 +388,7 @@ struct OpenWriter {
 ///
 /// The shards it has placed are complete only with the index [`ShardWriter::finish`] writes
 /// last: a writer dropped before that (an error, a panic) removes them, and so does
-/// [`remove_unfinished_temporaries`](crate::format::remove_unfinished_temporaries), called on a
+/// [`remove_unfinished_temporaries`](crate::temporary::remove_unfinished_temporaries), called on a
 /// signal, so that an interrupted run leaves no shards without an index. (A process killed
 /// outright leaves the shards it finished.)
 ///
@@ -550,7 +550,7 @@ impl ShardWriter {
         // Recorded before it is placed (after its temporary, which the writer recorded when it
         // started): from here on a signal's cleanup or `drop` removes whichever exists.
         let path = self.dir.join(&c.name);
-        crate::format::register_unfinished(&path);
+        crate::temporary::register_unfinished(&path);
         self.placed.push(path);
         let summary = c.writer.finish()?;
         let xxh3_64 = hash_file(&summary.path)?;
@@ -579,7 +579,7 @@ impl ShardWriter {
         write_atomically(&path, &text)?;
         // Complete: the shards stay.
         for shard in self.placed.drain(..) {
-            crate::format::forget_unfinished(&shard);
+            crate::temporary::forget_unfinished(&shard);
         }
         Ok(ShardSummary {
             index: path,
@@ -593,7 +593,7 @@ impl Drop for ShardWriter {
     fn drop(&mut self) {
         // Not finished: shards without an index are not a data set.
         for shard in self.placed.drain(..) {
-            crate::format::discard(&shard);
+            crate::temporary::discard(&shard);
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use gpufeed::{Error, Result};
+use gpufeed::Result;
 use gpufeed_bench::Timeline;
 
 /// What a picture shows.
@@ -196,28 +196,9 @@ impl Plot<'_> {
 
     /// Writes the picture to `path` (a temporary file beside it, then renamed).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "plot.svg".to_owned());
-        let temporary = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-        let written = std::fs::write(&temporary, self.svg())
-            .map_err(|e| Error::Io {
-                path: temporary.clone(),
-                op: "write the plot",
-                source: e,
-            })
-            .and_then(|()| {
-                std::fs::rename(&temporary, path).map_err(|e| Error::Io {
-                    path: path.to_path_buf(),
-                    op: "rename",
-                    source: e,
-                })
-            });
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temporary);
-        }
-        written
+        gpufeed::temporary::write_replacing(path, "write the plot", |out| {
+            std::io::Write::write_all(out, self.svg().as_bytes())
+        })
     }
 }
 
