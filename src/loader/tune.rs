@@ -15,6 +15,12 @@
 //! rate, so bounded, is within [`TOLERANCE`] of the best: a pure function of the measured
 //! rates. The other threads stop.
 //!
+//! Going down stops early ([`past_the_knee`]): once a count measures below the tolerance of
+//! the best and below the count before it, the rate is falling with the workers, and fewer
+//! still would make less; they are not measured. Measuring them would cost the most (a trial
+//! of one worker is the slowest stretch of the run) and could not change the choice. A rate
+//! that rises as workers go (more threads than the CPUs can run) goes on down.
+//!
 //! Bounded in time: a count is measured for at most [`TRIAL_LIMIT`], and the whole choice takes
 //! at most [`TUNE_LIMIT`]; the counts not measured by then are not chosen. No batch is made
 //! twice or held back: the measured batches are the run's first batches, delivered as usual.
@@ -123,6 +129,24 @@ pub fn choose(trials: &[Trial], demand: Option<f64>) -> Option<(usize, Choice)> 
         Choice::FewestWithinTolerance
     };
     Some((chosen.workers, why))
+}
+
+/// True when the last of `trials` (measured most workers first) shows the rate falling with
+/// the workers: below [`TOLERANCE`] of the best and below the trial before it, both bounded by
+/// the consumer's rate (`demand`) as in [`choose`]. Fewer workers are then not measured: they
+/// cannot come within the tolerance unless the rate rises again as workers go, which a rate
+/// that already fell does not.
+pub fn past_the_knee(trials: &[Trial], demand: Option<f64>) -> bool {
+    let bound = demand.filter(|d| d.is_finite() && *d > 0.0);
+    let effective = |t: &Trial| match bound {
+        Some(d) => t.samples_per_sec.min(d),
+        None => t.samples_per_sec,
+    };
+    let [.., before, last] = trials else {
+        return false;
+    };
+    let best = trials.iter().map(effective).fold(f64::MIN, f64::max);
+    effective(last) < (1.0 - TOLERANCE) * best && effective(last) < effective(before)
 }
 
 /// The candidate counts for a budget of `cpus` workers: 1, 2, 4, ... below it, the budget, and
@@ -424,10 +448,13 @@ impl Tuner {
                         });
                     }
                     self.at += 1;
-                    // No trial starts that could end after the limit.
+                    // No trial starts that could end after the limit, nor one that cannot
+                    // change the choice.
                     let out_of_time = now - self.started + TRIAL_LIMIT > TUNE_LIMIT;
+                    let falling =
+                        past_the_knee(&self.trials, consumer_rate(consumer_from, consumer));
                     match self.candidates.get(self.at) {
-                        Some(&next) if !out_of_time => {
+                        Some(&next) if !out_of_time && !falling => {
                             self.gate.set(next, false);
                             self.phase = Phase::Settling {
                                 since: now,
@@ -544,7 +571,7 @@ fn count(n: usize, one: &str, many: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Choice, Trial, candidates, choose};
+    use super::{Choice, Trial, candidates, choose, past_the_knee};
 
     fn trials(rates: &[(usize, f64)]) -> Vec<Trial> {
         rates
@@ -688,7 +715,8 @@ mod tests {
         let (tuner, took) = simulate(8, rates, None);
         let report = tuner.report();
         let measured: Vec<usize> = report.trials.iter().map(|t| t.workers).collect();
-        assert_eq!(measured, [8, 4, 2, 1]);
+        // 2 workers fell below 4's rate and the tolerance: 1 is not measured.
+        assert_eq!(measured, [8, 4, 2]);
         for t in &report.trials {
             let expected = rates(t.workers);
             assert!(
@@ -703,6 +731,46 @@ mod tests {
         // The workers beyond the choice stop; the others go on.
         let gate = tuner.gate();
         assert!(!gate.wait_turn(4) && !gate.wait_turn(7) && gate.wait_turn(3));
+    }
+
+    #[test]
+    fn going_down_stops_once_the_rate_falls_with_the_workers() {
+        let t = |rates: &[(usize, f64)]| trials(rates);
+        // Falling below the tolerance and below the count before: stop.
+        assert!(past_the_knee(&t(&[(16, 14.3e6), (8, 7.9e6)]), None));
+        // Within the tolerance of the best: go on (fewer may do as well).
+        assert!(!past_the_knee(&t(&[(16, 100.0), (8, 98.0)]), None));
+        // Below the best but rising from the count before (too many threads for the CPUs
+        // at 4, 8 and 16): go on.
+        assert!(!past_the_knee(
+            &t(&[(16, 100.0), (8, 60.0), (4, 70.0)]),
+            None
+        ));
+        assert!(past_the_knee(
+            &t(&[(16, 100.0), (8, 60.0), (4, 70.0), (2, 50.0)]),
+            None
+        ));
+        // One trial, or none: nothing to compare.
+        assert!(!past_the_knee(&t(&[(16, 1.0)]), None));
+        assert!(!past_the_knee(&[], None));
+        // A consumer slower than both counts: equal rates, go on to find the fewest.
+        assert!(!past_the_knee(&t(&[(8, 8e3), (4, 4e3)]), Some(2e3)));
+        assert!(past_the_knee(
+            &t(&[(8, 8e3), (4, 4e3), (2, 2e3), (1, 1e3)]),
+            Some(2e3)
+        ));
+
+        // Rates that double with the workers: only the two most are measured, 16 is chosen.
+        let (tuner, linear) = simulate(16, |w| 1e6 * w as f64, None);
+        let measured: Vec<usize> = tuner.report().trials.iter().map(|t| t.workers).collect();
+        assert_eq!(measured, [16, 8]);
+        assert_eq!(tuner.chosen().map(|c| c.0), Some(16));
+        // Two CPUs, one worker faster than two: both measured, one chosen.
+        let (tuner, _) = simulate(2, |w| if w == 1 { 25e3 } else { 19e3 }, None);
+        let measured: Vec<usize> = tuner.report().trials.iter().map(|t| t.workers).collect();
+        assert_eq!(measured, [2, 1]);
+        assert_eq!(tuner.chosen().map(|c| c.0), Some(1));
+        assert!(linear < 1.0, "{linear} s");
     }
 
     #[test]
