@@ -752,3 +752,34 @@ fn state_at_an_earlier_batch_is_the_state_the_loader_had_there() {
         assert!(resumed.next().is_some());
     }
 }
+
+#[test]
+fn chosen_workers_make_the_same_batches_and_say_what_they_chose() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = megatron(dir.path(), "a", &[40, 30, 20, 90, 17, 64, 5, 33, 70, 11]);
+    let build = |workers: gpufeed::Setting| {
+        TokenLoader::builder(16, 4)
+            .weighted(Arc::clone(&a), 1.0)
+            .mode(SampleMode::Packed)
+            .shuffle(5)
+            .workers(workers)
+            .prefetch(gpufeed::Setting::Auto)
+            .build()
+            .unwrap()
+    };
+    let batches = |mut loader: TokenLoader| {
+        let mut out = Vec::new();
+        for b in loader.by_ref() {
+            out.push(rows_of(&b.unwrap(), 16));
+        }
+        (out, loader.loader().stats().tuning)
+    };
+    let (given, tuning) = batches(build(gpufeed::Setting::Fixed(2)));
+    assert!(tuning.is_some_and(|t| t.workers == 2));
+    let (chosen, tuning) = batches(build(gpufeed::Setting::Auto));
+    assert!(!given.is_empty());
+    assert_eq!(chosen, given);
+    let tuning = tuning.unwrap();
+    assert!(tuning.reason.starts_with("autotune: "), "{}", tuning.reason);
+    assert!(tuning.workers >= 1);
+}

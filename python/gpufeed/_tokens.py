@@ -18,6 +18,7 @@ from ._loader import (
     _dtype_name,
     _int,
     _seed,
+    _setting,
     _shard,
     _trace_file,
 )
@@ -116,21 +117,6 @@ def _sources(sources: Any) -> List[Tuple[str, float]]:
     return pairs
 
 
-def _count(argument: str, x: Any) -> Optional[int]:
-    """``workers=``, ``prefetch=``, ``batch_parts=``: a count of at least 1, or None."""
-    if x is None:
-        return None
-    if isinstance(x, str):
-        if x == "auto":
-            raise config_error(
-                argument,
-                "'auto' tunes record and image loaders (gpufeed.Loader); give a TokenLoader a "
-                "number",
-            )
-        raise config_error(argument, f"{x!r} is not a whole number")
-    return _int(argument, x, 1)
-
-
 def _signed(argument: str, x: Any) -> int:
     """An integer of 64 bits, negative or not."""
     if isinstance(x, bool) or not hasattr(x, "__index__"):
@@ -226,7 +212,8 @@ class TokenLoader(_Batches):
     - ``input_dtype``: ``input_ids``' dtype, one of int64 (the default), int32, uint32, uint16;
       ``label_dtype``, ``position_dtype``: int64 (the default) or int32.
     - ``workers``, ``prefetch``, ``batch_parts``, ``pool_budget``: as :class:`gpufeed.Loader`'s,
-      numbers only (``"auto"`` tunes record and image loaders).
+      ``"auto"`` included (chosen from a measurement on the first batches; ``stats()["tuning"]``
+      says what and why).
     - ``epoch``: the first epoch (default 0).
     - ``output``: as :class:`gpufeed.Loader`'s (default torch if installed, else numpy).
     - ``trace``: a file name: record a timeline of the loader's work, as
@@ -262,9 +249,9 @@ class TokenLoader(_Batches):
         input_dtype: Any = "int64",
         label_dtype: Any = "int64",
         position_dtype: Any = "int64",
-        workers: Optional[int] = None,
-        prefetch: Optional[int] = None,
-        batch_parts: Optional[int] = None,
+        workers: Union[None, int, str] = None,
+        prefetch: Union[None, int, str] = None,
+        batch_parts: Union[None, int, str] = None,
         pool_budget: Optional[int] = None,
         epoch: int = 0,
         output: Optional[str] = None,
@@ -302,9 +289,9 @@ class TokenLoader(_Batches):
             input_dtype=_int_dtype("input_dtype", input_dtype),
             label_dtype=_int_dtype("label_dtype", label_dtype),
             position_dtype=_int_dtype("position_dtype", position_dtype),
-            workers=_count("workers", workers),
-            prefetch=_count("prefetch", prefetch),
-            batch_parts=_count("batch_parts", batch_parts),
+            workers=None if workers is None else _setting("workers", workers),
+            prefetch=None if prefetch is None else _setting("prefetch", prefetch),
+            batch_parts=None if batch_parts is None else _setting("batch_parts", batch_parts),
             pool_budget=None if pool_budget is None else _int("pool_budget", pool_budget, 1),
             epoch=_int("epoch", epoch),
             convert=convert,

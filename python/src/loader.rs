@@ -466,14 +466,14 @@ impl ImageArgs {
 /// `workers=`, `prefetch=`, `batch_parts=` as given: a count, or `"auto"` (`gpufeed/_loader.py`
 /// has checked which).
 #[derive(FromPyObject, Clone)]
-enum SettingArg {
+pub(crate) enum SettingArg {
     Count(usize),
     Word(String),
 }
 
 impl SettingArg {
     /// The library's setting, or the argument's error.
-    fn setting(&self, argument: &'static str) -> Result<gpufeed::Setting, BuildError> {
+    pub(crate) fn setting(&self, argument: &'static str) -> Result<gpufeed::Setting, BuildError> {
         match self {
             SettingArg::Count(n) => Ok(gpufeed::Setting::Fixed(*n)),
             SettingArg::Word(w) if w == "auto" => Ok(gpufeed::Setting::Auto),
@@ -567,10 +567,19 @@ pub(crate) fn built<T: Send>(
 ) -> PyResult<T> {
     match py.detach(|| catch(build)) {
         Ok(Ok(built)) => Ok(built),
-        Ok(Err(BuildError::Library(e))) => Err(errors::to_py_with(py, &e, Defaults(defaults))),
-        Ok(Err(BuildError::Argument(arg, what))) => Err(errors::config(py, arg, what)),
-        Ok(Err(BuildError::Lacks(arg, message))) => Err(errors::config_said(py, arg, message)),
+        Ok(Err(e)) => Err(e.into_py(py, defaults)),
         Err(payload) => Err(errors::panicked(py, payload.as_ref())),
+    }
+}
+
+impl BuildError {
+    /// The Python user's error, for a call that left `defaults` to gpufeed.
+    pub(crate) fn into_py(self, py: Python<'_>, defaults: &[&'static str]) -> PyErr {
+        match self {
+            BuildError::Library(e) => errors::to_py_with(py, &e, Defaults(defaults)),
+            BuildError::Argument(arg, what) => errors::config(py, arg, what),
+            BuildError::Lacks(arg, message) => errors::config_said(py, arg, message),
+        }
     }
 }
 

@@ -17,11 +17,11 @@ use gpufeed::source::ReadMode;
 use gpufeed::source::tokens::{TokenSource, open_tokens};
 use gpufeed::tokens::{CU_SEQLENS, SampleMode, TokenLoader, TokenStats};
 use gpufeed::trace::Trace;
-use gpufeed::{Batch, DType, Error, Loader, OutputField};
+use gpufeed::{Batch, DType, Error, Loader, OutputField, Setting};
 use pyo3::prelude::*;
 
 use crate::loader::{
-    Around, BuildError, Feed, Figures, Handed, LoaderCore, Next, built, host_taken,
+    Around, BuildError, Feed, Figures, Handed, LoaderCore, Next, SettingArg, built, host_taken,
 };
 
 impl Handed for TokenLoader<Loader> {
@@ -89,9 +89,9 @@ struct TokenSettings {
     input_dtype: DType,
     label_dtype: DType,
     position_dtype: DType,
-    workers: Option<usize>,
-    prefetch: Option<usize>,
-    batch_parts: Option<usize>,
+    workers: Option<Setting>,
+    prefetch: Option<Setting>,
+    batch_parts: Option<Setting>,
     pool_budget: Option<u64>,
     epoch: u64,
     trace: Option<Trace>,
@@ -274,9 +274,9 @@ pub fn token_core(
     input_dtype: &str,
     label_dtype: &str,
     position_dtype: &str,
-    workers: Option<usize>,
-    prefetch: Option<usize>,
-    batch_parts: Option<usize>,
+    workers: Option<SettingArg>,
+    prefetch: Option<SettingArg>,
+    batch_parts: Option<SettingArg>,
     pool_budget: Option<u64>,
     epoch: u64,
     convert: Option<Py<PyAny>>,
@@ -291,6 +291,10 @@ pub fn token_core(
         )
     })?;
     let timeline = trace.map(|path| (Trace::new(), path));
+    let setting = |argument: &'static str, s: Option<SettingArg>| {
+        s.map(|s| s.setting(argument).map_err(|e| e.into_py(py, &[])))
+            .transpose()
+    };
     let settings = TokenSettings {
         sources,
         token_dtype: token_dtype
@@ -311,9 +315,9 @@ pub fn token_core(
         input_dtype: dtype_of(py, "input_dtype", input_dtype)?,
         label_dtype: dtype_of(py, "label_dtype", label_dtype)?,
         position_dtype: dtype_of(py, "position_dtype", position_dtype)?,
-        workers,
-        prefetch,
-        batch_parts,
+        workers: setting("workers", workers)?,
+        prefetch: setting("prefetch", prefetch)?,
+        batch_parts: setting("batch_parts", batch_parts)?,
         pool_budget,
         epoch,
         trace: timeline.as_ref().map(|(t, _)| t.clone()),

@@ -106,6 +106,18 @@ def check_cu_seqlens(batches) -> None:
         assert np.array_equal(cu, expected_cu_seqlens(b["document_ids"]))
 
 
+def test_auto_settings_choose_workers_and_make_the_same_rows(train_bin):
+    path, _ = train_bin
+    common = dict(seq_len=SEQ, batch_size=4, token_dtype="uint16", shuffle=2, output="numpy")
+    given = rows_of(collect(gpufeed.TokenLoader(path, workers=2, **common)))
+    loader = gpufeed.TokenLoader(path, workers="auto", prefetch="auto", **common)
+    chosen = rows_of(collect(loader))
+    for f in FIELDS:
+        assert np.array_equal(chosen[f], given[f]), f
+    tuning = loader.stats()["tuning"]
+    assert tuning["reason"].startswith("autotune: ") and tuning["workers"] >= 1
+
+
 def test_concatenated_rows_of_a_flat_file_are_windows_of_its_tokens(train_bin):
     path, tokens = train_bin
     loader = gpufeed.TokenLoader(
@@ -419,8 +431,9 @@ def test_bad_input_names_the_argument_or_the_file(tmp_path, train_bin, megatron)
         (dict(token_dtype="float32"), "token_dtype"),
         (dict(input_dtype="int8"), "input_dtype"),
         (dict(label_dtype="uint16"), "label_dtype"),
-        (dict(workers="auto"), "workers"),
-        (dict(batch_parts="auto"), "batch_parts"),
+        (dict(workers="many"), "workers"),
+        (dict(workers=0), "workers"),
+        (dict(batch_parts="auto-ish"), "batch_parts"),
         (dict(samples_per_epoch=0), "samples_per_epoch"),
     ]
     for over, argument in cases:

@@ -20,8 +20,8 @@ use super::stream::{Shares, Stream};
 use crate::error::{Error, Result};
 use crate::format::DType;
 use crate::loader::{
-    BatchInfo, BatchStream, Loader, LoaderBuilder, LoaderState, Next, TokenSourceState, TokenState,
-    rank_from_env,
+    BatchInfo, BatchStream, Loader, LoaderBuilder, LoaderState, Next, Setting, TokenSourceState,
+    TokenState, rank_from_env,
 };
 use crate::sampler::{OrderSpec, Remainder};
 use crate::source::tokens::TokenSource;
@@ -43,9 +43,9 @@ pub struct TokenLoaderBuilder {
     mask_document_ends: Option<bool>,
     pad_id: u32,
     dtypes: RowDtypes,
-    workers: Option<usize>,
-    prefetch: Option<usize>,
-    batch_parts: Option<usize>,
+    workers: Option<Setting>,
+    prefetch: Option<Setting>,
+    batch_parts: Option<Setting>,
     pool_budget: Option<u64>,
     epoch: u64,
     resume: Option<LoaderState>,
@@ -175,22 +175,25 @@ impl TokenLoaderBuilder {
         self
     }
 
-    /// Worker threads (default: the loader's, [`default_workers`](crate::loader::default_workers)).
-    pub fn workers(mut self, n: usize) -> Self {
-        self.workers = Some(n);
+    /// Worker threads (default: the loader's, [`default_workers`](crate::loader::default_workers)),
+    /// or [`Auto`](crate::loader::Auto): chosen from a measurement on the first batches, as
+    /// [`LoaderBuilder::workers`] chooses them.
+    pub fn workers(mut self, n: impl Into<Setting>) -> Self {
+        self.workers = Some(n.into());
         self
     }
 
-    /// Batches in flight (default: the loader's).
-    pub fn prefetch(mut self, n: usize) -> Self {
-        self.prefetch = Some(n);
+    /// Batches in flight (default: the loader's), or [`Auto`](crate::loader::Auto): from the
+    /// workers, within the memory budget.
+    pub fn prefetch(mut self, n: impl Into<Setting>) -> Self {
+        self.prefetch = Some(n.into());
         self
     }
 
     /// Parts each batch is made in (default: the loader's: by every worker for batches of
-    /// 4 MiB or more).
-    pub fn batch_parts(mut self, n: usize) -> Self {
-        self.batch_parts = Some(n);
+    /// 4 MiB or more), or [`Auto`](crate::loader::Auto): from the workers.
+    pub fn batch_parts(mut self, n: impl Into<Setting>) -> Self {
+        self.batch_parts = Some(n.into());
         self
     }
 

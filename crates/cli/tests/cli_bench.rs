@@ -1015,9 +1015,32 @@ fn bench_runs_the_token_loader_over_a_blend_and_reports_shares_and_padding() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--trace"), "{}", stderr(&o));
     assert!(!trace.exists());
-    let o = gpufeed(&["bench", "--tokens", s(&u16), "--prefetch", "auto"]);
+    // Settings chosen by the loader: the same tokens, and what was chosen and why.
+    let o = gpufeed(&[
+        "bench",
+        "--json",
+        "--tokens",
+        s(&u16),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "2",
+        "--workers",
+        "auto",
+        "--prefetch",
+        "auto",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"], 2 * 3964, "{v}");
+    let reason = v["tuning"]["reason"].as_str().unwrap();
+    assert!(reason.starts_with("autotune: "), "{v}");
+    assert_eq!(v["workers"], v["tuning"]["workers"], "{v}");
+    let o = gpufeed(&["bench", "--tokens", s(&u16), "--workers", "many"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("--prefetch"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--workers"), "{}", stderr(&o));
     let o = gpufeed(&["bench", "--seq-len", "8", "--no-baseline"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--tokens"), "{}", stderr(&o));

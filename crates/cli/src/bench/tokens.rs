@@ -15,10 +15,10 @@ use gpufeed::format::DType;
 use gpufeed::source::ReadMode;
 use gpufeed::source::tokens::{IndexedTokens, TokenSource, open_tokens};
 use gpufeed::tokens::{SampleMode, TokenLoader};
-use gpufeed::{BatchStream, Error, Result, Setting};
+use gpufeed::{BatchStream, Error, Result};
 use serde_json::json;
 
-use super::args::{Args, fixed, refuse, shard_of, workers};
+use super::args::{Args, refuse, shard_of, workers};
 
 /// `PATH` or `PATH=WEIGHT`, opened by the library's rule ([`open_tokens`]): a Megatron
 /// dataset (its `.idx`, `.bin` or prefix), a 1-D `.npy`, or a flat file of `--token-dtype`
@@ -157,23 +157,18 @@ pub fn run(args: &Args) -> Result<()> {
     let mut builder = TokenLoader::builder(seq_len, args.batch_size)
         .mode(mode)
         .shard(rank, world)
-        .workers(workers(args))
         .drop_last(args.drop_last);
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
     }
-    if matches!(args.prefetch, Some(Setting::Auto))
-        || matches!(args.batch_parts, Some(Setting::Auto))
-    {
-        return Err(refuse(
-            "--prefetch",
-            "--prefetch auto and --batch-parts auto tune record and image runs; give a token run numbers",
-        ));
+    // Numbers or `auto` (chosen by the loader, reported under "tuning").
+    if let Some(w) = args.workers {
+        builder = builder.workers(w);
     }
-    if let Some(p) = fixed(args.prefetch) {
+    if let Some(p) = args.prefetch {
         builder = builder.prefetch(p);
     }
-    if let Some(p) = fixed(args.batch_parts) {
+    if let Some(p) = args.batch_parts {
         builder = builder.batch_parts(p);
     }
     let mut names = Vec::new();
@@ -186,15 +181,17 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let cpu0 = cpu_seconds();
     let t_build = Instant::now();
-    let (run, stats, device, build_s) = match args.device {
+    let (run, stats, device, tuning, build_s) = match args.device {
         None => {
             let mut loader = builder.build()?;
             let build_s = t_build.elapsed().as_secs_f64();
             let run = drive(&mut loader, args, t_build, |_, _| Ok(()), || Ok(()))?;
+            let tuning = loader.loader().stats().tuning;
             (
                 run,
                 loader.token_stats().clone(),
                 None::<serde_json::Value>,
+                tuning,
                 build_s,
             )
         }
@@ -227,13 +224,20 @@ pub fn run(args: &Args) -> Result<()> {
                 sync,
             )?;
             let s = loader.loader().stats();
+            let tuning = s.loader.as_ref().and_then(|h| h.tuning.clone());
             let device = json!({
                 "device": format!("{} (ordinal {})", device.name(), device.ordinal()),
                 "h2d_bytes": s.h2d_bytes,
                 "h2d_bytes_per_token": s.h2d_bytes as f64 / loader.token_stats().tokens.max(1) as f64,
                 "wait_fraction": s.wait_fraction(),
             });
-            (run, loader.token_stats().clone(), Some(device), build_s)
+            (
+                run,
+                loader.token_stats().clone(),
+                Some(device),
+                tuning,
+                build_s,
+            )
         }
         #[cfg(not(feature = "cuda"))]
         Some(_) => {
@@ -274,7 +278,7 @@ pub fn run(args: &Args) -> Result<()> {
         "global_batch": args.batch_size,
         "rank": rank,
         "world": world,
-        "workers": workers(args),
+        "workers": tuning.as_ref().map_or(workers(args), |t| t.workers),
         "epochs": args.epochs,
         "build_seconds": build_s,
         "seconds": seconds,
@@ -293,6 +297,9 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(d) = &device {
         report["device"] = d.clone();
     }
+    if let Some(t) = &tuning {
+        report["tuning"] = json!(t);
+    }
     if args.json {
         return crate::out(report);
     }
@@ -305,7 +312,7 @@ pub fn run(args: &Args) -> Result<()> {
          CPU time:      {cpu_s:.3} s, {cpu_per_m:.4} s per million tokens\n",
         mode.name(),
         args.batch_size,
-        workers(args),
+        tuning.as_ref().map_or(workers(args), |t| t.workers),
         stats.batches,
         stats.rows,
         stats.tokens,
@@ -328,6 +335,9 @@ pub fn run(args: &Args) -> Result<()> {
             s["share"].as_f64().unwrap_or(0.0),
             s["rows"]
         ));
+    }
+    if let Some(t) = &tuning {
+        text.push_str(&format!("settings:      {}\n", t.reason));
     }
     crate::out(text.trim_end_matches('\n'))
 }
