@@ -49,6 +49,21 @@ pub fn nvjpeg_loads_or_says_what_is_missing() {
 }
 
 /// Mean absolute difference and 99.9th percentile of |a - b| over u8 pixels.
+/// The bytes of every file under `dir`.
+fn walk_sizes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                walk_sizes(&e.path())
+            } else {
+                e.metadata().unwrap().len()
+            }
+        })
+        .sum()
+}
+
 fn differences(a: &[u8], b: &[u8]) -> (f64, u8) {
     assert_eq!(a.len(), b.len());
     let mut d: Vec<u8> = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).collect();
@@ -117,6 +132,18 @@ pub fn gpu_decoded_batches_match_the_cpu_path_for_every_kind() {
         assert!(
             report.counts.cpu_unsupported > 0 && report.counts.gpu + report.counts.hardware > 0,
             "{report:?}"
+        );
+        // What the stage sent to the device: a descriptor per sample at least; at most every
+        // file's bytes, an output's pixels per sample (workers' decodes, fallbacks) and each
+        // batch's metadata and labels.
+        let s = feed.stats();
+        let files: u64 = walk_sizes(dir.path());
+        let (samples, batches) = (s.samples, s.batches);
+        let most = files + samples * (3 * 64 * 64 + 80) + batches * 8 * 128;
+        assert!(
+            s.h2d_bytes >= 80 * samples && s.h2d_bytes <= most,
+            "h2d_bytes {} for {samples} samples, {files} bytes of files",
+            s.h2d_bytes
         );
     }
     // f16, normalised: the same values, in pixel units, within the same tolerance.

@@ -642,13 +642,14 @@ impl CopyThread {
         let Some(stage) = self.plan.decode.as_mut() else {
             return Err(Error::Shutdown);
         };
-        let (ready, skipped) = stage.enqueue(batch, buffer, stream)?;
+        let (ready, skipped, copied) = stage.enqueue(batch, buffer, stream)?;
         buffer.add_use(stream, ready.clone());
         if let Some(mut staged) = staged {
             staged.release_after(Box::new(ready.clone()));
         }
         let mut c = self.shared.counters();
         c.h2d_copies += 1;
+        c.h2d_bytes += copied;
         Ok((ready, skipped))
     }
 

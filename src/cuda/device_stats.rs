@@ -21,7 +21,10 @@ pub struct DeviceStats {
     pub elapsed: Duration,
     /// Time the consumer waited inside `next`.
     pub waited: Duration,
-    /// Bytes copied host to device (whole batch buffers).
+    /// Bytes copied host to device: the batch buffers' bytes in use; under the GPU decode,
+    /// what the decode stage sends (metadata and labels, the workers' pixels, the JPEGs nvJPEG
+    /// reads, descriptors), whose device time is the decode's (`decode_report`), not counted
+    /// in `h2d_busy`.
     pub h2d_bytes: u64,
     /// Copies enqueued.
     pub h2d_copies: u64,

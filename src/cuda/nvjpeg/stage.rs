@@ -277,20 +277,22 @@ impl DecodeStage {
     }
 
     /// Enqueues the decode of `batch` into `buffer` on `stream` (see the module docs) and
-    /// returns the fence of the whole and the samples skipped. On an error the stream is
+    /// returns the fence of the whole, the samples skipped, and the bytes it sends to the
+    /// device: the batch's metadata and labels, the workers' pixels, the JPEGs nvJPEG reads
+    /// from the host batch, the CPU fallbacks' pixels and the resize's descriptors. On an error the stream is
     /// synchronised before any buffer is let go of.
     pub(crate) fn enqueue(
         &mut self,
         batch: &mut Batch,
         buffer: &DeviceBuffer,
         stream: &Arc<CudaStream>,
-    ) -> Result<(EventFence, usize)> {
+    ) -> Result<(EventFence, usize, u64)> {
         self.read_timings();
         let t0 = Instant::now();
         let mut staged = Vec::new();
         let done = self.enqueue_inner(batch, buffer, stream, &mut staged);
         match done {
-            Ok((ready, skipped, start, gpu_images)) => {
+            Ok((ready, skipped, start, gpu_images, copied)) => {
                 batch.buffer_mut().release_after(Box::new(ready.clone()));
                 for mut s in staged {
                     s.release_after(Box::new(ready.clone()));
@@ -301,7 +303,7 @@ impl DecodeStage {
                     r.batches += 1;
                     r.host_seconds += t0.elapsed().as_secs_f64();
                 }
-                Ok((ready, skipped))
+                Ok((ready, skipped, copied))
             }
             Err(e) => {
                 // Work that reads the host batch, the scratch or the staging may be queued.
@@ -318,7 +320,7 @@ impl DecodeStage {
         buffer: &DeviceBuffer,
         stream: &Arc<CudaStream>,
         staged: &mut Vec<HostBuffer>,
-    ) -> Result<(EventFence, usize, CudaEvent, usize)> {
+    ) -> Result<(EventFence, usize, CudaEvent, usize, u64)> {
         let n = batch.len();
         let host = batch.buffer().as_slice();
         let (cap, records) = (self.plan.capacity, self.records_offset);
@@ -410,6 +412,14 @@ impl DecodeStage {
             )
         }
         .map_err(cuda_err("copy a batch's labels (cuMemcpyHtoDAsync)"))?;
+        // The metadata and labels, then every record's bytes (pixels copied here, JPEGs that
+        // nvJPEG reads from the host batch), the fallbacks and the descriptors below.
+        let mut copied = self.records_offset
+            + items
+                .iter()
+                .filter(|it| it.record.route != Route::Skipped)
+                .map(|it| it.record.len as usize)
+                .sum::<usize>();
         let mut skipped = 0;
         let mut hardware = Vec::new();
         let mut gpu = Vec::new();
@@ -502,7 +512,8 @@ impl DecodeStage {
                 Err(refused) => {
                     let index = batch.indices().get(p).copied().unwrap_or(0);
                     match self.decode_on_cpu(bytes, index, it, base, stream, staged) {
-                        Ok(()) => {
+                        Ok(pixels) => {
+                            copied += pixels;
                             self.plan
                                 .stats
                                 .stage_fallback
@@ -560,6 +571,7 @@ impl DecodeStage {
         // SAFETY: see the copies above; the staging buffer is released behind `ready`.
         unsafe { result::memcpy_htod_async(base, &desc.as_slice()[..n * 80], stream.cu_stream()) }
             .map_err(cuda_err("copy the resize descriptors (cuMemcpyHtoDAsync)"))?;
+        copied += n * 80;
         staged.push(desc);
         // SAFETY: the descriptors were just copied to `base`; each addresses its image and rows
         // in `scratch` as placed above, and the output is the image field of `buffer`, which
@@ -578,7 +590,7 @@ impl DecodeStage {
         let ready = EventFence::record(stream)?;
         scratch.add_use(stream, ready.clone());
         self.scratch[slot] = Some((scratch, Some(ready.clone())));
-        Ok((ready, skipped, start, gpu_images))
+        Ok((ready, skipped, start, gpu_images, copied as u64))
     }
 
     /// The ring's next scratch block, at least `bytes` long, once the batch that used it last
@@ -599,7 +611,7 @@ impl DecodeStage {
     }
 
     /// Decodes on this thread a JPEG nvJPEG refused, its region into a pinned staging buffer,
-    /// copied into the item's place in the scratch.
+    /// copied into the item's place in the scratch; returns the bytes copied.
     fn decode_on_cpu(
         &self,
         bytes: &[u8],
@@ -608,7 +620,7 @@ impl DecodeStage {
         base: u64,
         stream: &Arc<CudaStream>,
         staged: &mut Vec<HostBuffer>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let name = format!("sample {index}");
         let (mut pixels, mut scratch) = (Vec::new(), Vec::new());
         let d = codec::decode_rgb8(bytes, &name, &self.plan.limits, &mut pixels, &mut scratch)?;
@@ -650,7 +662,7 @@ impl DecodeStage {
         }
         .map_err(cuda_err("copy a CPU-decoded image (cuMemcpyHtoDAsync)"))?;
         staged.push(out);
-        Ok(())
+        Ok(pitch * roi.height as usize)
     }
 
     /// Marks sample `p` skipped: written as zeros, its label set to -1 on the device.
