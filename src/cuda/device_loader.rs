@@ -307,6 +307,7 @@ impl DeviceLoader {
             device_pool: self.pool.stats(),
             device_leaked: self.pool.leaked().0,
             loader: c.loader.clone(),
+            gpu_decode: self.decode.is_some(),
         }
     }
 

@@ -47,6 +47,9 @@ pub struct DeviceStats {
     pub device_leaked: u64,
     /// The host loader's figures, as seen by the copy thread (its `waited` is the copy thread's).
     pub loader: Option<LoaderStats>,
+    /// The images are decoded on the GPU (the image pipeline's GPU decode; its figures are
+    /// the loader's `decode_report`).
+    pub gpu_decode: bool,
 }
 
 impl DeviceStats {
@@ -88,6 +91,7 @@ impl DeviceStats {
             self.wait_fraction(),
             copy_busy,
             &host.cpus,
+            self.gpu_decode,
         ))
     }
 }

@@ -144,10 +144,27 @@ impl Verdict {
 
     /// The verdict of a GPU run: the consumer of device batches waited `waited` of its time,
     /// the copy engine was busy `copy_busy` of it, and `host` are the host loader's figures
-    /// (its consumer, the copy thread).
-    pub fn of_device(host: &LoaderStats, waited: f64, copy_busy: f64, cpus: &CpuBudget) -> Verdict {
+    /// (its consumer, the copy thread). With `gpu_decode` the images are decoded on the GPU
+    /// already: busy workers then gather the JPEGs and decode the CPU's share of them.
+    pub fn of_device(
+        host: &LoaderStats,
+        waited: f64,
+        copy_busy: f64,
+        cpus: &CpuBudget,
+        gpu_decode: bool,
+    ) -> Verdict {
         let mut v = Verdict::of(host, waited, cpus);
         v.copy_busy = Some(copy_busy);
+        if gpu_decode && v.bound == Bound::Transform {
+            v.help = if host.workers < cpus.budget {
+                "more workers, or a smaller CPU share of the decode (ImageTransformBuilder::\
+                 cpu_share, --decode-split), would help"
+            } else {
+                "a smaller CPU share of the decode (ImageTransformBuilder::cpu_share, \
+                 --decode-split), or more CPUs, would help"
+            }
+            .to_owned();
+        }
         if v.bound != Bound::Consumer && copy_busy >= BUSY {
             v.bound = Bound::Copy;
             v.help = "fewer bytes per sample (u8 on the host, converted on the GPU), or \
@@ -265,12 +282,20 @@ mod tests {
         assert_eq!(v.bound, Bound::Buffers);
         let v = Verdict::of(&stats(2, 2.0, 2.0, 1.0), 0.4, &cpus);
         assert_eq!(v.bound, Bound::Prefetch);
-        let v = Verdict::of_device(&stats(2, 2.0, 2.0, 1.0), 0.4, 0.97, &cpus);
+        let v = Verdict::of_device(&stats(2, 2.0, 2.0, 1.0), 0.4, 0.97, &cpus, false);
         assert_eq!(v.bound, Bound::Copy);
         assert!(
             v.to_string()
                 .contains("the copy engine busy 97% of the time"),
             "{v}"
         );
+        // Decoding on the GPU already: the workers' share of the decode is what to change.
+        let v = Verdict::of_device(&stats(4, 1.0, 39.0, 0.0), 0.6, 0.0, &cpus, true);
+        assert_eq!(v.bound, Bound::Transform);
+        let text = v.to_string();
+        assert!(text.contains("more workers, or a smaller CPU share of the decode"), "{v}");
+        assert!(!text.contains("(GPU decode"), "{v}");
+        let v = Verdict::of_device(&stats(8, 1.0, 79.0, 0.0), 0.6, 0.0, &cpus, true);
+        assert!(v.to_string().contains("or more CPUs, would help"), "{v}");
     }
 }

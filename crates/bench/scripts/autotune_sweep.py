@@ -9,7 +9,8 @@ the default (medians), the trace's on/off ratio per round, and the reasons auto 
 
 The presets (records, rows, jpegs) are the 2-core VM's workloads: --workers 1 to 4, the
 default and auto. A setting is `wN` (--workers N), `default` (no flag), `auto` (--workers
-auto), `trace` (the default workers with --trace FILE) or `wN+trace`. GPUFEED: the binary
+auto), `trace` (the default workers with --trace FILE) or `wN+trace`; --abba runs every other
+round in reverse order (for two settings whose order within a round might matter). GPUFEED: the binary
 (default target/release/gpufeed); JPEGS: the ImageFolder of the jpegs preset.
 """
 
@@ -59,6 +60,7 @@ def main() -> None:
     p.add_argument("--settings")
     p.add_argument("--unit", choices=["bytes", "samples", "tokens"])
     p.add_argument("--jsonl", help="append every run's report here, one line each")
+    p.add_argument("--abba", action="store_true", help="every other round in reverse order")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     a = p.parse_args(argv[:cut])
@@ -71,7 +73,7 @@ def main() -> None:
     results = {s: [] for s in settings}
     reasons = []
     for r in range(a.rounds):
-        for s in settings:
+        for s in settings[::-1] if a.abba and r % 2 else settings:
             out = subprocess.run(
                 [G, "bench", "--json", *bench, *flags_of(s, trace_file)],
                 capture_output=True,

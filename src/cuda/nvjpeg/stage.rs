@@ -587,7 +587,9 @@ impl DecodeStage {
                 &self.out,
             )
         }?;
-        let ready = EventFence::record(stream)?;
+        // Timed: `read_timings` measures the batch's device time from `start` to it (the
+        // split's GPU rate); an untimed event made every reading 0.
+        let ready = EventFence::record_timed(stream)?;
         scratch.add_use(stream, ready.clone());
         self.scratch[slot] = Some((scratch, Some(ready.clone())));
         Ok((ready, skipped, start, gpu_images, copied as u64))
