@@ -293,7 +293,10 @@ mod tests {
         let v = Verdict::of_device(&stats(4, 1.0, 39.0, 0.0), 0.6, 0.0, &cpus, true);
         assert_eq!(v.bound, Bound::Transform);
         let text = v.to_string();
-        assert!(text.contains("more workers, or a smaller CPU share of the decode"), "{v}");
+        assert!(
+            text.contains("more workers, or a smaller CPU share of the decode"),
+            "{v}"
+        );
         assert!(!text.contains("(GPU decode"), "{v}");
         let v = Verdict::of_device(&stats(8, 1.0, 79.0, 0.0), 0.6, 0.0, &cpus, true);
         assert!(v.to_string().contains("or more CPUs, would help"), "{v}");

@@ -110,6 +110,9 @@ pub struct DecodeReport {
     pub kernels: String,
     /// What the stage's creation cost, part by part (it counts in a first epoch).
     pub setup: DecodeSetup,
+    /// The stage's own device pool (nvJPEG's buffers and the stage's scratch), as of the last
+    /// batch enqueued: what the decode holds from the driver, beside the loader's batches.
+    pub device_pool: crate::memory::PoolStats,
 }
 
 /// Seconds the parts of a decode stage's creation took (in [`DecodeReport::setup`]).

@@ -299,9 +299,11 @@ impl DecodeStage {
                 }
                 self.pending
                     .push_back((start, ready.clone(), gpu_images, t0.elapsed()));
+                let pool = self.memory.device.stats();
                 if let Ok(mut r) = self.report.lock() {
                     r.batches += 1;
                     r.host_seconds += t0.elapsed().as_secs_f64();
+                    r.device_pool = pool;
                 }
                 Ok((ready, skipped, copied))
             }
