@@ -19,8 +19,8 @@
 #   cp ../shared/bench/torch_baseline.py .gpu/
 #
 # Then the device tool's `run`, carry [".gpu"], command `bash
-# crates/bench/scripts/device_autotune.sh` (`... sweeps`: without the tests; `... longer` and
-# `... abba`: the second and third calls of run 30, see below). Everything lands under $OUT: run.log (this
+# crates/bench/scripts/device_autotune.sh` (`... sweeps`: without the tests; `... longer`,
+# `... abba` and `... memory`: the later calls of run 30, see below). Everything lands under $OUT: run.log (this
 # script's output), tests_cuda.log, sweep.jsonl (every run's report).
 set -u
 cd "$(dirname "$0")/../../.."
@@ -44,20 +44,41 @@ np.random.default_rng(0).integers(0, 50257, 100_000_000, dtype=np.uint16).tofile
 ' &
 data=$!
 
-if [ "${1:-}" = abba ]; then
-  # The third call of run 30: the trace on 150,528-B records in ABBA order (the trace ran
-  # second in every round before), and the GPU decode after its timing fix, 4 and 16 workers;
-  # the GPU tests first.
-  step "Rust GPU tests (GPUFEED_REQUIRE_GPU=1)"
-  GPUFEED_REQUIRE_GPU=1 timeout 180 .gpu/tests/cuda >"$OUT/tests_cuda.log" 2>&1
-  echo "rc=$?"; grep -E "^test result|FAILED|panicked|failed" "$OUT/tests_cuda.log" | head -20
-  step "the trace on 150,528-B records, 8 epochs, ABBA"
-  sweep 200 trace-rec150k-abba 8 --abba --settings w16,w16+trace -- --epochs 8 --no-baseline
+# The folder written in the background, whole (3,000 JPEGs), or what there is after a minute.
+wait_jpegs() {
   for _ in $(seq 60); do
     [ "$(find "$JPEGS" -name '*.jpg' 2>/dev/null | wc -l)" -ge 3000 ] && break
     sleep 1
   done
   sleep 2; kill $folder 2>/dev/null
+  echo "jpegs: $(find "$JPEGS" -name '*.jpg' | wc -l)"
+}
+gpu_tests() {
+  step "Rust GPU tests (GPUFEED_REQUIRE_GPU=1)"
+  GPUFEED_REQUIRE_GPU=1 timeout 180 .gpu/tests/cuda >"$OUT/tests_cuda.log" 2>&1
+  echo "rc=$?"; grep -E "^test result|FAILED|panicked|failed" "$OUT/tests_cuda.log" | head -20
+}
+
+if [ "${1:-}" = memory ]; then
+  # The fourth call of run 30: the GPU tests three times over (the memory test after it reads
+  # the loader's own pools and nvJPEG's blocks are at least 64 KiB), then the memory test alone.
+  for i in 1 2 3; do
+    GPUFEED_REQUIRE_GPU=1 timeout 120 .gpu/tests/cuda >"$OUT/tests_$i.log" 2>&1
+    echo "run $i: rc=$?"; grep -E "^test result|FAILED|after 5 epochs" "$OUT/tests_$i.log" | cut -c1-700
+  done
+  GPUFEED_REQUIRE_GPU=1 timeout 120 .gpu/tests/cuda device_memory >"$OUT/tests_alone.log" 2>&1
+  echo "alone: rc=$?"; grep -E "^test result|FAILED|after 5 epochs" "$OUT/tests_alone.log" | cut -c1-700
+  step done
+  exit 0
+fi
+if [ "${1:-}" = abba ]; then
+  # The third call of run 30: the trace on 150,528-B records in ABBA order (the trace ran
+  # second in every round before), and the GPU decode after its timing fix, 4 and 16 workers;
+  # the GPU tests first.
+  gpu_tests
+  step "the trace on 150,528-B records, 8 epochs, ABBA"
+  sweep 200 trace-rec150k-abba 8 --abba --settings w16,w16+trace -- --epochs 8 --no-baseline
+  wait_jpegs
   step "GPU decode, f16 to the GPU, batch 128, 3 epochs: 4 and 16 workers, two rounds"
   for round in 1 2; do for w in 4 16; do
     timeout 60 $GPUFEED bench --images "$JPEGS" --batch-size 128 --epochs 3 --decode gpu \
@@ -80,11 +101,7 @@ if [ "${1:-}" = longer ]; then
   sweep 100 trace-rec150k-e8 5 --settings w16,w16+trace -- --epochs 8 --no-baseline
   step "to the GPU: 150,528-B records, auto against the default (14 here) and 8"
   sweep 100 device-rec150k 2 --settings w8,default,auto -- --epochs 4 --device 0
-  for _ in $(seq 60); do
-    [ "$(find "$JPEGS" -name '*.jpg' 2>/dev/null | wc -l)" -ge 3000 ] && break
-    sleep 1
-  done
-  sleep 2; kill $folder 2>/dev/null
+  wait_jpegs
   step "GPU decode: what the stage copies (h2d_bytes)"
   timeout 60 $GPUFEED bench --images "$JPEGS" --batch-size 128 --epochs 3 --decode gpu --image-dtype f16 \
     --device 0 --workers 4 --json > "$OUT/gpu_decode.json"; echo "rc=$?"
@@ -93,9 +110,7 @@ if [ "${1:-}" = longer ]; then
   exit 0
 fi
 if [ "${1:-}" != sweeps ]; then
-  step "Rust GPU tests (GPUFEED_REQUIRE_GPU=1)"
-  GPUFEED_REQUIRE_GPU=1 timeout 180 .gpu/tests/cuda >"$OUT/tests_cuda.log" 2>&1
-  echo "rc=$?"; grep -E "^test result|FAILED|panicked|failed" "$OUT/tests_cuda.log" | head -20
+  gpu_tests
 fi
 
 step "raw 4 KB records, 4 epochs (runs 26 and 27's workload); the default here is 16"
@@ -109,12 +124,7 @@ wait $data
 step "token rows: train.bin, seq 2048, global batch 8, 4 epochs"
 sweep 90 tokens 3 --unit tokens --settings w2,w4,w8,w16,auto -- --tokens /tmp/train.bin --token-dtype u16 --seq-len 2048 --batch-size 8 --epochs 4
 
-for _ in $(seq 60); do
-  [ "$(find "$JPEGS" -name '*.jpg' 2>/dev/null | wc -l)" -ge 3000 ] && break
-  sleep 1
-done
-sleep 2; kill $folder 2>/dev/null
-echo "jpegs: $(find "$JPEGS" -name '*.jpg' | wc -l)"
+wait_jpegs
 step "JPEGs, CPU decode to host batches, RRC 224 + flip, batch 128, 3 epochs"
 sweep 90 jpegs 2 --unit bytes --settings w4,w8,w16,auto -- --images "$JPEGS" --batch-size 128 --epochs 3
 
