@@ -950,23 +950,17 @@ fn bench_runs_the_token_loader_over_a_blend_and_reports_shares_and_padding() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokens");
     let u16 = fixtures.join("megatron_u16");
     let train = format!("{}=1", fixtures.join("train.bin").display());
-    // One source, concatenated: every token of each epoch once.
-    let o = gpufeed(&[
-        "bench",
-        "--json",
-        "--tokens",
-        s(&u16),
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "8",
-        "--epochs",
-        "2",
-        "--workers",
-        "2",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    // One source, concatenated, rows of 16 in global batches of 8 over 2 epochs, with these
+    // settings: every token of each epoch once.
+    let concatenated = |settings: &[&str]| -> Value {
+        let mut a = vec!["bench", "--json", "--tokens", s(&u16)];
+        a.extend(["--seq-len", "16", "--batch-size", "8", "--epochs", "2"]);
+        a.extend(settings);
+        let o = gpufeed(&a);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let v = concatenated(&["--workers", "2"]);
     assert_eq!(v["kind"], "tokens");
     assert_eq!(v["mode"], "concatenated");
     assert_eq!(v["tokens"], 2 * 3964, "{v}");
@@ -1016,24 +1010,7 @@ fn bench_runs_the_token_loader_over_a_blend_and_reports_shares_and_padding() {
     assert!(stderr(&o).contains("--trace"), "{}", stderr(&o));
     assert!(!trace.exists());
     // Settings chosen by the loader: the same tokens, and what was chosen and why.
-    let o = gpufeed(&[
-        "bench",
-        "--json",
-        "--tokens",
-        s(&u16),
-        "--seq-len",
-        "16",
-        "--batch-size",
-        "8",
-        "--epochs",
-        "2",
-        "--workers",
-        "auto",
-        "--prefetch",
-        "auto",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = concatenated(&["--workers", "auto", "--prefetch", "auto"]);
     assert_eq!(v["tokens"], 2 * 3964, "{v}");
     let reason = v["tuning"]["reason"].as_str().unwrap();
     assert!(reason.starts_with("autotune: "), "{v}");

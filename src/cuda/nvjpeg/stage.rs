@@ -279,8 +279,8 @@ impl DecodeStage {
     /// Enqueues the decode of `batch` into `buffer` on `stream` (see the module docs) and
     /// returns the fence of the whole, the samples skipped, and the bytes it sends to the
     /// device: the batch's metadata and labels, the workers' pixels, the JPEGs nvJPEG reads
-    /// from the host batch, the CPU fallbacks' pixels and the resize's descriptors. On an error the stream is
-    /// synchronised before any buffer is let go of.
+    /// from the host batch, the CPU fallbacks' pixels and the resize's descriptors. On an
+    /// error the stream is synchronised before any buffer is let go of.
     pub(crate) fn enqueue(
         &mut self,
         batch: &mut Batch,
