@@ -128,6 +128,11 @@ impl RawStream {
         self.0
     }
 
+    /// The handle of a cudarc stream (candle's device uses the per-thread default stream).
+    fn of(stream: &CudaStream) -> RawStream {
+        RawStream(stream.cu_stream() as usize)
+    }
+
     fn cu(self) -> sys::CUstream {
         self.0 as sys::CUstream
     }
@@ -339,8 +344,16 @@ impl DeviceBatch {
 
     /// Registers `stream` as a user of the batch's memory without ordering it after the copy:
     /// when the batch drops, a fence is recorded on `stream` and the buffer is reused only once
-    /// `stream` has passed that point (PyTorch's `record_stream`).
+    /// `stream` has passed that point (PyTorch's `record_stream`). A cudarc stream over the
+    /// per-thread default stream (`CudaContext::per_thread_stream`, candle's default) is
+    /// registered as [`RawStream::PER_THREAD`] is: the batch may drop on another thread, whose
+    /// per-thread stream that handle would name, so its fence goes on the legacy stream.
     pub fn release_on(&self, stream: &Arc<CudaStream>) {
+        if RawStream::of(stream) == RawStream::PER_THREAD {
+            // The handle names the stream of whichever thread records on it, and the batch may
+            // drop on another: the release is recorded as for a raw per-thread stream.
+            return self.release_on_raw(RawStream::PER_THREAD);
+        }
         let mut users = self.users();
         if !users
             .iter()
@@ -381,9 +394,11 @@ impl DeviceBatch {
     /// True if `stream` is registered (the same CUDA stream as one given to `wait_on` or
     /// `release_on`, which the batch keeps alive, so the handle cannot name another stream).
     fn is_user(&self, stream: &CudaStream) -> bool {
-        self.users()
-            .iter()
-            .any(|u| matches!(u, User::Stream(s) if s.cu_stream() == stream.cu_stream()))
+        let raw = RawStream::of(stream);
+        self.users().iter().any(|u| match u {
+            User::Stream(s) => s.cu_stream() == stream.cu_stream(),
+            User::Raw(r) => raw == RawStream::PER_THREAD && *r == raw.for_release(),
+        })
     }
 
     /// The bytes of field `name` (a ragged field: its values), copied back to the host. Waits
