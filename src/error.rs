@@ -252,6 +252,18 @@ pub enum Error {
         what: String,
     },
 
+    /// The framework a batch was handed to refused it: candle could not allocate or make a
+    /// tensor of a field (feature `candle`); candle's error is the source.
+    #[cfg(feature = "candle")]
+    #[error("candle: {what}: {source}")]
+    Candle {
+        /// The field and the step of the hand-off.
+        what: String,
+        /// candle's error.
+        #[source]
+        source: Box<candle_core::Error>,
+    },
+
     /// A member of a tar shard breaks WebDataset's rules (no extension, an extension repeated
     /// within one sample, a member type that cannot be read in place, ...).
     #[error("{shard}: member `{member}` (header at byte {offset}): {what}")]
@@ -363,6 +375,9 @@ pub enum ErrorKind {
     /// A shard could not be fetched from object storage or kept in the local cache
     /// ([`Error::Remote`]; its [`RemoteErrorKind`] says why).
     Remote,
+    /// The framework a batch was handed to refused it (candle, feature `candle`:
+    /// `Error::Candle`).
+    Framework,
 }
 
 impl Error {
@@ -405,6 +420,8 @@ impl Error {
             #[cfg(feature = "cuda")]
             Error::Driver { .. } => ErrorKind::Gpu,
             Error::Remote { .. } => ErrorKind::Remote,
+            #[cfg(feature = "candle")]
+            Error::Candle { .. } => ErrorKind::Framework,
         }
     }
 

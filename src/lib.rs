@@ -22,6 +22,7 @@
 //! | worker threads, channels, [`Batch`], stats | [`loader`] |
 //! | pinned buffers, device pool, async copies, device batches (feature `cuda`) | `cuda` |
 //! | token streams for language models: packed or concatenated rows, blends, elastic resume | [`tokens`] |
+//! | batches as candle tensors (features `candle`, `candle-cuda`) | `candle` |
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] names the file, record or sample at
 //! fault. Nothing panics on bad input.
@@ -44,6 +45,8 @@
 //! [`LoaderStats`] and [`PoolStats`] beyond their documented meaning, and the `gpufeed` command's
 //! output.
 
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod codec;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -7,6 +7,8 @@ mod cuda_common;
 mod image_common;
 mod token_common;
 
+#[cfg(feature = "candle-cuda")]
+mod cuda_candle;
 mod cuda_convert;
 mod cuda_copy;
 mod cuda_decode;
@@ -19,7 +21,8 @@ mod cuda_sound;
 mod cuda_tokens;
 
 fn main() -> std::process::ExitCode {
-    cuda_common::run_gpu_tests(gpu_tests![
+    #[allow(unused_mut)]
+    let mut tests = gpu_tests![
         cuda_convert: [
             conversion_matches_the_cpu_reference,
             conversion_rejects_bad_settings,
@@ -78,5 +81,11 @@ fn main() -> std::process::ExitCode {
             device_token_batches_are_the_host_ones_widened_on_the_gpu,
             widening_refuses_what_it_cannot_widen,
         ],
-    ])
+    ];
+    #[cfg(feature = "candle-cuda")]
+    tests.extend(gpu_tests![cuda_candle: [
+        tensors_held_across_later_batches_keep_every_element,
+        every_dtype_reaches_candle_as_the_host_batch_holds_it,
+    ]]);
+    cuda_common::run_gpu_tests(tests)
 }

@@ -244,6 +244,12 @@ impl DeviceBatch {
         self.buffer.context().ordinal()
     }
 
+    /// The context its memory is in.
+    #[cfg(feature = "candle-cuda")]
+    pub(crate) fn context(&self) -> &Arc<cudarc::driver::CudaContext> {
+        self.buffer.context()
+    }
+
     /// What the batch is: its samples' indices, epoch, number, padding (also reached through
     /// `Deref`: `batch.len()`), as for a [`Batch`](crate::Batch) on the host.
     pub fn info(&self) -> &BatchInfo {

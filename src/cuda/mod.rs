@@ -110,6 +110,8 @@ mod widen;
 pub use batch::{DeviceBatch, DeviceField, RawStream};
 pub use ceiling::pinned_copy_ceiling;
 pub use convert::{Convert, Converter};
+#[cfg(feature = "candle-cuda")]
+pub(crate) use device::ContextScope;
 pub use device::{Device, driver_present};
 pub use device_loader::{DeviceLoader, DeviceLoaderOptions};
 pub use device_pool::{DeviceBuffer, DevicePool, leaked_buffers, reserved_bytes};
