@@ -122,25 +122,9 @@ sleep 2; kill $folder 2>/dev/null; wait $folder 2>/dev/null
 echo "jpegs: $(find "$JPEGS" -name '*.jpg' | wc -l)"
 
 if want yardstick; then
-step "torchvision nvJPEG decode (yardstick), then torchvision's first call in a fresh process"
-timeout 90 python3 - "$JPEGS" <<'PY' | tee -a "$OUT/torch.jsonl" || note_fail "yardstick"
-import glob, json, os, sys, time
-import torch
-from torchvision.io import decode_jpeg, read_file
-files = sorted(glob.glob(os.path.join(sys.argv[1], "*", "*.jpg")))
-data = [read_file(f) for f in files]
-torch.zeros(1, device="cuda"); torch.cuda.synchronize()
-t = time.perf_counter(); decode_jpeg(data[:128], device="cuda"); torch.cuda.synchronize()
-print(json.dumps({"case": "torchvision_first_decode_b128", "seconds": round(time.perf_counter() - t, 4)}))
-for p in range(3):
-    t0 = time.perf_counter()
-    for s in range(0, len(data) - 127, 128):
-        decode_jpeg(data[s:s + 128], device="cuda")
-    torch.cuda.synchronize()
-    n = (len(data) // 128) * 128
-    print(json.dumps({"case": "torchvision_nvjpeg_decode_b128", "pass": p,
-                      "value": round(n / (time.perf_counter() - t0), 1), "unit": "images/s"}))
-PY
+  step "torchvision's nvJPEG decode (the yardstick): its first call, then three passes"
+  timeout 90 python3 crates/bench/scripts/nvjpeg_yardstick.py "$JPEGS" | tee -a "$OUT/torch.jsonl" \
+    || note_fail "yardstick"
 fi
 
 step "gpufeed bench on 12,000 JPEGs: GPU decode before and after, CPU decode"

@@ -139,22 +139,8 @@ echo "jpegs: $n"
 [ "$n" -ge "$COUNT" ] || { note_fail "the folder has $n JPEGs, not $COUNT"; }
 
 step "yardstick: torchvision.io.decode_jpeg(device='cuda'), batches of 128, every file, 3 passes"
-timeout 90 python3 - "$JPEGS" <<'PY' | tee -a "$OUT/torch.jsonl" || note_fail "nvJPEG yardstick"
-import glob, json, os, sys, time
-import torch
-from torchvision.io import decode_jpeg, read_file
-files = sorted(glob.glob(os.path.join(sys.argv[1], "*", "*.jpg")))
-data = [read_file(f) for f in files]
-decode_jpeg(data[:128], device="cuda"); torch.cuda.synchronize()
-for p in range(3):
-    t0 = time.perf_counter()
-    for s in range(0, len(data) - 127, 128):
-        decode_jpeg(data[s:s + 128], device="cuda")
-    torch.cuda.synchronize()
-    n = (len(data) // 128) * 128
-    print(json.dumps({"case": "torchvision_nvjpeg_decode_b128", "pass": p, "images": n,
-                      "value": round(n / (time.perf_counter() - t0), 1), "unit": "images/s"}))
-PY
+timeout 90 python3 crates/bench/scripts/nvjpeg_yardstick.py "$JPEGS" | tee -a "$OUT/torch.jsonl" \
+  || note_fail "nvJPEG yardstick"
 
 # One line per `gpufeed bench --json` report (its stage times stay in bench.jsonl).
 cat >"$DATA/line.py" <<'PY'
