@@ -13,10 +13,11 @@
 //!   images per class of 10 classes there (synthetic 320x240 JPEGs whose class is a colour
 //!   and a stripe direction under noise, so that the loss has something to learn), unless the
 //!   folder already holds them.
-//! - `--feed gpufeed` (the default): a `DeviceLoader` on candle's own context, each batch
-//!   handed over with `DeviceBatch::tensor` (one device-to-device copy on candle's stream). At
-//!   the middle of the first epoch the loader's state is taken; after training, a loader
-//!   resumed from it delivers the very batch the run went on with (printed).
+//! - `--feed gpufeed` (the default): a `DeviceLoader` on candle's own context (the workers
+//!   decode, crop and flip to u8, normalised on the GPU; or with `--decode gpu` all of it on the
+//!   GPU), each batch handed over with `DeviceBatch::tensor` (one device-to-device copy on
+//!   candle's stream). At the middle of the first epoch the loader's state is taken; after
+//!   training, a loader resumed from it delivers the very batch the run went on with (printed).
 //! - `--feed candle`: per step, the batch's JPEGs decoded, cropped and resized with the `image`
 //!   crate by rayon on every core, stacked into one f32 tensor and copied to the GPU;
 //!   `--feed candle-seq`: the same on the training thread alone (candle-datasets' batcher).
@@ -33,9 +34,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType as CandleDType, Device as CandleDevice, Tensor, Var};
-use gpufeed::cuda::{DeviceLoader, DeviceLoaderOptions};
+use gpufeed::cuda::{Convert, DeviceLoader, DeviceLoaderOptions};
 use gpufeed::source::{Dataset, ImageFolder};
-use gpufeed::transform::image::{Decode, ImageTransform, Normalize};
+use gpufeed::transform::image::{Decode, ImageTransform, Layout, Normalize};
 use gpufeed::{BatchStream, DType, Loader, LoaderBuilder};
 use rayon::prelude::*;
 
@@ -292,6 +293,7 @@ trait BatchSource {
 /// gpufeed: a device loader on candle's context; batches handed over with `tensor`.
 struct GpufeedSource {
     builder: Box<dyn Fn() -> Result<LoaderBuilder>>,
+    opts: DeviceLoaderOptions,
     loader: DeviceLoader,
     gpufeed_device: gpufeed::cuda::Device,
     len: usize,
@@ -309,12 +311,24 @@ impl GpufeedSource {
             CandleDType::F32 => DType::F32,
             _ => DType::BF16,
         };
+        // Normalised on the GPU either way: the CPU decode's workers write u8 CHW (a quarter
+        // of f32's bytes over PCIe) and the copy stage converts it there; the GPU decode writes
+        // the normalised dtype itself.
+        let cpu = decode == Decode::Cpu;
+        let opts = if cpu {
+            DeviceLoaderOptions::default().convert(Convert::imagenet("image", Layout::Chw, dtype))
+        } else {
+            DeviceLoaderOptions::default()
+        };
         let builder = move || -> Result<LoaderBuilder> {
-            let transform = ImageTransform::train(SIZE as u32)
-                .dtype(dtype)
-                .normalize(Normalize::IMAGENET)
-                .decode(decode)
-                .build()?;
+            let transform = if cpu {
+                ImageTransform::train(SIZE as u32).dtype(DType::U8)
+            } else {
+                ImageTransform::train(SIZE as u32)
+                    .dtype(dtype)
+                    .normalize(Normalize::IMAGENET)
+            };
+            let transform = transform.decode(decode).build()?;
             Ok(Loader::builder(ImageFolder::open(&dir)?)
                 .transform(transform)
                 .batch_size(batch)
@@ -326,15 +340,12 @@ impl GpufeedSource {
         // gpufeed's device on candle's context: one context, and the batches' copies ordered
         // before candle's work by events, not by host waits.
         let gpufeed_device = gpufeed::candle::device_of(gpu)?;
-        let loader = DeviceLoader::from_builder(
-            builder()?,
-            &gpufeed_device,
-            DeviceLoaderOptions::default(),
-        )?;
+        let loader = DeviceLoader::from_builder(builder()?, &gpufeed_device, opts.clone())?;
         let len = loader.batches_per_epoch() as usize * batch;
         let take_state_at = loader.batches_per_epoch() as usize / 2;
         Ok(GpufeedSource {
             builder: Box::new(builder),
+            opts,
             loader,
             gpufeed_device,
             len,
@@ -382,11 +393,8 @@ impl BatchSource for GpufeedSource {
         let json = serde_json::to_string(&state)?;
         let restored: gpufeed::LoaderState = serde_json::from_str(&json)?;
         let builder = (self.builder)()?.resume(restored);
-        let mut resumed = DeviceLoader::from_builder(
-            builder,
-            &self.gpufeed_device,
-            DeviceLoaderOptions::default(),
-        )?;
+        let mut resumed =
+            DeviceLoader::from_builder(builder, &self.gpufeed_device, self.opts.clone())?;
         resumed.set_epoch(state.epoch);
         let got = resumed
             .next()
