@@ -28,13 +28,15 @@
 #   (cd .gpu && tar cJf candle.tar.xz bin/candle_train bin/candle_handoff tests/cuda \
 #      && rm bin/candle_train bin/candle_handoff tests/cuda)    # PTX compresses tenfold
 #
+#   # For the tch part: examples/tch built against PyTorch 2.11's wheel (docs/FRAMEWORKS.md), as
+#   # .gpu/bin/tch-handoff.
 #   # For the ResNet-50 part: the Python package's wheel, built from this tree and from the
 #   # commit before (`git worktree add /tmp/before <commit>`), in .gpu/wheels/{after,before}/:
 #   maturin build --release --profile release -m python/Cargo.toml -o .gpu/wheels/after
 #
 # Then the device tool's `run`, carry [".gpu"], command
 # `bash crates/bench/scripts/device_candle.sh [PARTS]`, PARTS a comma-separated list of tests,
-# handoff, probe, train, yardstick, bench, resnet (default: all but resnet). Under $OUT:
+# handoff, tch, probe, train, yardstick, bench, resnet (default: all but tch and resnet). Under $OUT:
 # run.log (this output) and logs.tgz (tests.log, handoff.json, probe.jsonl, bench.jsonl,
 # train.jsonl, resnet.jsonl and each run's own log).
 set -u -o pipefail
@@ -71,9 +73,12 @@ export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ldd $G/bin/candle_train | grep -E "cublas|curand|nvrtc|cudart|cuda\.so|not found"
 
 JPEGS=/tmp/gpufeed-jpegs12k
-timeout 300 python3 $G/torch_baseline.py --only jpeg --jpeg-dir "$JPEGS" --jpeg-count 12000 \
-  --workers 1 >"$OUT/folder.log" 2>&1 &
-folder=$!
+folder=
+if want yardstick || want bench || want resnet; then
+  timeout 300 python3 $G/torch_baseline.py --only jpeg --jpeg-dir "$JPEGS" --jpeg-count 12000 \
+    --workers 1 >"$OUT/folder.log" 2>&1 &
+  folder=$!
+fi
 
 if want tests; then
   step "GPU tests (GPUFEED_REQUIRE_GPU=1), candle's among them"
@@ -88,6 +93,13 @@ if want handoff; then
   timeout 60 $G/bin/candle_handoff --batch 128 --batches 200 | tee "$OUT/handoff.log" || note_fail candle_handoff
   timeout 60 $G/bin/candle_handoff --batch 128 --batches 200 --keep-pool | tee -a "$OUT/handoff.log" || note_fail candle_handoff
   grep '^{' "$OUT/handoff.log" > "$OUT/handoff.json"
+fi
+
+if want tch; then
+  step "tch-rs: the zero-copy hand-off of docs/FRAMEWORKS.md (examples/tch, against the machine's libtorch)"
+  torchlib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  LD_LIBRARY_PATH="$torchlib:$LD_LIBRARY_PATH" timeout 120 $G/bin/tch-handoff 2>&1 | tee "$OUT/tch.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || note_fail "tch hand-off"
 fi
 
 if want probe; then
@@ -113,13 +125,15 @@ if want train; then
   train candle_seq --feed candle-seq --epochs 2 --steps 3
 fi
 
-step "waiting for the 12,000 JPEGs"
-for _ in $(seq 150); do
-  [ "$(find "$JPEGS" -name '*.jpg' 2>/dev/null | wc -l)" -ge 12000 ] && break
-  sleep 1
-done
-sleep 2; kill $folder 2>/dev/null; wait $folder 2>/dev/null
-echo "jpegs: $(find "$JPEGS" -name '*.jpg' | wc -l)"
+if [ -n "$folder" ]; then
+  step "waiting for the 12,000 JPEGs"
+  for _ in $(seq 150); do
+    [ "$(find "$JPEGS" -name '*.jpg' 2>/dev/null | wc -l)" -ge 12000 ] && break
+    sleep 1
+  done
+  sleep 2; kill $folder 2>/dev/null; wait $folder 2>/dev/null
+  echo "jpegs: $(find "$JPEGS" -name '*.jpg' | wc -l)"
+fi
 
 if want yardstick; then
   step "torchvision's nvJPEG decode (the yardstick): its first call, then three passes"
@@ -127,7 +141,7 @@ if want yardstick; then
     || note_fail "yardstick"
 fi
 
-step "gpufeed bench on 12,000 JPEGs: GPU decode before and after, CPU decode"
+want bench && step "gpufeed bench on 12,000 JPEGs: GPU decode before and after, CPU decode"
 bench() {
   local case=$1 bin=$2; shift 2
   [ -x "$bin" ] || { echo "skipped $case: no $bin"; return; }
@@ -187,6 +201,6 @@ step "summary"
 cat "$OUT/train.jsonl" 2>/dev/null
 echo "== done in $((SECONDS - T0)) s, failures: $fail"
 # At most 8 files come back: every log but this one in one archive.
-(cd "$OUT" && tar czf logs.tgz --exclude run.log --exclude logs.tgz . \
-  && find . -maxdepth 1 -type f ! -name run.log ! -name logs.tgz -delete)
+(cd "$OUT" && tar czf /tmp/gpufeed-logs.tgz --exclude run.log . \
+  && find . -maxdepth 1 -type f ! -name run.log -delete && mv /tmp/gpufeed-logs.tgz logs.tgz)
 exit $fail
