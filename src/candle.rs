@@ -117,16 +117,22 @@ mod device {
     /// handed to candle ([`DeviceBatch::tensor`]); its copy stream is gpufeed's own. An
     /// [`Error::Mismatch`] for a device that is not CUDA.
     pub fn device_of(device: &candle_core::Device) -> Result<Device> {
-        let cuda = cuda_device(device, "the loader's device")?;
+        let cuda = cuda_device(device, || "the loader's device".to_owned())?;
         Device::from_context(Arc::clone(cuda.cuda_stream().context()))
     }
 
-    fn cuda_device<'a>(device: &'a candle_core::Device, name: &str) -> Result<&'a CudaDevice> {
+    /// candle's CUDA device, or the error for `what` (the thing handed over) when `device` is
+    /// not one.
+    fn cuda_device(
+        device: &candle_core::Device,
+        what: impl FnOnce() -> String,
+    ) -> Result<&CudaDevice> {
         match device {
             candle_core::Device::Cuda(cuda) => Ok(cuda),
             other => Err(Error::mismatch(format!(
-                "{name}: a device batch goes to a CUDA device, not {:?} (copy a host batch \
+                "{}: a device batch goes to a CUDA device, not {:?} (copy a host batch \
                  with Batch::tensor instead)",
+                what(),
                 other.location()
             ))),
         }
@@ -146,7 +152,7 @@ mod device {
         pub fn tensor(&self, name: &str, device: &candle_core::Device) -> Result<Tensor> {
             let field = self.field_bytes(name)?;
             let dtype = candle_dtype(field.dtype(), name)?;
-            let cuda = cuda_device(device, &format!("field `{name}`"))?;
+            let cuda = cuda_device(device, || format!("field `{name}`"))?;
             let stream = cuda.cuda_stream();
             if stream.context().cu_ctx() != self.context().cu_ctx() {
                 return Err(Error::mismatch(format!(
