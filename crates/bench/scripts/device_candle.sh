@@ -107,7 +107,7 @@ if want probe; then
   timeout 60 python3 crates/bench/scripts/nvjpeg_setup_probe.py "" | tee "$OUT/probe.jsonl" || note_fail probe
 fi
 
-step "candle_train: 10,000 JPEGs, gpufeed's feed against the candle user's loop"
+want train && step "candle_train: 10,000 JPEGs, gpufeed's feed against the candle user's loop"
 DATA=/tmp/candle-data
 train() {
   local name=$1; shift
