@@ -1,5 +1,8 @@
 //! Settings the loader chooses itself (`Setting::Auto`): the workers from a measurement on the
 //! first batches, the prefetch and parts from them; every batch delivered as usual meanwhile.
+//!
+//! A binary of its own, its tests one at a time (`alone`): a trial measures what the cores
+//! give each worker, which other tests' threads would take.
 
 use std::time::Duration;
 
@@ -9,6 +12,12 @@ use gpufeed::{
     Auto, BatchStream, Dataset, Error, FnTransform, Loader, OutputField, Result, Sample,
     SampleContext, Slots,
 };
+
+/// Held by each test for its whole run: no two of them measure the cores at once.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ALONE.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Sample i: the u64 `i * 5 + 3`.
 struct Numbers(Vec<u8>, Schema);
@@ -76,6 +85,7 @@ fn run_epochs(loader: &mut Loader, n: u64, epochs: u64, consume: Duration) {
 
 #[test]
 fn auto_workers_measure_each_count_and_keep_the_fastest_delivering_every_batch() {
+    let _alone = alone();
     let n = 4000;
     let mut loader = Loader::builder(Numbers::new(n))
         .batch_size(16)
@@ -105,6 +115,7 @@ fn auto_workers_measure_each_count_and_keep_the_fastest_delivering_every_batch()
 
 #[test]
 fn auto_workers_under_a_slow_consumer_keep_the_fewest_that_keep_up() {
+    let _alone = alone();
     let n = 1600;
     let trace = gpufeed::trace::Trace::new();
     let mut loader = Loader::builder(Numbers::new(n))
@@ -151,6 +162,7 @@ fn auto_workers_under_a_slow_consumer_keep_the_fewest_that_keep_up() {
 
 #[test]
 fn auto_prefetch_and_parts_follow_the_given_workers_within_the_budget() {
+    let _alone = alone();
     let n = 256;
     // Batches of 64 KiB samples x 64 = 4 MiB: made in parts by default.
     struct Wide;

@@ -4,7 +4,6 @@
 mod image_common;
 mod token_common;
 
-mod autotune;
 mod batch_parts;
 mod file_changes;
 mod format_errors;
