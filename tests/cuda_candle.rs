@@ -12,11 +12,11 @@ use crate::cuda_common;
 use std::time::Duration;
 
 use candle_core::{DType as CandleDType, Tensor};
-use gpufeed::cuda::{DeviceLoader, DeviceLoaderOptions, PinnedBacking};
+use gpufeed::cuda::{DeviceLoader, DeviceLoaderOptions};
 use gpufeed::format::{Field, RecordFile, RecordWriter, Schema};
-use gpufeed::{DType, ErrorKind, HostPool, Loader, NpyArray};
+use gpufeed::{DType, ErrorKind, Loader};
 
-use cuda_common::{Rng, check_rows, device, write_npy};
+use cuda_common::{Rng, check_rows, device, two_block_loader, write_npy};
 
 /// candle's device 0 and gpufeed's device on its context, or `None` without a GPU.
 fn devices() -> Option<(candle_core::Device, gpufeed::cuda::Device)> {
@@ -62,17 +62,7 @@ pub fn tensors_held_across_later_batches_keep_every_element() {
     let row = 1 << 20;
     let (batch, rows) = (4usize, 96u64);
     let (path, data) = write_npy(dir.path(), "rows.npy", rows, &[row as u64], &mut rng);
-    let block = HostPool::block_size(batch * row) as u64;
-    let loader = Loader::builder(NpyArray::open(&path).unwrap())
-        .batch_size(batch)
-        .shuffle(rng.next_u64())
-        .workers(2)
-        .prefetch(2)
-        .pool_budget(2 * block)
-        .prefetch_across_epochs(false)
-        .backing(PinnedBacking::new(&dev))
-        .build()
-        .unwrap();
+    let loader = two_block_loader(&dev, &path, batch, row, rng.next_u64());
     let opts = DeviceLoaderOptions::default().depth(1).poison(0xA5);
     let mut dl = DeviceLoader::new(loader, &dev, opts).unwrap();
     let candle_stream = match &candle {

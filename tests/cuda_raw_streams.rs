@@ -21,14 +21,13 @@ use std::time::Duration;
 
 use cudarc::driver::{CudaStream, result, sys};
 use gpufeed::cuda::{
-    Device, DeviceBatch, DeviceLoader, DeviceLoaderOptions, DevicePool, PinnedBacking, RawStream,
+    Device, DeviceBatch, DeviceLoader, DeviceLoaderOptions, DevicePool, RawStream,
 };
 use gpufeed::{
-    DType, FnTransform, HostPool, Loader, LoaderBuilder, NpyArray, OutputField, Sample,
-    SampleContext, Slots,
+    DType, FnTransform, Loader, LoaderBuilder, NpyArray, OutputField, Sample, SampleContext, Slots,
 };
 
-use cuda_common::{Rng, check_rows, device, write_npy};
+use cuda_common::{Rng, check_rows, device, two_block_loader, write_npy};
 
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
@@ -164,17 +163,7 @@ pub fn a_block_is_reused_only_after_the_raw_consumer_stream_passed_its_read() {
         let mut rng = Rng::fresh(&format!("raw consumer {kind:?}"));
         let (row, batch, rows) = (1usize << 20, 4usize, 64u64);
         let (path, data) = write_npy(dir.path(), "rows.npy", rows, &[row as u64], &mut rng);
-        let block = HostPool::block_size(batch * row) as u64;
-        let loader = Loader::builder(NpyArray::open(&path).unwrap())
-            .batch_size(batch)
-            .shuffle(rng.next_u64())
-            .workers(2)
-            .prefetch(2)
-            .pool_budget(2 * block)
-            .prefetch_across_epochs(false)
-            .backing(PinnedBacking::new(&dev))
-            .build()
-            .unwrap();
+        let loader = two_block_loader(&dev, &path, batch, row, rng.next_u64());
         let mut dl =
             DeviceLoader::new(loader, &dev, DeviceLoaderOptions::default().depth(1)).unwrap();
         let busy = dev.new_stream().unwrap();

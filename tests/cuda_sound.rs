@@ -12,16 +12,14 @@ use crate::cuda_common;
 use std::time::Duration;
 
 use cudarc::driver::CudaSlice;
-use gpufeed::cuda::{
-    Convert, Converter, DeviceLoader, DeviceLoaderOptions, DevicePool, PinnedBacking,
-};
+use gpufeed::cuda::{Convert, Converter, DeviceLoader, DeviceLoaderOptions, DevicePool};
 use gpufeed::transform::image::Layout;
 use gpufeed::{
     DType, FnTransform, HostPool, Loader, LoaderBuilder, NpyArray, OutputField, Sample,
     SampleContext, Slots,
 };
 
-use cuda_common::{Rng, check_rows, device, write_npy};
+use cuda_common::{Rng, check_rows, device, two_block_loader, write_npy};
 
 /// Long enough that everything the host does meanwhile (allocations, uploads of a few MiB)
 /// is done before the queued work runs.
@@ -141,16 +139,7 @@ pub fn a_slow_consumer_stream_never_sees_a_batch_overwritten() {
     let (batch, rows) = (4usize, 64u64);
     let (path, data) = write_npy(dir.path(), "rows.npy", rows, &[row as u64], &mut rng);
     let block = HostPool::block_size(batch * row) as u64;
-    let loader = Loader::builder(NpyArray::open(&path).unwrap())
-        .batch_size(batch)
-        .shuffle(rng.next_u64())
-        .workers(2)
-        .prefetch(2)
-        .pool_budget(2 * block)
-        .prefetch_across_epochs(false)
-        .backing(PinnedBacking::new(&dev))
-        .build()
-        .unwrap();
+    let loader = two_block_loader(&dev, &path, batch, row, rng.next_u64());
     let opts = DeviceLoaderOptions::default().depth(1);
     let mut dl = DeviceLoader::new(loader, &dev, opts).unwrap();
     let consumer = dev.new_stream().unwrap();

@@ -5,8 +5,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use gpufeed::DType;
-use gpufeed::cuda::Device;
+use gpufeed::cuda::{Device, PinnedBacking};
+use gpufeed::{DType, HostPool, Loader, NpyArray};
 
 /// Device 0, or `None` after printing why the test skips. With `GPUFEED_REQUIRE_GPU=1`, no
 /// GPU is a failure instead.
@@ -50,6 +50,23 @@ impl Rng {
             chunk.copy_from_slice(&v[..chunk.len()]);
         }
     }
+}
+
+/// A loader over the `row`-byte rows of the `.npy` at `path`, in batches of `batch` shuffled by
+/// `seed`, one epoch at a time, on two workers whose host pool holds two batches of pinned
+/// memory on `dev`: the copy stage soon needs a block again, so a consumer's slowness shows.
+pub fn two_block_loader(dev: &Device, path: &Path, batch: usize, row: usize, seed: u64) -> Loader {
+    let block = HostPool::block_size(batch * row) as u64;
+    Loader::builder(NpyArray::open(path).unwrap())
+        .batch_size(batch)
+        .shuffle(seed)
+        .workers(2)
+        .prefetch(2)
+        .pool_budget(2 * block)
+        .prefetch_across_epochs(false)
+        .backing(PinnedBacking::new(dev))
+        .build()
+        .unwrap()
 }
 
 /// Writes a u8 `.npy` array of `rows` rows of `row_shape`, returns its path and bytes.
