@@ -41,6 +41,7 @@ fn main() -> std::process::ExitCode {
             corrupt_jpegs_are_typed_errors_naming_the_sample_or_skipped,
             huge_declared_jpegs_are_refused_before_allocation,
             resumed_gpu_decode_delivers_the_same_batches,
+            the_workers_decode_while_the_decoders_are_made_then_the_gpu_takes_its_share,
             device_memory_does_not_grow_over_50_epochs,
         ] without_gpu: [nvjpeg_loads_or_says_what_is_missing],
         cuda_device: [

@@ -339,6 +339,84 @@ pub fn resumed_gpu_decode_delivers_the_same_batches() {
     }
 }
 
+/// While nvJPEG's decoders are being made (a measured split, the default), the workers decode
+/// every image and the first batch does not wait for them; once made, the GPU takes its share.
+/// Every batch arrives, in order, with pixels within the tolerance of the CPU path's.
+pub fn the_workers_decode_while_the_decoders_are_made_then_the_gpu_takes_its_share() {
+    let Some(device) = device() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let class = dir.path().join("a");
+    std::fs::create_dir_all(&class).unwrap();
+    let kinds = image_common::image_kinds();
+    for i in 0..64 {
+        std::fs::write(class.join(format!("{i:02}.jpg")), &kinds[i % 2].1).unwrap();
+    }
+    let cpu = |epoch: u64| -> Vec<Vec<u8>> {
+        let mut l = builder(dir.path(), ImageTransform::train(32).build().unwrap(), 8)
+            .build()
+            .unwrap();
+        l.set_epoch(epoch);
+        l.map(|b| b.unwrap().field_bytes("image").unwrap().to_vec())
+            .collect()
+    };
+    let t = ImageTransform::train(32)
+        .decode(Decode::Gpu)
+        .build()
+        .unwrap();
+    let created = std::time::Instant::now();
+    let mut feed =
+        DeviceLoader::from_builder(builder(dir.path(), t, 8), &device, Default::default()).unwrap();
+    let first = feed.next().unwrap().unwrap();
+    let first_after = created.elapsed();
+    let r = feed.decode_report().unwrap();
+    if r.setup.ready_seconds == 0.0 {
+        // Not made yet: the first batch (and any the workers made ahead) decoded by them.
+        assert_eq!(r.counts.hardware + r.counts.gpu, 0, "{r:?}");
+        assert!(r.counts.cpu_share >= 8, "{r:?}");
+    } else {
+        // Made before the first batch was asked for (a GPU whose nvJPEG sets up quickly).
+        eprintln!(
+            "the decoders were made in {:.3} s, before the first batch ({first_after:?})",
+            r.setup.ready_seconds
+        );
+    }
+    let mut epochs = vec![vec![first.field_to_host("image").unwrap()]];
+    let started = std::time::Instant::now();
+    let mut epoch = 0;
+    loop {
+        for b in feed.by_ref() {
+            epochs[epoch as usize].push(b.unwrap().field_to_host("image").unwrap());
+        }
+        let r = feed.decode_report().unwrap();
+        // Until the GPU has decoded two epochs' worth of images.
+        if r.setup.ready_seconds > 0.0 && r.counts.hardware + r.counts.gpu >= 128 {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the GPU decoded nothing in a minute: {r:?}"
+        );
+        epoch += 1;
+        feed.set_epoch(epoch);
+        epochs.push(Vec::new());
+    }
+    let r = feed.decode_report().unwrap();
+    eprintln!(
+        "first batch after {first_after:?}, {} epochs; {r:?}",
+        epochs.len()
+    );
+    assert!(r.hardware_engines == 0 || r.counts.hardware > 0, "{r:?}");
+    for (e, got) in epochs.iter().enumerate() {
+        let want = cpu(e as u64);
+        assert_eq!(got.len(), want.len(), "epoch {e}: every batch");
+        let (mean, p999) = differences(&got.concat(), &want.concat());
+        assert!(
+            mean <= 1.0 && p999 <= 8,
+            "epoch {e}: mean {mean}, p99.9 {p999}"
+        );
+    }
+}
+
 /// The decode's device memory after 50 epochs is what it was after 5 (nvJPEG's buffers and
 /// the stage's scratch come from its budgeted pool and are reused; the scratch is sized from the
 /// largest images seen, not from each batch's, so the split's and the shuffle's choice of images
@@ -380,14 +458,30 @@ pub fn device_memory_does_not_grow_over_50_epochs() {
             batches.allocations,
         )
     };
+    // The workers decode every image until the stage has made nvJPEG's decoders (about a
+    // second, many epochs of this folder): the 50 epochs count from then.
+    let ready = |feed: &DeviceLoader| feed.decode_report().unwrap().setup.ready_seconds > 0.0;
+    let started = std::time::Instant::now();
+    let mut first = 0;
+    while !ready(&feed) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "nvJPEG's decoders were not made in a minute"
+        );
+        feed.set_epoch(first);
+        for b in feed.by_ref() {
+            b.unwrap();
+        }
+        first += 1;
+    }
     let mut after_5 = (0, 0, 0);
-    for epoch in 0..50 {
+    for epoch in first..first + 50 {
         feed.set_epoch(epoch);
         for b in feed.by_ref() {
             b.unwrap();
         }
         device.synchronize().unwrap();
-        if epoch == 4 {
+        if epoch == first + 4 {
             after_5 = held(&feed);
         }
     }
@@ -398,6 +492,10 @@ pub fn device_memory_does_not_grow_over_50_epochs() {
          after 50 {after_50:?}; {report:?}"
     );
     assert!(report.pooled_memory);
+    assert!(
+        report.counts.hardware + report.counts.gpu > 0,
+        "the GPU decoded after its decoders were made: {report:?}"
+    );
     assert!(
         after_5.0 > 0,
         "the decode's pool holds its buffers: {after_5:?}"

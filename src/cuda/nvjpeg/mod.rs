@@ -81,7 +81,7 @@ pub struct DecodeReport {
     pub library: String,
     /// Its version.
     pub version: (i32, i32, i32),
-    /// The hardware JPEG engines are used.
+    /// The hardware JPEG engines are used (known once the decoders are made: see `setup`).
     pub hardware: bool,
     /// Hardware engines, and cores per engine (0 where the library cannot say).
     pub hardware_engines: u32,
@@ -108,7 +108,8 @@ pub struct DecodeReport {
     /// Which image of gpufeed's kernels was loaded: `sm_90 cubin` (H100, H200), or the PTX,
     /// which the driver compiles on first load (or takes from its JIT cache).
     pub kernels: String,
-    /// What the stage's creation cost, part by part (it counts in a first epoch).
+    /// What the stage's creation cost, part by part (it counts in a first epoch, but the
+    /// decoders are made while the workers decode: `setup.ready_seconds`).
     pub setup: DecodeSetup,
     /// The stage's own device pool (nvJPEG's buffers and the stage's scratch), as of the last
     /// batch enqueued: what the decode holds from the driver, beside the loader's batches.
@@ -120,12 +121,18 @@ pub struct DecodeReport {
 pub struct DecodeSetup {
     /// Loading libnvjpeg (the first stage of the process; later ones find it loaded).
     pub library_seconds: f64,
-    /// The hardware decoder: its nvJPEG handle (`nvjpegCreateExV2`) and ring of states.
+    /// The hardware decoder: its nvJPEG handle (`nvjpegCreateExV2`) and ring of states (0
+    /// until the decoders are made, as every figure of the decoders here).
     pub hardware_seconds: f64,
     /// The GPU-backend decoder: its handle, states and buffers.
     pub gpu_seconds: f64,
     /// Loading gpufeed's resize kernels (`cuModuleLoadData`: the driver's JIT for the PTX).
     pub kernels_seconds: f64,
+    /// From the stage's creation to the copy thread taking the decoders, which are made on a
+    /// thread of their own while the workers decode every image (0 until then).
+    pub ready_seconds: f64,
+    /// Batches the stage made before it took the decoders.
+    pub batches_before_ready: u64,
 }
 
 /// Loads libnvjpeg (see [`Library::get`]) and says whether the GPU decode can run: `Ok` with

@@ -20,6 +20,15 @@
 //! states, or the stage's scratch blocks, are reused only once the GPU work that used them has
 //! completed.
 //!
+//! nvJPEG's decoders take half a second to a second to make on an H200 (a library handle
+//! 0.27 s, each state of the hardware decoder 0.2 s: `benches/RESULTS.md`, run 31), longer
+//! than a whole epoch of a small folder. The stage makes them on a thread of its own, one
+//! after the other (a second handle made beside the first pays the 0.27 s again), and holds
+//! a measured split meanwhile ([`DecodeSplit::hold`](crate::transform::image::DecodeSplit)):
+//! the workers decode every image, the stage copies and resizes their pixels, and the first
+//! batches do not wait for nvJPEG. A batch that holds JPEGs for the GPU (a fixed split, or
+//! one gathered before the hold) waits for the decoders.
+//!
 //! The scratch does not depend on which images a batch holds: each batch's block is sized for
 //! the largest batch the stage can be sent, the batch size's worth of the largest images it has
 //! seen (their decoded pixels and the resize's rows), not for this batch's images; and there
@@ -31,6 +40,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream, result, sys};
@@ -113,8 +123,14 @@ pub(crate) struct DecodeStage {
     /// as it is, comes first).
     image_offset: usize,
     kernels: ResizeKernels,
+    /// nvJPEG's decoders, once made (see the module docs): the hardware one where the GPU
+    /// has engines and the options allow it, and the GPU backend's.
     hardware: Option<HardwareDecoder>,
-    gpu: GpuDecoder,
+    gpu: Option<GpuDecoder>,
+    /// The thread making them, until the stage takes them.
+    making: Option<Making>,
+    /// Why they could not be made: every later batch's error.
+    failed: Option<String>,
     staging: HostPool,
     roi: bool,
     pending: Pending,
@@ -130,6 +146,51 @@ pub(crate) struct DecodeStage {
     /// Dropped after the decoders (their handles' memory).
     memory: Arc<DecodeMemory>,
     _lib: Arc<Library>,
+}
+
+/// nvJPEG's decoders being made on a thread of their own.
+struct Making {
+    thread: JoinHandle<Result<Decoders>>,
+    /// When the stage was created.
+    since: Instant,
+    /// Batches the stage enqueued meanwhile.
+    batches: u64,
+}
+
+/// What the thread makes.
+struct Decoders {
+    hardware: Option<HardwareDecoder>,
+    gpu: GpuDecoder,
+    hardware_seconds: f64,
+    gpu_seconds: f64,
+}
+
+impl Decoders {
+    /// The hardware decoder (if `hardware` and the GPU has engines), then the GPU backend's,
+    /// on this thread, in `device`'s context.
+    fn make(
+        device: &Device,
+        lib: &Arc<Library>,
+        memory: &Arc<DecodeMemory>,
+        hardware: bool,
+    ) -> Result<Decoders> {
+        device.bind()?;
+        let t0 = Instant::now();
+        let hardware = if hardware {
+            HardwareDecoder::new(lib, memory).ok()
+        } else {
+            None
+        };
+        let hardware_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let gpu = GpuDecoder::new(lib, memory).map_err(|e| e.into_error(memory))?;
+        Ok(Decoders {
+            hardware,
+            gpu,
+            hardware_seconds,
+            gpu_seconds: t1.elapsed().as_secs_f64(),
+        })
+    }
 }
 
 /// One sample's place in the batch's scratch.
@@ -182,42 +243,42 @@ impl DecodeStage {
             .memory
             .unwrap_or_else(|| default_memory(batch, plan.size));
         let memory = Arc::new(DecodeMemory::new(device, stream, budget, budget / 4));
-        let nvjpeg = |e: NvjpegError| e.into_error(&memory);
         let t1 = Instant::now();
-        let hardware = if opts.hardware {
-            HardwareDecoder::new(&lib, &memory).ok()
-        } else {
-            None
-        };
-        let t_hardware = t1.elapsed();
-        let t2 = Instant::now();
-        let gpu = GpuDecoder::new(&lib, &memory).map_err(nvjpeg)?;
-        let t_gpu = t2.elapsed();
-        let t3 = Instant::now();
         let kernels = ResizeKernels::load(device.context(), device.sm_count())?;
-        let t_kernels = t3.elapsed();
-        let (engines, cores) = hardware
-            .as_ref()
-            .map_or((0, 0), |h| h.handle().hardware_info());
+        let t_kernels = t1.elapsed();
+        plan.split.set_workers(workers);
+        plan.split.hold();
+        let making = {
+            let (device, lib, memory) = (device.clone(), Arc::clone(&lib), Arc::clone(&memory));
+            let hardware = opts.hardware;
+            std::thread::Builder::new()
+                .name("gpufeed-nvjpeg-setup".into())
+                .spawn(move || Decoders::make(&device, &lib, &memory, hardware))
+        };
+        let making = match making {
+            Ok(thread) => thread,
+            Err(e) => {
+                plan.split.release();
+                return Err(Error::spawn(
+                    "decode",
+                    "the thread that makes nvJPEG's decoders",
+                    e,
+                ));
+            }
+        };
         let report = DecodeReport {
             library: lib.path().to_owned(),
             version: lib.version(),
-            hardware: hardware.is_some(),
-            hardware_engines: engines,
-            hardware_cores: cores,
-            pooled_memory: gpu.handle().pooled(),
             roi: opts.roi,
             memory_budget: budget,
             kernels: kernels.image().to_string(),
             setup: DecodeSetup {
                 library_seconds: t_library.as_secs_f64(),
-                hardware_seconds: t_hardware.as_secs_f64(),
-                gpu_seconds: t_gpu.as_secs_f64(),
                 kernels_seconds: t_kernels.as_secs_f64(),
+                ..DecodeSetup::default()
             },
             ..DecodeReport::default()
         };
-        plan.split.set_workers(workers);
         Ok(DecodeStage {
             out,
             meta_offset,
@@ -225,8 +286,14 @@ impl DecodeStage {
             records_offset,
             image_offset,
             kernels,
-            hardware,
-            gpu,
+            hardware: None,
+            gpu: None,
+            making: Some(Making {
+                thread: making,
+                since: t0,
+                batches: 0,
+            }),
+            failed: None,
             staging: HostPool::with_backing(PinnedBacking::small(device), STAGING_BUDGET),
             roi: opts.roi,
             pending: VecDeque::new(),
@@ -288,6 +355,7 @@ impl DecodeStage {
         stream: &Arc<CudaStream>,
     ) -> Result<(EventFence, usize, u64)> {
         self.read_timings();
+        self.take_decoders(false)?;
         let t0 = Instant::now();
         let mut staged = Vec::new();
         let done = self.enqueue_inner(batch, buffer, stream, &mut staged);
@@ -299,6 +367,9 @@ impl DecodeStage {
                 }
                 self.pending
                     .push_back((start, ready.clone(), gpu_images, t0.elapsed()));
+                if let Some(m) = &mut self.making {
+                    m.batches += 1;
+                }
                 let pool = self.memory.device.stats();
                 if let Ok(mut r) = self.report.lock() {
                     r.batches += 1;
@@ -313,6 +384,52 @@ impl DecodeStage {
                 Err(e)
             }
         }
+    }
+
+    /// Takes nvJPEG's decoders from the thread making them once it has (waiting for it if
+    /// `wait`), releases the split and completes the report. If they could not be made, that
+    /// is this batch's error, and every later one's.
+    fn take_decoders(&mut self, wait: bool) -> Result<()> {
+        if let Some(why) = &self.failed {
+            return Err(Error::Cuda {
+                op: "nvJPEG",
+                what: format!("the GPU decoders could not be made: {why}"),
+            });
+        }
+        let Some(making) = self.making.take_if(|m| wait || m.thread.is_finished()) else {
+            return Ok(());
+        };
+        let made = making.thread.join().unwrap_or_else(|_| {
+            Err(Error::Cuda {
+                op: "nvJPEG",
+                what: "the thread making the GPU decoders panicked".into(),
+            })
+        });
+        let d = match made {
+            Ok(d) => d,
+            Err(e) => {
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        };
+        let (engines, cores) = d
+            .hardware
+            .as_ref()
+            .map_or((0, 0), |h| h.handle().hardware_info());
+        if let Ok(mut r) = self.report.lock() {
+            r.hardware = d.hardware.is_some();
+            r.hardware_engines = engines;
+            r.hardware_cores = cores;
+            r.pooled_memory = d.gpu.handle().pooled();
+            r.setup.hardware_seconds = d.hardware_seconds;
+            r.setup.gpu_seconds = d.gpu_seconds;
+            r.setup.ready_seconds = making.since.elapsed().as_secs_f64();
+            r.setup.batches_before_ready = making.batches;
+        }
+        self.hardware = d.hardware;
+        self.gpu = Some(d.gpu);
+        self.plan.split.release();
+        Ok(())
     }
 
     #[allow(clippy::type_complexity)]
@@ -383,6 +500,12 @@ impl DecodeStage {
                 rows,
                 zero,
             });
+        }
+        if items
+            .iter()
+            .any(|it| matches!(it.record.route, Route::Hardware | Route::Gpu))
+        {
+            self.take_decoders(true)?;
         }
         // The largest batch: `batch_size` descriptors and the largest images seen, which this
         // batch's (noted above) cannot exceed.
@@ -505,8 +628,14 @@ impl DecodeStage {
             let it = &items[p];
             let bytes = &record_of(p)[..it.record.len as usize];
             let out = Image::interleaved(base + it.src as u64, 3 * it.width as usize);
+            let Some(decoder) = self.gpu.as_mut() else {
+                return Err(Error::Cuda {
+                    op: "nvJPEG",
+                    what: "a JPEG for the GPU backend before its decoder was made".into(),
+                });
+            };
             // SAFETY: as for the hardware decode.
-            match unsafe { self.gpu.decode(bytes, out, it.roi, stream) } {
+            match unsafe { decoder.decode(bytes, out, it.roi, stream) } {
                 Ok(()) => {
                     gpu_images += 1;
                     self.plan.stats.gpu.fetch_add(1, Ordering::Relaxed);
@@ -714,6 +843,16 @@ impl DecodeStage {
                 r.cpu_share = self.plan.split.share();
             }
             self.pending.pop_front();
+        }
+    }
+}
+
+impl Drop for DecodeStage {
+    fn drop(&mut self) {
+        // Decoders still being made are dropped here, before the stage's memory and library
+        // (the thread holds both, so this is order, not safety).
+        if let Some(m) = self.making.take() {
+            let _ = m.thread.join();
         }
     }
 }

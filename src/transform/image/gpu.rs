@@ -31,7 +31,7 @@
 //! GPU stage's time per image, measured as the batches go.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::codec::{JpegHeader, Region, Subsampling};
 use crate::error::{Error, Result};
@@ -239,12 +239,19 @@ const SHARE_ONE: u64 = 1_000_000;
 /// that is `s = (W d - g) / (W d - g + c)`, clamped to `[0, 0.9]` (0 when the workers cannot
 /// even gather as fast as the GPU decodes). Until both sides have been measured, the share is
 /// 1/8, so that the workers' decode time is measured too.
+///
+/// While the GPU stage makes nvJPEG's decoders (half a second to a second on an H200, paid
+/// once per loader), a measured split is held: the workers decode every image
+/// ([`hold`](Self::hold), [`release`](Self::release)), so that the first batches do not wait
+/// for the GPU. A fixed share is kept from the first batch.
 #[derive(Debug)]
 pub struct DecodeSplit {
     /// Parts per million of GPU-decodable images that the workers decode.
     share: AtomicU64,
     /// The share is fixed (set by the user).
     fixed: bool,
+    /// The GPU cannot decode yet: every image to the workers (a measured split only).
+    held: AtomicBool,
     workers: AtomicU64,
     /// Exponential averages, in nanoseconds per image (0: not measured yet).
     cpu_ns: AtomicU64,
@@ -264,6 +271,7 @@ impl DecodeSplit {
         DecodeSplit {
             share: AtomicU64::new((s * SHARE_ONE as f64).round() as u64),
             fixed: share.is_some(),
+            held: AtomicBool::new(false),
             workers: AtomicU64::new(1),
             cpu_ns: AtomicU64::new(0),
             gather_ns: AtomicU64::new(0),
@@ -285,6 +293,9 @@ impl DecodeSplit {
     /// sequence over positions (the golden ratio's), so that every batch gets its share and
     /// the choice depends on the position alone.
     pub fn to_workers(&self, position: usize) -> bool {
+        if self.held.load(Ordering::Acquire) {
+            return true;
+        }
         let share = self.share.load(Ordering::Relaxed);
         if share == 0 {
             return false;
@@ -292,6 +303,24 @@ impl DecodeSplit {
         // frac((position + 1) * phi), in parts per million.
         let x = ((position as u64 + 1).wrapping_mul(618_034)) % SHARE_ONE;
         x < share
+    }
+
+    /// Sends every image to the workers until [`release`](Self::release), unless the share is
+    /// fixed: the GPU stage cannot decode yet (its decoders are being made).
+    pub fn hold(&self) {
+        if !self.fixed {
+            self.held.store(true, Ordering::Release);
+        }
+    }
+
+    /// The GPU decodes its share again (see [`hold`](Self::hold)).
+    pub fn release(&self) {
+        self.held.store(false, Ordering::Release);
+    }
+
+    /// Whether every image goes to the workers while the GPU cannot decode.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
     }
 
     /// The loader's worker count (the `W` of the formula).
@@ -557,6 +586,27 @@ mod tests {
         assert_eq!(n, 5);
         assert_eq!(&slot[..5], b"abcde");
         assert!(slot[5..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_held_split_sends_every_image_to_the_workers_until_released_unless_fixed() {
+        let measured = DecodeSplit::new(None);
+        let ours = |s: &DecodeSplit| (0..1000).filter(|&p| s.to_workers(p)).count();
+        assert_eq!(ours(&measured), 125);
+        measured.hold();
+        assert!(measured.is_held());
+        assert_eq!(ours(&measured), 1000);
+        measured.release();
+        assert!(!measured.is_held());
+        assert_eq!(ours(&measured), 125);
+        let fixed = DecodeSplit::new(Some(0.0));
+        fixed.hold();
+        assert!(!fixed.is_held());
+        assert_eq!(
+            ours(&fixed),
+            0,
+            "a share the user fixed holds from the first batch"
+        );
     }
 
     #[test]

@@ -960,6 +960,9 @@ impl ImageTransform {
     /// error), [`Decode::Auto`] takes it if nvJPEG loaded, [`Decode::Cpu`] never. A transform
     /// already built into a loader keeps its decision: deciding otherwise is an error (give
     /// each loader its own transform).
+    ///
+    /// Deciding for the GPU [holds](DecodeSplit::hold) a measured split until the GPU stage
+    /// has made nvJPEG's decoders: the workers decode the first batches' JPEGs meanwhile.
     pub fn decide_decode(&self, nvjpeg: Result<()>) -> Result<bool> {
         let want = match (self.cfg.decode, nvjpeg) {
             (Decode::Cpu, _) => false,
@@ -976,6 +979,9 @@ impl ImageTransform {
                     if got { "GPU" } else { "CPU" }
                 ),
             ));
+        }
+        if got {
+            self.split.hold();
         }
         Ok(got)
     }
