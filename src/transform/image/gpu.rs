@@ -30,8 +30,9 @@
 //! from what each side costs: the workers' time per image decoded and per image gathered, the
 //! GPU stage's time per image, measured as the batches go.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::codec::{JpegHeader, Region, Subsampling};
 use crate::error::{Error, Result};
@@ -238,7 +239,10 @@ const SHARE_ONE: u64 = 1_000_000;
 /// share `s` to the workers balances the two when `W * (1 - s) * d = s * c + (1 - s) * g`,
 /// that is `s = (W d - g) / (W d - g + c)`, clamped to `[0, 0.9]` (0 when the workers cannot
 /// even gather as fast as the GPU decodes). Until both sides have been measured, the share is
-/// 1/8, so that the workers' decode time is measured too.
+/// 1/8, so that the workers' decode time is measured too. The workers' costs are exponential
+/// averages; the GPU's is the median of its last [`GPU_WINDOW`] batches, taken once it has
+/// [`GPU_MIN_BATCHES`]: a decoder's first batches pay nvJPEG's first allocations, which an
+/// average would carry for dozens of batches, sending the workers more than they can decode.
 ///
 /// While the GPU stage makes nvJPEG's decoders (half a second to a second on an H200, paid
 /// once per loader), a measured split is held: the workers decode every image
@@ -256,8 +260,17 @@ pub struct DecodeSplit {
     /// Exponential averages, in nanoseconds per image (0: not measured yet).
     cpu_ns: AtomicU64,
     gather_ns: AtomicU64,
+    /// The median of `gpu_recent` (0: fewer than `GPU_MIN_BATCHES` measured).
     gpu_ns: AtomicU64,
+    /// The GPU stage's cost per image of its last `GPU_WINDOW` batches, oldest first.
+    gpu_recent: Mutex<VecDeque<u64>>,
 }
+
+/// Batches of the GPU stage whose median cost the split takes.
+pub const GPU_WINDOW: usize = 8;
+/// Batches of the GPU stage measured before the split moves: the median of 7 holds against 3
+/// slow first batches.
+pub const GPU_MIN_BATCHES: usize = 7;
 
 /// The share to the workers before anything is measured.
 const INITIAL_SHARE: f64 = 0.125;
@@ -276,6 +289,7 @@ impl DecodeSplit {
             cpu_ns: AtomicU64::new(0),
             gather_ns: AtomicU64::new(0),
             gpu_ns: AtomicU64::new(0),
+            gpu_recent: Mutex::new(VecDeque::with_capacity(GPU_WINDOW)),
         }
     }
 
@@ -344,7 +358,10 @@ impl DecodeSplit {
         if images == 0 {
             return;
         }
-        average(&self.gpu_ns, ns / images as u64);
+        let Some(median) = self.gpu_median((ns / images as u64).max(1)) else {
+            return;
+        };
+        self.gpu_ns.store(median, Ordering::Relaxed);
         if self.fixed {
             return;
         }
@@ -362,7 +379,23 @@ impl DecodeSplit {
             .store((s * SHARE_ONE as f64).round() as u64, Ordering::Relaxed);
     }
 
-    /// The averages so far, nanoseconds per image: (worker decode, worker gather, GPU stage).
+    /// Notes the GPU stage's cost per image of a batch; the median of the last `GPU_WINDOW`,
+    /// once `GPU_MIN_BATCHES` have been noted.
+    fn gpu_median(&self, ns: u64) -> Option<u64> {
+        let mut recent = self.gpu_recent.lock().ok()?;
+        if recent.len() == GPU_WINDOW {
+            recent.pop_front();
+        }
+        recent.push_back(ns);
+        if recent.len() < GPU_MIN_BATCHES {
+            return None;
+        }
+        let mut sorted: Vec<u64> = recent.iter().copied().collect();
+        sorted.sort_unstable();
+        Some(sorted[sorted.len() / 2])
+    }
+
+    /// The costs so far, nanoseconds per image: (worker decode, worker gather, GPU stage).
     pub fn costs(&self) -> (u64, u64, u64) {
         (
             self.cpu_ns.load(Ordering::Relaxed),
@@ -649,6 +682,10 @@ mod tests {
         assert_eq!(split.share(), INITIAL_SHARE);
         split.measured_cpu(1_300_000);
         split.measured_gather(20_000);
+        for _ in 1..GPU_MIN_BATCHES - 1 {
+            split.measured_gpu(50_000 * 100, 100);
+        }
+        assert_eq!(split.share(), INITIAL_SHARE, "too few GPU batches to move");
         split.measured_gpu(50_000 * 100, 100);
         assert!((split.share() - 0.375).abs() < 1e-6, "{}", split.share());
         // A fixed split stays where it was set.
@@ -657,6 +694,33 @@ mod tests {
         fixed.measured_gather(20_000);
         fixed.measured_gpu(5_000_000, 100);
         assert_eq!(fixed.share(), 0.2);
+    }
+
+    #[test]
+    fn the_gpu_decoders_first_slow_batches_do_not_move_the_split() {
+        let split = DecodeSplit::new(None);
+        split.set_workers(16);
+        split.measured_cpu(1_300_000);
+        split.measured_gather(20_000);
+        // Three first batches at 20 times the steady cost (nvJPEG's first allocations), then
+        // steady ones: the share is the steady balance from the first move on.
+        for k in 0..12 {
+            let per_image = if k < 3 { 1_000_000 } else { 50_000 };
+            split.measured_gpu(per_image * 100, 100);
+            if k + 1 >= GPU_MIN_BATCHES {
+                assert!(
+                    (split.share() - 0.375).abs() < 1e-6,
+                    "batch {k}: {}",
+                    split.share()
+                );
+                assert_eq!(split.costs().2, 50_000);
+            }
+        }
+        // A GPU that has become slower for good moves the split within the window.
+        for _ in 0..GPU_WINDOW / 2 + 1 {
+            split.measured_gpu(200_000 * 100, 100);
+        }
+        assert!(split.share() > 0.6, "{}", split.share());
     }
 
     #[test]
