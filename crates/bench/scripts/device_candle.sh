@@ -32,11 +32,12 @@
 #   # .gpu/bin/tch-handoff.
 #   # For the ResNet-50 part: the Python package's wheel, built from this tree and from the
 #   # commit before (`git worktree add /tmp/before <commit>`), in .gpu/wheels/{after,before}/:
-#   maturin build --release --profile release -m python/Cargo.toml -o .gpu/wheels/after
+#   maturin build --profile wheel -m python/Cargo.toml -o .gpu/wheels/after
 #
 # Then the device tool's `run`, carry [".gpu"], command
 # `bash crates/bench/scripts/device_candle.sh [PARTS]`, PARTS a comma-separated list of tests,
-# handoff, tch, probe, train, yardstick, bench, resnet (default: all but tch and resnet). Under $OUT:
+# handoff, tch, probe, train, yardstick, bench, resnet (default: all but tch and resnet); ROUNDS=N
+# runs the bench's cases N times in turn (default 2). Under $OUT:
 # run.log (this output) and logs.tgz (tests.log, handoff.json, probe.jsonl, bench.jsonl,
 # train.jsonl, resnet.jsonl and each run's own log).
 set -u -o pipefail
@@ -155,12 +156,13 @@ bench() {
 import json, sys
 r = json.loads(sys.argv[1]); e = [round(x) for x in r.get("epoch_samples_per_sec") or []]
 d = r.get("decode_report") or {}; s = d.get("setup") or {}
-print("%s: epochs %s img/s, steady %.0f, first/steady %.2f; hardware %.2f s, gpu backend %.2f s, cpu_share %.2f, counts %s" % (
+print("%s: epochs %s img/s, steady %.0f, first/steady %.2f; hardware %.2f s, gpu backend %.2f s, decoders taken after %.2f s and %d batches, cpu_share %.2f, counts %s" % (
   sys.argv[2], e, r.get("steady_samples_per_sec") or 0, (e[0] / r["steady_samples_per_sec"]) if e and r.get("steady_samples_per_sec") else 0,
-  s.get("hardware_seconds") or 0, s.get("gpu_seconds") or 0, d.get("cpu_share") or 0, d.get("counts")))
+  s.get("hardware_seconds") or 0, s.get("gpu_seconds") or 0, s.get("ready_seconds") or 0, s.get("batches_before_ready") or 0,
+  d.get("cpu_share") or 0, d.get("counts")))
 ' "{\"case\":\"$case\",${line#\{}" "$case"
 }
-want bench && for round in 1 2; do
+want bench && for round in $(seq "${ROUNDS:-2}"); do
   bench "after_gpu16_r$round" $G/bin/gpufeed --workers 16 --decode gpu
   bench "before_gpu16_r$round" $G/bin/gpufeed-before --workers 16 --decode gpu
   bench "after_gpu4_r$round" $G/bin/gpufeed --workers 4 --decode gpu
