@@ -69,6 +69,14 @@ struct Args {
     json: bool,
 }
 
+/// `flag`'s value `v` as a number, or an error naming the flag.
+fn number<T: std::str::FromStr>(flag: &str, v: String) -> std::result::Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    v.parse().map_err(|e| format!("{flag}: {e}"))
+}
+
 fn parse() -> Result<Args> {
     let mut a = Args {
         dir: PathBuf::new(),
@@ -98,21 +106,9 @@ fn parse() -> Result<Args> {
                     ))?,
                 }
             }
-            "--epochs" => {
-                a.epochs = value("--epochs")?
-                    .parse()
-                    .map_err(|e| format!("--epochs: {e}"))?
-            }
-            "--batch" => {
-                a.batch = value("--batch")?
-                    .parse()
-                    .map_err(|e| format!("--batch: {e}"))?
-            }
-            "--workers" => {
-                a.workers = value("--workers")?
-                    .parse()
-                    .map_err(|e| format!("--workers: {e}"))?
-            }
+            "--epochs" => a.epochs = number(&arg, value(&arg)?)?,
+            "--batch" => a.batch = number(&arg, value(&arg)?)?,
+            "--workers" => a.workers = number(&arg, value(&arg)?)?,
             "--decode" => a.decode = value("--decode")?.parse()?,
             "--dtype" => {
                 a.dtype = match value("--dtype")?.as_str() {
@@ -121,21 +117,9 @@ fn parse() -> Result<Args> {
                     other => Err(format!("--dtype: {other:?} is not bf16 or f32"))?,
                 }
             }
-            "--lr" => a.lr = value("--lr")?.parse().map_err(|e| format!("--lr: {e}"))?,
-            "--steps" => {
-                a.steps = Some(
-                    value("--steps")?
-                        .parse()
-                        .map_err(|e| format!("--steps: {e}"))?,
-                )
-            }
-            "--make-data" => {
-                a.make_data = Some(
-                    value("--make-data")?
-                        .parse()
-                        .map_err(|e| format!("--make-data: {e}"))?,
-                )
-            }
+            "--lr" => a.lr = number(&arg, value(&arg)?)?,
+            "--steps" => a.steps = Some(number(&arg, value(&arg)?)?),
+            "--make-data" => a.make_data = Some(number(&arg, value(&arg)?)?),
             "--json" => a.json = true,
             p if !p.starts_with("--") && dir.is_none() => dir = Some(PathBuf::from(p)),
             other => Err(format!("unknown argument {other:?}"))?,

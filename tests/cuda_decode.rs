@@ -22,6 +22,14 @@ fn builder(dir: &std::path::Path, t: ImageTransform, batch: usize) -> LoaderBuil
         .shard(0, 1)
 }
 
+/// A temporary ImageFolder of one class, `a`: the folder, and the class's directory.
+fn one_class_folder() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let class = dir.path().join("a");
+    std::fs::create_dir_all(&class).unwrap();
+    (dir, class)
+}
+
 fn gpu(t: ImageTransformBuilder) -> ImageTransform {
     t.decode(Decode::Gpu).cpu_share(Some(0.0)).build().unwrap()
 }
@@ -186,9 +194,7 @@ pub fn gpu_decoded_batches_match_the_cpu_path_for_every_kind() {
 /// device fault, no poisoned context); under Skip, counted, zeroed, labelled -1.
 pub fn corrupt_jpegs_are_typed_errors_naming_the_sample_or_skipped() {
     let Some(device) = device() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let class = dir.path().join("a");
-    std::fs::create_dir_all(&class).unwrap();
+    let (dir, class) = one_class_folder();
     let kinds = image_common::image_kinds();
     for i in 0..4 {
         std::fs::write(class.join(format!("{i}_good.jpg")), &kinds[0].1).unwrap();
@@ -344,9 +350,7 @@ pub fn resumed_gpu_decode_delivers_the_same_batches() {
 /// Every batch arrives, in order, with pixels within the tolerance of the CPU path's.
 pub fn the_workers_decode_while_the_decoders_are_made_then_the_gpu_takes_its_share() {
     let Some(device) = device() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let class = dir.path().join("a");
-    std::fs::create_dir_all(&class).unwrap();
+    let (dir, class) = one_class_folder();
     let kinds = image_common::image_kinds();
     for i in 0..64 {
         std::fs::write(class.join(format!("{i:02}.jpg")), &kinds[i % 2].1).unwrap();

@@ -27,7 +27,7 @@ use gpufeed::{
     DType, FnTransform, Loader, LoaderBuilder, NpyArray, OutputField, Sample, SampleContext, Slots,
 };
 
-use cuda_common::{Rng, check_rows, device, two_block_loader, write_npy};
+use cuda_common::{Rng, check_rows, device, reused_blocks, two_block_loader, write_npy};
 
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
@@ -191,13 +191,7 @@ pub fn a_block_is_reused_only_after_the_raw_consumer_stream_passed_its_read() {
             let got = read(snap, &own);
             check_rows(&got, indices, &data, row, &format!("{kind:?}, batch {k}"));
         }
-        let s = dl.stats();
-        eprintln!("{kind:?}: {s}");
-        assert!(
-            s.device_pool.reuses > 0,
-            "{kind:?}: the copy stage never reused a block, so nothing was tested: {}",
-            s.device_pool
-        );
+        let s = reused_blocks(&dl, &format!("{kind:?}"));
         assert_eq!(s.device_leaked, 0);
         assert_eq!(s.device_pool.allocated_bytes, 0, "every batch was returned");
     }

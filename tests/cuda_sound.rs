@@ -19,7 +19,7 @@ use gpufeed::{
     SampleContext, Slots,
 };
 
-use cuda_common::{Rng, check_rows, device, two_block_loader, write_npy};
+use cuda_common::{Rng, check_rows, device, reused_blocks, two_block_loader, write_npy};
 
 /// Long enough that everything the host does meanwhile (allocations, uploads of a few MiB)
 /// is done before the queued work runs.
@@ -175,13 +175,7 @@ pub fn a_slow_consumer_stream_never_sees_a_batch_overwritten() {
         let got = consumer.clone_dtoh(snap).unwrap();
         check_rows(&got, indices, &data, row, &format!("batch {k}"));
     }
-    let s = dl.stats();
-    eprintln!("{s}");
-    assert!(
-        s.device_pool.reuses > 0,
-        "the copy stage never reused a block, so nothing was tested: {}",
-        s.device_pool
-    );
+    let s = reused_blocks(&dl, "a slow consumer stream");
     let host_pool = s.loader.unwrap().pool;
     assert!(host_pool.peak_reserved_bytes <= 2 * block, "{host_pool}");
 }
@@ -256,9 +250,7 @@ pub fn poisoned_device_batches_hold_every_byte_of_the_host_batches() {
             }
         }
     }
-    let s = dl.stats();
-    eprintln!("{s}");
-    assert!(s.device_pool.reuses > 0, "{}", s.device_pool);
+    reused_blocks(&dl, "poisoned device batches");
 }
 
 /// Three fields of sizes that are not multiples of 256: the row, its dataset index, and 37

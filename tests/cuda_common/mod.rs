@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use gpufeed::cuda::{Device, PinnedBacking};
+use gpufeed::cuda::{Device, DeviceLoader, DeviceStats, PinnedBacking};
 use gpufeed::{DType, HostPool, Loader, NpyArray};
 
 /// Device 0, or `None` after printing why the test skips. With `GPUFEED_REQUIRE_GPU=1`, no
@@ -67,6 +67,20 @@ pub fn two_block_loader(dev: &Device, path: &Path, batch: usize, row: usize, see
         .backing(PinnedBacking::new(dev))
         .build()
         .unwrap()
+}
+
+/// The device loader's figures, printed, once it is checked that the copy stage reused a
+/// device block: a test of what happens when a block comes back (under a slow consumer, a
+/// held tensor, a poisoned buffer) tested nothing if none did. `what` names the case.
+pub fn reused_blocks(dl: &DeviceLoader, what: &str) -> DeviceStats {
+    let s = dl.stats();
+    eprintln!("{what}: {s}");
+    assert!(
+        s.device_pool.reuses > 0,
+        "{what}: the copy stage never reused a device block, so nothing was tested: {}",
+        s.device_pool
+    );
+    s
 }
 
 /// Writes a u8 `.npy` array of `rows` rows of `row_shape`, returns its path and bytes.
