@@ -584,7 +584,8 @@ class Loader(_Batches):
     while waiting for a batch raises KeyboardInterrupt within a few tens of milliseconds; the
     loader can still be used. A batch counts as delivered (``position``, ``state_dict``) once
     the iteration has returned it: an interrupt (or any exception) while it is converted
-    (``torch.from_dlpack``) leaves it to the next iteration.
+    (``torch.from_dlpack``), or a Ctrl-C that came while it was waited for, leaves it to the
+    next iteration, whatever the loop's form (``for``, ``next(it)``, ``it.__next__()``).
 
     Threads: the loader may be used from several Python threads (the GIL is released while it
     waits), but it cannot cross a ``fork``: make it in the process that iterates it.

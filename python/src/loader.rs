@@ -26,6 +26,14 @@
 //! views made by the failed attempt (in the exception's traceback) keep its buffer, so it
 //! cannot go back to the library's loader, and later views share it.
 //!
+//! A signal that arrives while the batch is waited for (the GIL released) or converted by C
+//! code (`numpy.from_dlpack`) runs no handler there: Python runs handlers where it next
+//! checks, and after a call (`b = next(it)`, `it.__next__()`) that is as the call returns,
+//! before its result is assigned, so the batch, counted as delivered, would be dropped. So
+//! `__next__` runs the handlers itself once the batch is made, and a handler that raises fails
+//! the hand-over as above (a `for` loop, which checks only after its body, gets the same
+//! rule). What is left is a signal in the few instructions between that check and the return.
+//!
 //! Device loaders (`device=N`, feature `cuda`): the same loader in pinned buffers behind a
 //! [`DeviceLoader`], whose device batches become CUDA arrays (`dlpack.rs`); with the image
 //! pipeline to a float dtype, the workers stop at u8 CHW and the GPU converts
@@ -883,7 +891,8 @@ impl LoaderCore {
     }
 
     /// Hands `taken` over: its dict, or, if that fails (a signal handler raised in the
-    /// conversion), the error, with the batch kept for the next call (see the module docs).
+    /// conversion, or a signal is pending once it is made), the error, with the batch kept
+    /// for the next call (see the module docs).
     fn hand_over<'py>(
         &self,
         py: Python<'py>,
@@ -894,7 +903,12 @@ impl LoaderCore {
             Taken::Host(held) => self.batch_dict(py, held),
             #[cfg(feature = "cuda")]
             Taken::Device(held) => self.device_batch_dict(py, held),
-        };
+        }
+        // A signal that came while the batch was waited for, or converted by C code (which
+        // runs no handler), would otherwise raise right after this call returns, in the
+        // caller's frame, before `b = next(it)` assigns the batch: run the handlers now,
+        // while the batch can still be kept.
+        .and_then(|dict| py.check_signals().map(|()| dict));
         if made.is_err() {
             // The loader closed meanwhile: nothing to keep it for.
             let _ = self.with_loader(py, move |place, _| {

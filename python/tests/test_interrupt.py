@@ -10,10 +10,12 @@ SIGINT raises KeyboardInterrupt there even when this process ignores it (under n
 
 from __future__ import annotations
 
+import _thread
 import errno
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -329,3 +331,135 @@ def randomly_interrupted_epochs_lose_nothing(path: str) -> None:
 
 def test_random_interrupts_lose_nothing(packed):
     run_isolated(randomly_interrupted_epochs_lose_nothing, str(packed))
+
+
+class Trip:
+    """``Trip()[signal.SIGINT]`` makes SIGINT arrive as the kernel's delivery does
+    (``_thread.interrupt_main``: the C handler's flag, no Python handler run yet), through a
+    subscript, after which Python does not look for signals (it does after each call). The
+    handler then runs at the next check: inside the next call when that call checks, else as
+    that call returns. So the next call starts as if the signal had come while it waited."""
+
+    # A builtin function is no descriptor: `Trip()[k]` calls `interrupt_main(k)`.
+    __getitem__ = _thread.interrupt_main
+
+
+def batch_is_made(loader, number: int) -> None:
+    """Waits until `loader`, of one worker (which makes its batches in order), has made batch
+    `number` of its first epoch: the next call takes it without waiting."""
+    while loader.stats()["stages"]["batches_made"] <= number:
+        time.sleep(0.001)
+
+
+def made(kind: str, path: str):
+    """A loader of one worker over `path` and what identifies its batches."""
+    if kind == "tokens":
+        loader = gpufeed.TokenLoader(
+            path, seq_len=16, batch_size=4, mode="packed", shuffle=2, workers=1, output="numpy"
+        )
+        return loader, lambda b: b["input_ids"].tobytes()
+    loader = gpufeed.Loader(path, batch_size=64, shuffle=3, workers=1, indices=True, output="numpy")
+    return loader, lambda b: b["__index__"].tolist()
+
+
+def signalled_calls_lose_nothing(kind: str, path: str, form: str) -> None:
+    reference, key = made(kind, path)
+    expected = [key(b) for b in reference]
+    del reference
+    loader, key = made(kind, path)
+    it = iter(loader)
+    handed = []
+    while len(handed) < len(loader):
+        batch_is_made(loader, len(handed))
+        # SIGINT comes as the call takes a batch that is there: the call raises
+        # KeyboardInterrupt, and the batch is the next call's.
+        try:
+            if form == "next":
+                Trip()[signal.SIGINT]
+                batch = next(it)
+            else:
+                Trip()[signal.SIGINT]
+                batch = it.__next__()
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError(f"batch {len(handed)}: the signal raised no KeyboardInterrupt")
+        assert loader.position == len(handed), (loader.position, len(handed))
+        batch = next(it)
+        handed.append(key(batch))
+        assert loader.state_dict()["next_batch"] == len(handed)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert handed == expected, f"{len(handed)} batches, not the {len(expected)} of the epoch"
+
+
+@pytest.mark.parametrize("form", ["next", "__next__"])
+def test_a_signal_as_next_takes_a_batch_leaves_it_to_the_next_call(packed, form):
+    # Before the fix, `b = next(it)` lost the batch: the handler ran as the call returned, in
+    # the caller's frame, and the batch was counted as delivered.
+    run_isolated(signalled_calls_lose_nothing, "loader", str(packed), form)
+
+
+@pytest.mark.parametrize("form", ["next", "__next__"])
+def test_a_signal_as_next_takes_a_token_batch_leaves_it_to_the_next_call(tmp_path, form):
+    from conftest import documents, write_megatron
+
+    write_megatron(tmp_path / "data", documents())
+    run_isolated(signalled_calls_lose_nothing, "tokens", str(tmp_path / "data"), form)
+
+
+def ctrl_c_while_next_waits(root: str, images: int) -> None:
+    root = Path(root)
+    png = (root.parent / "image.png").read_bytes()
+    loader = gpufeed.Loader(
+        root, batch_size=1, workers=1, prefetch=1, images={"size": 8}, indices=True,
+        output="numpy",
+    )
+    main = threading.get_ident()
+    it = iter(loader)
+    waits_line = []
+
+    def in_next() -> bool:
+        frame = sys._current_frames().get(main)
+        return frame is not None and frame.f_lineno in waits_line
+
+    def send():
+        # For each image: once the worker reads its pipe and the main thread waits in
+        # next(it), SIGINT, then the image right away (the batch is made while the main
+        # thread still waits, or after its wait saw nothing yet and raised).
+        for k in range(images):
+            fd = open_writer_once_read(root / "only" / f"{k}.png")
+            while not in_next():
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGINT)
+            os.set_blocking(fd, True)
+            os.write(fd, png)
+            os.close(fd)
+
+    sender = threading.Thread(target=send, daemon=True)
+    handed, interrupts = [], 0
+    waits_line.append(sys._getframe().f_lineno + 4)
+    sender.start()
+    while True:
+        try:
+            batch = next(it)  # the line `waits_line` names
+        except KeyboardInterrupt:
+            interrupts += 1
+            continue
+        except StopIteration:
+            break
+        handed.append(batch["__index__"].tolist())
+        assert loader.state_dict()["next_batch"] == len(handed)
+    sender.join()
+    assert interrupts == images, interrupts
+    assert handed == [[k] for k in range(images)], handed
+
+
+def test_ctrl_c_while_next_waits_loses_no_batch(tmp_path):
+    root = tmp_path / "folder"
+    (root / "only").mkdir(parents=True)
+    images = 5
+    for k in range(images):
+        os.mkfifo(root / "only" / f"{k}.png")
+    write_png(tmp_path / "image.png", np.full((20, 20, 3), 77, np.uint8))
+    run_isolated(ctrl_c_while_next_waits, str(root), images)
