@@ -182,12 +182,21 @@ pub enum Error {
     },
 
     /// An image could not be decoded or transformed.
-    #[error("{source_name}: {what}{}", ColonThen(.source.as_deref()))]
+    #[error(
+        "{source_name}: {what}{}{}",
+        RaiseWith(*.setting),
+        ColonThen(.source.as_deref())
+    )]
     Image {
         /// The file (or packed record) the image came from.
         source_name: String,
         /// What is wrong with it.
         what: String,
+        /// The image transform's setting whose limit refused the image (`max_pixels`), when a
+        /// limit refused it rather than its bytes being broken: raising the setting lets it
+        /// through. The message ends with the builder method that sets it; the command and
+        /// the Python package name their flag and argument instead.
+        setting: Option<&'static str>,
         /// The decoder's own error, when a decoder said what is wrong (`image`'s
         /// `ImageError`, zune-jpeg's `DecodeErrors`, `turbojpeg::Error`); the message ends
         /// with its message.
@@ -468,6 +477,19 @@ impl Error {
     }
 }
 
+/// The advice that ends an [`Error::Image`] refused by a limit: the builder method that raises
+/// it; nothing for an image that is broken.
+struct RaiseWith(Option<&'static str>);
+
+impl fmt::Display for RaiseWith {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(setting) => write!(f, "; raise it with ImageTransformBuilder::{setting}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// `: ` and a cause's message, or nothing without a cause: the end of a message whose cause is
 /// optional ([`Error::Image`]).
 struct ColonThen<'a>(Option<&'a (dyn std::error::Error + Send + Sync + 'static)>);
@@ -649,6 +671,7 @@ mod tests {
                 Error::Image {
                     source_name: "a.jpg".into(),
                     what: "x".into(),
+                    setting: None,
                     source: None,
                 },
                 ErrorKind::Image,
@@ -670,6 +693,7 @@ mod tests {
         let e = Error::Image {
             source_name: "a.png".into(),
             what: "corrupt PNG".into(),
+            setting: None,
             source: Some(Box::new(ReadOnly(Inner))),
         };
         assert_eq!(e.kind(), ErrorKind::Image);
@@ -684,10 +708,25 @@ mod tests {
         let plain = Error::Image {
             source_name: "b.png".into(),
             what: "empty file: no image data".into(),
+            setting: None,
             source: None,
         };
         assert_eq!(plain.to_string(), "b.png: empty file: no image data");
         assert!(plain.source().is_none());
+    }
+
+    #[test]
+    fn an_image_refused_by_a_limit_names_the_setting_that_raises_it() {
+        let e = Error::Image {
+            source_name: "big.jpg".into(),
+            what: "too many pixels".into(),
+            setting: Some("max_pixels"),
+            source: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "big.jpg: too many pixels; raise it with ImageTransformBuilder::max_pixels"
+        );
     }
 
     #[test]

@@ -149,6 +149,9 @@ class ImageOptions:
       ``"image"``) and integer labels (default ``"label"``; None for unlabelled data).
     - ``skip_bad_images``: instead of failing the batch, an image that cannot be decoded is
       zeroed, its label set to -1, and counted in ``stats()["images"]`` (default False).
+    - ``max_pixels``: the most pixels an image may declare (default 89,478,485, PIL's
+      ``Image.MAX_IMAGE_PIXELS``): a larger one is a bad image, refused before anything is
+      allocated for it (a decompression bomb).
 
     Every random choice is a function of (seed, epoch, sample index) only.
     """
@@ -168,6 +171,7 @@ class ImageOptions:
     #: Where JPEGs are decoded: ``"cpu"`` (the workers), ``"gpu"`` (nvJPEG on the loader's
     #: ``device``, with the crop, resize and normalisation there) or ``"auto"``.
     decode: str = "cpu"
+    max_pixels: Optional[int] = None
     normalise: dataclasses.InitVar[Any] = None
 
     def __post_init__(self, normalise: Any) -> None:
@@ -239,6 +243,9 @@ class ImageOptions:
             raise TypeError("images['image_field'] must be a string")
         if self.label_field is not None and not isinstance(self.label_field, str):
             raise TypeError("images['label_field'] must be a string or None")
+        max_pixels = self.max_pixels
+        if max_pixels is not None:
+            max_pixels = _int("images['max_pixels']", max_pixels, 1)
         return {
             "size": size,
             "train": (not evaluation) if self.train is None else bool(self.train),
@@ -253,6 +260,7 @@ class ImageOptions:
             "label_field": self.label_field,
             "skip_bad_images": bool(self.skip_bad_images),
             "decode": _decode("images['decode']", self.decode),
+            "max_pixels": max_pixels,
         }
 
 

@@ -26,10 +26,18 @@ pub fn python_argument(setting: &str) -> String {
         }
         "dataset" | "shards" | "sources" => "path_or_paths".into(),
         "transform" => "fields".into(),
-        "size" | "scale" | "ratio" | "flip" | "resize" | "dtype" | "normalize" | "layout" => {
-            format!("images['{setting}']")
-        }
+        "size" | "scale" | "ratio" | "flip" | "resize" | "dtype" | "normalize" | "layout"
+        | "max_pixels" => format!("images['{setting}']"),
         other => other.into(),
+    }
+}
+
+/// How a Python user raises the limit of the library's setting `setting`: an image option is
+/// a key of `images=`, another setting its own argument.
+fn raise_with(setting: &str) -> String {
+    match python_argument(setting).strip_prefix("images[") {
+        Some(key) => format!("images={{..., {}: N}}", key.trim_end_matches(']')),
+        None => format!("{}=N", python_argument(setting)),
     }
 }
 
@@ -200,6 +208,11 @@ fn config_message(setting: &str, what: &str, defaults: Defaults<'_>) -> String {
     }
 }
 
+/// The message of `e` as a Python user reads it (settings named as the arguments).
+pub fn python_message(e: &Error) -> String {
+    message(e, Defaults::default())
+}
+
 /// The message: gpufeed's, with settings named as in Python.
 fn message(e: &Error, defaults: Defaults<'_>) -> String {
     // A package built without object stores: the pip command that builds one with them.
@@ -231,6 +244,22 @@ fn raw_message(e: &Error, defaults: Defaults<'_>) -> String {
         ),
         Error::Batch { batch, source } => {
             format!("batch {batch}: {}", message(source, defaults))
+        }
+        // An image refused by a limit: the argument that raises it, not the Rust builder's.
+        Error::Image {
+            source_name,
+            what,
+            setting: Some(setting),
+            source,
+        } => {
+            let cause = source
+                .as_ref()
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default();
+            format!(
+                "{source_name}: {what}; raise it with {}{cause}",
+                raise_with(setting)
+            )
         }
         other => other.to_string(),
     }

@@ -362,6 +362,7 @@ struct ImageArgs {
     label_field: Option<String>,
     skip_bad_images: bool,
     decode: String,
+    max_pixels: Option<u64>,
 }
 
 impl ImageArgs {
@@ -465,6 +466,9 @@ impl ImageArgs {
             .label_field(self.label_field.as_deref());
         if self.skip_bad_images {
             b = b.on_bad_image(OnBadImage::Skip);
+        }
+        if let Some(pixels) = self.max_pixels {
+            b = b.max_pixels(pixels);
         }
         b = b.decode(self.decode()?);
         b.build()
@@ -1438,18 +1442,24 @@ impl LoaderCore {
         d.set_item("bytes_per_s", s.bytes_per_sec())?;
         d.set_item("first_batch_s", s.first_batch.map(|f| f.as_secs_f64()))?;
         host_figures(py, &d, s)?;
-        self.image_figures(py, &d)?;
+        self.image_figures(py, &d, s.skipped)?;
         d.set_item("verdict", s.verdict().to_string())?;
         d.set_item("text", s.to_string())?;
         Ok(d)
     }
 
-    fn image_figures(&self, py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<()> {
+    /// The image pipeline's figures into `d` (with `images=`): `skipped` counts the images
+    /// skipped in the batches delivered (`skipped`, the loader's), `decoded` and
+    /// `last_skipped` what the workers did, batches made ahead included.
+    fn image_figures(&self, py: Python<'_>, d: &Bound<'_, PyDict>, skipped: u64) -> PyResult<()> {
         if let Some(images) = &self.images {
             let i = PyDict::new(py);
             i.set_item("decoded", images.decoded())?;
-            i.set_item("skipped", images.skipped())?;
-            i.set_item("last_skipped", images.last_skipped())?;
+            i.set_item("skipped", skipped)?;
+            i.set_item(
+                "last_skipped",
+                images.map_last_skipped(errors::python_message),
+            )?;
             d.set_item("images", i)?;
         }
         Ok(())
@@ -1496,7 +1506,7 @@ impl LoaderCore {
         dev.set_item("leaked_buffers", s.device_leaked)?;
         dev.set_item("reserved_bytes_all_pools", gpufeed::cuda::reserved_bytes())?;
         d.set_item("device", dev)?;
-        self.image_figures(py, &d)?;
+        self.image_figures(py, &d, s.skipped)?;
         d.set_item("verdict", s.verdict().map(|v| v.to_string()))?;
         d.set_item("text", s.to_string())?;
         Ok(d)

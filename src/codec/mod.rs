@@ -127,6 +127,7 @@ pub(crate) fn image_error(source_name: &str, what: impl Into<String>) -> Error {
     Error::Image {
         source_name: source_name.to_owned(),
         what: what.into(),
+        setting: None,
         source: None,
     }
 }
@@ -141,6 +142,7 @@ pub(crate) fn image_error_from(
     Error::Image {
         source_name: source_name.to_owned(),
         what: what.into(),
+        setting: None,
         source: Some(Box::new(cause)),
     }
 }
@@ -173,14 +175,16 @@ fn check_size(name: &str, width: u64, height: u64, max_pixels: Option<u64>) -> R
     if let Some(max) = max_pixels
         && width.saturating_mul(height) > max
     {
-        return Err(image_error(
-            name,
-            format!(
+        return Err(Error::Image {
+            source_name: name.to_owned(),
+            what: format!(
                 "{width}x{height} image ({} pixels) is larger than the max_pixels limit of {max} \
-                 (ImageTransformBuilder::max_pixels; a decompression bomb, or raise the limit)",
+                 (a decompression bomb, or an image larger than the limit allows)",
                 width.saturating_mul(height)
             ),
-        ));
+            setting: Some("max_pixels"),
+            source: None,
+        });
     }
     match (u32::try_from(width), u32::try_from(height)) {
         (Ok(w), Ok(h)) => Ok((w, h)),

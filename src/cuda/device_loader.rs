@@ -295,6 +295,7 @@ impl DeviceLoader {
         DeviceStats {
             batches: self.delivered.batches,
             samples: self.delivered.samples,
+            skipped: self.delivered.skipped,
             bytes: self.delivered.bytes,
             elapsed: self.delivered.elapsed(),
             waited: self.delivered.waited,
@@ -349,7 +350,7 @@ impl DeviceLoader {
                         self.position.advance();
                     }
                     if let Ok(b) = &result {
-                        self.delivered.batch(b.len(), b.data_bytes());
+                        self.delivered.batch(b, b.data_bytes());
                     }
                     return Next::Ready(result);
                 }

@@ -15,6 +15,9 @@ pub struct DeviceStats {
     pub batches: u64,
     /// Samples delivered.
     pub samples: u64,
+    /// Samples of the device batches delivered that the transform skipped (bad images), as
+    /// [`LoaderStats::skipped`] counts them for host batches.
+    pub skipped: u64,
     /// Bytes of batch fields delivered (as collated on the host).
     pub bytes: u64,
     /// Time since the consumer's first call to `next`.

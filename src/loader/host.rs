@@ -217,6 +217,7 @@ impl Loader {
         LoaderStats {
             batches: self.delivered.batches,
             samples: self.delivered.samples,
+            skipped: self.delivered.skipped,
             bytes: self.delivered.bytes,
             elapsed: self.delivered.elapsed(),
             waited: self.delivered.waited,
@@ -458,7 +459,7 @@ impl Loader {
         let _ = self.dispatch();
         if let Ok(batch) = &result {
             self.first_batch.get_or_insert_with(|| self.built.elapsed());
-            self.delivered.batch(batch.len(), batch.data_bytes());
+            self.delivered.batch(batch, batch.data_bytes());
         }
         self.tune();
         Next::Ready(result)

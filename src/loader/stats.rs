@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::BatchInfo;
 use super::sizing::CpuBudget;
 use super::tune::{Tuning, Work};
 use crate::memory::{PoolStats, human_bytes, human_rate};
@@ -23,6 +24,8 @@ pub(crate) struct Delivered {
     pub batches: u64,
     pub samples: u64,
     pub bytes: u64,
+    /// Samples of the batches delivered that the transform skipped.
+    pub skipped: u64,
     /// The consumer's track of the loader's trace, if it has one.
     pub timeline: Option<ConsumerTimeline>,
 }
@@ -94,10 +97,11 @@ impl Delivered {
         out
     }
 
-    /// A batch of `samples` samples holding `bytes` bytes of data was delivered.
-    pub(crate) fn batch(&mut self, samples: usize, bytes: usize) {
+    /// The batch `info` describes, holding `bytes` bytes of data, was delivered.
+    pub(crate) fn batch(&mut self, info: &BatchInfo, bytes: usize) {
         self.batches += 1;
-        self.samples += samples as u64;
+        self.samples += info.len() as u64;
+        self.skipped += info.skipped() as u64;
         self.bytes += bytes as u64;
         if let Some(t) = &mut self.timeline {
             t.holding = Some((Instant::now(), t.asking));
@@ -187,6 +191,10 @@ pub struct LoaderStats {
     pub batches: u64,
     /// Samples delivered.
     pub samples: u64,
+    /// Samples of the batches delivered that the transform skipped (the image pipeline's bad
+    /// images, with `OnBadImage::Skip`): what [`BatchInfo::skipped`] of each says, summed.
+    /// Batches made ahead and not delivered yet are not counted.
+    pub skipped: u64,
     /// Bytes of batch fields delivered.
     pub bytes: u64,
     /// Time since the first call to `next`.
@@ -274,6 +282,13 @@ impl fmt::Display for LoaderStats {
             self.samples_per_sec(),
             human_rate(self.bytes_per_sec())
         )?;
+        if self.skipped > 0 {
+            writeln!(
+                f,
+                "{:<22} {} of the samples delivered (bad images)",
+                "skipped", self.skipped
+            )?;
+        }
         if let Some(fb) = self.first_batch {
             writeln!(
                 f,

@@ -7,8 +7,12 @@
 //!    consumer is the bound (and with the workers mostly idle, fewer would do).
 //! 2. Otherwise the workers' busy time decides: busy (fetching and transforming) at least
 //!    [`BUSY`] of their time, the rate is theirs: fetch-bound or transform-bound, whichever
-//!    took more of it; waiting for batch buffers for at least [`BUFFER_WAIT`] of it,
-//!    buffer-bound (the pool's budget); else the workers sat idle while the consumer waited,
+//!    took more of it. Getting batch buffers for at least [`BUFFER_WAIT`] of it: mostly
+//!    allocating them (the pool's first use of its memory, which later epochs reuse),
+//!    allocation-bound, a start-up cost; else, when workers had to wait for a buffer to come
+//!    back ([`PoolStats::waits`](crate::memory::PoolStats::waits)) and the consumer did more
+//!    than wait (one that only waits holds no batch), buffer-bound (the pool's budget, or the
+//!    batches the consumer holds). Else the workers sat idle while the consumer waited,
 //!    prefetch-bound (too few batches in flight, or per-batch costs outside the workers).
 //! 3. On the GPU path, before 2: the copy engine busy at least [`BUSY`] of the time is
 //!    copy-bound.
@@ -44,6 +48,8 @@ pub enum Bound {
     Transform,
     /// Workers waiting for batch buffers: the pool's budget.
     Buffers,
+    /// Workers allocating batch buffers: the pool's first use of its memory.
+    Allocation,
     /// Workers idle while the consumer waited: too few batches in flight.
     Prefetch,
     /// The host-to-device copies (GPU path).
@@ -58,6 +64,7 @@ impl Bound {
             Bound::Fetch => "fetch-bound",
             Bound::Transform => "transform-bound",
             Bound::Buffers => "buffer-bound",
+            Bound::Allocation => "allocation-bound",
             Bound::Prefetch => "prefetch-bound",
             Bound::Copy => "copy-bound",
         }
@@ -120,7 +127,21 @@ impl Verdict {
                 };
                 (Bound::Transform, help.to_owned())
             }
-        } else if collate / worker_time >= BUFFER_WAIT {
+        } else if collate / worker_time >= BUFFER_WAIT
+            && stats.pool.allocation_time.as_secs_f64() >= collate / 2.0
+        {
+            (
+                Bound::Allocation,
+                format!(
+                    "{} of the workers' time went to allocating batch buffers, which later \
+                     epochs reuse: a start-up cost that a longer run spreads",
+                    percent(stats.pool.allocation_time.as_secs_f64() / worker_time)
+                ),
+            )
+        } else if collate / worker_time >= BUFFER_WAIT
+            && stats.pool.waits > 0
+            && waited < 1.0 - WAITED_LITTLE
+        {
             (
                 Bound::Buffers,
                 "a larger pool_budget (or fewer batches held by the consumer) would help"
@@ -239,6 +260,7 @@ mod tests {
         LoaderStats {
             batches: 100,
             samples: 100,
+            skipped: 0,
             bytes: 100,
             elapsed: Duration::from_secs(10),
             waited: Duration::ZERO,
@@ -278,8 +300,12 @@ mod tests {
         let v = Verdict::of(&stats(2, 1.0, 1.0, 0.0), 0.02, &cpus);
         assert_eq!(v.bound, Bound::Consumer);
         assert!(v.to_string().contains("fewer workers would do"), "{v}");
-        let v = Verdict::of(&stats(2, 2.0, 2.0, 8.0), 0.4, &cpus);
+        // Workers that waited for buffers to come back: the budget.
+        let mut held = stats(2, 2.0, 2.0, 8.0);
+        held.pool.waits = 12;
+        let v = Verdict::of(&held, 0.4, &cpus);
         assert_eq!(v.bound, Bound::Buffers);
+        assert!(v.to_string().contains("a larger pool_budget"), "{v}");
         let v = Verdict::of(&stats(2, 2.0, 2.0, 1.0), 0.4, &cpus);
         assert_eq!(v.bound, Bound::Prefetch);
         let v = Verdict::of_device(&stats(2, 2.0, 2.0, 1.0), 0.4, 0.97, &cpus, false);
@@ -300,5 +326,32 @@ mod tests {
         assert!(!text.contains("(GPU decode"), "{v}");
         let v = Verdict::of_device(&stats(8, 1.0, 79.0, 0.0), 0.6, 0.0, &cpus, true);
         assert!(v.to_string().contains("or more CPUs, would help"), "{v}");
+    }
+
+    #[test]
+    fn a_consumer_that_only_waits_is_not_told_to_raise_the_budget() {
+        // A consumer that does nothing but wait holds no batch: the workers' time getting
+        // buffers went to allocating them (a first epoch), not to waiting for the budget.
+        let cpus = CpuBudget::from_parts(2, None, false);
+        let mut first = stats(2, 2.0, 2.0, 8.0);
+        first.pool.allocation_time = Duration::from_secs_f64(7.5);
+        first.pool.allocations = 6;
+        let v = Verdict::of(&first, 0.98, &cpus);
+        assert_eq!(v.bound, Bound::Allocation, "{v}");
+        let text = v.to_string();
+        assert!(text.contains("allocation-bound"), "{v}");
+        assert!(
+            text.contains("38% of the workers' time went to allocating batch buffers"),
+            "{v}"
+        );
+        assert!(!text.contains("pool_budget"), "{v}");
+        // Time getting buffers with little allocation: no budget either, waits or not.
+        let mut waits = stats(2, 2.0, 2.0, 8.0);
+        for n in [0, 3] {
+            waits.pool.waits = n;
+            let v = Verdict::of(&waits, 0.98, &cpus);
+            assert_eq!(v.bound, Bound::Prefetch, "{v}");
+            assert!(!v.to_string().contains("pool_budget"), "{v}");
+        }
     }
 }

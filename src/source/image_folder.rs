@@ -229,6 +229,7 @@ impl Dataset for ImageFolder {
         let n = u32::try_from(record.len() - start).map_err(|_| Error::Image {
             source_name: path.display().to_string(),
             what: "larger than 4 GiB".into(),
+            setting: None,
             source: None,
         })?;
         let table = self.schema.var_table_offset();

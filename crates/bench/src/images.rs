@@ -38,6 +38,10 @@ pub struct ImageBenchConfig {
     pub seed: u64,
     /// Skip bad images instead of failing.
     pub skip_bad: bool,
+    /// The most pixels an image may declare
+    /// ([`ImageTransformBuilder::max_pixels`](gpufeed::transform::image::ImageTransformBuilder::max_pixels));
+    /// `None`: the transform's default.
+    pub max_pixels: Option<u64>,
     /// Shuffle (with `seed`) or read in order.
     pub shuffle: bool,
     /// Batches in flight (`None`: the loader's default).
@@ -84,6 +88,7 @@ impl Default for ImageBenchConfig {
             limit: None,
             seed: 0,
             skip_bad: false,
+            max_pixels: None,
             shuffle: true,
             prefetch: None,
             parts: None,
@@ -282,6 +287,9 @@ impl ImageBenchSetup {
         }
         if cfg.skip_bad {
             t = t.on_bad_image(OnBadImage::Skip);
+        }
+        if let Some(pixels) = cfg.max_pixels {
+            t = t.max_pixels(pixels);
         }
         let t = t.build()?;
         let mut builder = Loader::builder(dataset)

@@ -29,6 +29,7 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
         "image_dtype" | "dtype" => "--image-dtype",
         "image_field" => "--image-field",
         "label_field" => "--label-field",
+        "max_pixels" => "--max-pixels",
         "fields" => "--fields",
         "records" => "--records",
         "record_bytes" => "--record-bytes",
@@ -82,7 +83,7 @@ pub fn describe(e: &Error) -> String {
             Some(flag) => format!("{flag}: cannot start {thread}: {source}"),
             None => e.to_string(),
         },
-        _ => in_flags(&e.to_string()),
+        _ => raised_with_flag(e).unwrap_or_else(|| in_flags(&e.to_string())),
     };
     // A command built without object stores: the command that builds one with them.
     let mut text = text.replace(
@@ -107,6 +108,38 @@ pub fn describe(e: &Error) -> String {
         );
     }
     text
+}
+
+/// The message of an image refused by a limit (in a sample of a batch, or alone), ending with
+/// the flag that raises the limit instead of the library's builder method; `None` for any
+/// other error.
+fn raised_with_flag(e: &Error) -> Option<String> {
+    match e {
+        Error::Sample {
+            index,
+            batch,
+            source,
+        } => raised_with_flag(source).map(|m| format!("sample {index} (batch {batch}): {m}")),
+        Error::Batch { batch, source } => {
+            raised_with_flag(source).map(|m| format!("batch {batch}: {m}"))
+        }
+        Error::Image {
+            source_name,
+            what,
+            setting: Some(setting),
+            source,
+        } => {
+            let flag = flag_of(setting).map_or_else(|| setting.to_string(), |f| format!("{f} N"));
+            let cause = source
+                .as_ref()
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default();
+            Some(format!(
+                "{source_name}: {what}; raise it with {flag}{cause}"
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// A progress bar on stderr, hidden for `--json` or when stderr is not a terminal.

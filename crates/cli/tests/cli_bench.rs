@@ -346,6 +346,26 @@ fn image_field_and_skip_bad_images_are_the_command_s_choices() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["skipped"], 1);
+    // An image over the pixel limit: the flag that raises it, not the library's method.
+    let o = bench(&[
+        "--images",
+        s(&images),
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--max-pixels",
+        "10",
+    ]);
+    let e = refused(
+        &o,
+        &["max_pixels limit of 10", "raise it with --max-pixels N"],
+    );
+    assert!(!e.contains("ImageTransformBuilder"), "{e}");
+    let o = bench(&["--max-pixels", "10"]);
+    refused(&o, &["--max-pixels", "--images"]);
 
     // A packed file whose images are in two JPEG fields, `photo` and `thumb`, without labels:
     // neither is `image`, and there is not one JPEG field to take for it (with one, as a

@@ -863,10 +863,12 @@ fn codec_error(index: u64, refused: NvjpegError, cpu: Error) -> Error {
         Error::Image {
             source_name,
             what,
+            setting,
             source,
         } => Error::Image {
             source_name,
             what: format!("nvJPEG refused it ({refused}), and the CPU decoder: {what}"),
+            setting,
             source,
         },
         other => codec::image_error(

@@ -131,25 +131,33 @@ pub enum OnBadImage {
 pub struct ImageStats {
     decoded: AtomicU64,
     skipped: AtomicU64,
-    last_skipped: Mutex<Option<String>>,
+    last_skipped: Mutex<Option<Error>>,
 }
 
 impl ImageStats {
-    /// Images decoded and written.
+    /// Images decoded and written by the workers, in every batch made, those made ahead of
+    /// the consumer and not delivered yet included.
     pub fn decoded(&self) -> u64 {
         self.decoded.load(Ordering::Relaxed)
     }
 
-    /// Bad images skipped (with [`OnBadImage::Skip`]) in every batch made, those made ahead
-    /// of the consumer and never delivered included; [`BatchInfo::skipped`](crate::BatchInfo::skipped)
-    /// counts a delivered batch's.
+    /// Bad images skipped (with [`OnBadImage::Skip`]) by the workers, in every batch made,
+    /// those made ahead of the consumer and not delivered yet included. What the consumer
+    /// received is the loader's [`LoaderStats::skipped`](crate::loader::LoaderStats::skipped)
+    /// (each delivered batch's [`BatchInfo::skipped`](crate::BatchInfo::skipped), summed).
     pub fn skipped(&self) -> u64 {
         self.skipped.load(Ordering::Relaxed)
     }
 
-    /// The error of the last image skipped, if any.
+    /// The message of the last image skipped by the workers, if any.
     pub fn last_skipped(&self) -> Option<String> {
-        self.last_skipped.lock().ok().and_then(|g| g.clone())
+        self.map_last_skipped(Error::to_string)
+    }
+
+    /// `f` of the error of the last image skipped by the workers, if any: for a front-end
+    /// that words it for its users (the setting that raises a limit, say).
+    pub fn map_last_skipped<T>(&self, f: impl FnOnce(&Error) -> T) -> Option<T> {
+        self.last_skipped.lock().ok()?.as_ref().map(f)
     }
 }
 
@@ -831,7 +839,7 @@ impl ImageTransform {
                 slots.mark_skipped();
                 self.stats.skipped.fetch_add(1, Ordering::Relaxed);
                 if let Ok(mut last) = self.stats.last_skipped.lock() {
-                    *last = Some(e.to_string());
+                    *last = Some(e);
                 }
                 if self.cfg.label_field.is_some() {
                     slots.field(1)?.copy_from_slice(&(-1i64).to_le_bytes());

@@ -112,6 +112,11 @@ pub struct Args {
     /// --images).
     #[arg(long)]
     pub skip_bad_images: bool,
+    /// The most pixels an image may declare; a larger one is refused before it is decoded (a
+    /// decompression bomb), as a bad image [default: 89478485, PIL's MAX_IMAGE_PIXELS] (with
+    /// --images).
+    #[arg(long, value_name = "PIXELS")]
+    pub max_pixels: Option<u64>,
     /// Stop the image pipeline after this many images (all epochs together) (with --images).
     #[arg(long)]
     pub limit: Option<u64>,
@@ -246,6 +251,7 @@ pub(super) fn check_flags(args: &Args) -> Result<()> {
         ("--image-field", args.image_field.is_some()),
         ("--label-field", args.label_field.is_some()),
         ("--skip-bad-images", args.skip_bad_images),
+        ("--max-pixels", args.max_pixels.is_some()),
         ("--limit", args.limit.is_some()),
         ("--decode", args.decode.is_some()),
         ("--decode-split", args.decode_split.is_some()),

@@ -509,6 +509,7 @@ fn run_images(args: &Args, path: &Path, trace: Option<&Trace>) -> Result<()> {
         limit: args.limit,
         seed: args.seed,
         skip_bad: args.skip_bad_images,
+        max_pixels: args.max_pixels,
         shuffle: !args.no_shuffle,
         prefetch: Some(setting(args.prefetch, prefetch, args.workers)),
         parts: Some(setting(args.batch_parts, parts, args.workers)),
