@@ -52,6 +52,8 @@ class LoaderCore:
         ragged_budgets: Optional[List[Tuple[str, int]]] = None,
         ragged_list: bool = False,
         trace: Optional[str] = None,
+        read_mode: Optional[str] = None,
+        verify: bool = False,
     ) -> None: ...
     def iter_epoch(self) -> "LoaderCore": ...
     def __iter__(self) -> "LoaderCore": ...
@@ -96,6 +98,7 @@ def token_core(
     convert: Optional[Callable[[Array], Any]],
     trace: Optional[str] = None,
     device: Optional[int] = None,
+    read_mode: Optional[str] = None,
 ) -> LoaderCore: ...
 def pack(
     inputs: Sequence[str],

@@ -117,6 +117,15 @@ def _trace_file(trace: Optional[PathLike]) -> Optional[str]:
         raise config_error("trace", f"{trace!r} is not a file name") from None
 
 
+def _read_mode(read_mode: Optional[str]) -> Optional[str]:
+    """``read_mode=``: ``"mmap"``, ``"pread"``, or None (not given: a mapping)."""
+    if read_mode is None:
+        return None
+    if not isinstance(read_mode, str) or read_mode.lower() not in ("mmap", "pread"):
+        raise config_error("read_mode", f"{read_mode!r} is not 'mmap' or 'pread'")
+    return read_mode.lower()
+
+
 def _pair(argument: str, x: Any) -> Tuple[float, float]:
     try:
         lo, hi = x
@@ -441,8 +450,23 @@ class _Batches:
     def stats(self) -> Dict[str, Any]:
         """Figures so far: batches, samples and bytes delivered, time waited for data
         (``wait_fraction``), worker time per stage, the pool's bytes (``pool``: host buffers,
-        pinned on the GPU path), images decoded and skipped (``images``, with the image
-        pipeline), and ``text``, a printable table. On the GPU also ``device``: ``ordinal``,
+        pinned on the GPU path), and ``text``, a printable table.
+
+        With the image pipeline, ``images``: ``skipped`` (bad images in the batches delivered
+        to you), ``decoded`` and ``last_skipped`` (the message of the last image the workers
+        skipped) of what the workers did, batches made ahead of you included.
+
+        A sharded data set's ``shards``: ``count`` (shards in the data set), ``opens`` (shards
+        opened, each first use and each reopening after an eviction), ``evictions``,
+        ``open_now`` and ``open_limit`` (the most kept open at once); None for other data sets.
+        From a URL, ``store``, what the store fetched and cached, as ``gpufeed bench``'s
+        ``store:`` line says it (which ``text`` ends with then): ``bytes_fetched``,
+        ``requests``, ``retries``, ``cache_hits``, ``cache_misses``, ``shared_downloads``,
+        ``cache_evictions``, ``cache_full``, ``checksum_failures``, ``unverified`` (shards
+        checked by their size only), ``prefetched``, ``waited_s`` (readers' time waiting for
+        bytes); None for local files.
+
+        On the GPU also ``device``: ``ordinal``,
         ``name``, the copy stage (``h2d_bytes``, ``h2d_copies``, ``h2d_busy_s``,
         ``h2d_bytes_per_s``), the device pool (``pool``), ``leaked_buffers`` (buffers whose
         release the driver could not fence: never reused; 0 unless the driver failed) and
@@ -569,6 +593,16 @@ class Loader(_Batches):
     - ``indices``: also give each batch's sample indices (int64) under ``"__index__"``.
     - ``pool_budget``: bytes of batch buffers, in flight and held by you together (default:
       ``prefetch + 2`` batches).
+    - ``read_mode``: how a packed file or a ``.npy`` array is read: ``"mmap"`` (the default,
+      the fastest: one shared memory mapping) or ``"pread"`` (reads at offsets). A file
+      truncated while a mapping reads it kills the process with SIGBUS; with ``"pread"`` it
+      raises a :class:`gpufeed.DataError` naming the file (``kind`` ``"file_changed"``). Use
+      it on network file systems and for files a job may rewrite. Image folders (read whole)
+      and sharded data sets (mapped by their store) refuse it.
+    - ``verify``: check every record read against its checksum (packed files; a ``.npy``
+      array takes its own at open, one pass over it): a record whose bytes changed or were
+      corrupted raises a DataError naming the file and record, never data. Costs one hash pass
+      per record.
 
     Ragged fields: a field whose samples differ in size (a WebDataset ``txt`` or ``cls``
     member, an MDS ``bytes``/``str`` column, a packed file's bytes field) is batched as the
@@ -643,6 +677,8 @@ class Loader(_Batches):
         ragged_budget: Union[None, int, Mapping[str, int]] = None,
         decode: Optional[str] = None,
         trace: Optional[PathLike] = None,
+        read_mode: Optional[str] = None,
+        verify: bool = False,
     ) -> None:
         paths = _paths(path_or_paths)
         output_given = output is not None
@@ -709,6 +745,8 @@ class Loader(_Batches):
             ragged_budgets=budgets,
             ragged_list=ragged == "list",
             trace=trace_file,
+            read_mode=_read_mode(read_mode),
+            verify=bool(verify),
         )
         if self.output == "numpy":
             bf16 = [name for name, dtype, _, _ in self._core.fields if dtype == "bfloat16"]

@@ -17,6 +17,7 @@ from ._loader import (
     _cuda_ordinal,
     _dtype_name,
     _int,
+    _read_mode,
     _seed,
     _setting,
     _shard,
@@ -218,6 +219,9 @@ class TokenLoader(_Batches):
     - ``output``: as :class:`gpufeed.Loader`'s (default torch if installed, else numpy).
     - ``trace``: a file name: record a timeline of the loader's work, as
       :class:`gpufeed.Loader`'s ``trace``.
+    - ``read_mode``: how the token files are read, as :class:`gpufeed.Loader`'s: ``"mmap"``
+      (the default) or ``"pread"``, with which a file truncated under the loader raises a
+      DataError naming it instead of killing the process with SIGBUS.
     - ``device``: None or ``"cpu"``: batches in host memory. ``"cuda:N"`` (or N, or a
       ``torch.device``; ``"cuda"``: the local rank's GPU): batches on GPU N as CUDA tensors,
       ordered and kept alive as :class:`gpufeed.Loader`'s are. The workers write narrow
@@ -257,6 +261,7 @@ class TokenLoader(_Batches):
         output: Optional[str] = None,
         trace: Optional[PathLike] = None,
         device: Any = None,
+        read_mode: Optional[str] = None,
     ) -> None:
         pairs = _sources(sources)
         ordinal = _cuda_ordinal(device)
@@ -297,6 +302,7 @@ class TokenLoader(_Batches):
             convert=convert,
             trace=_trace_file(trace),
             device=ordinal,
+            read_mode=_read_mode(read_mode),
         )
         self.seq_len = seq_len
         self.batch_size = batch_size

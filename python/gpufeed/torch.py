@@ -43,8 +43,9 @@ class IterableDataset(torch.utils.data.IterableDataset):
     dict of field name -> ``torch.Tensor``), so use it with ``DataLoader(ds, batch_size=None)``.
 
     ``IterableDataset(loader)`` wraps a loader; ``IterableDataset(path, **kwargs)`` makes one
-    with ``gpufeed.Loader(path, output="torch", **kwargs)``. See the module docs on
-    ``num_workers``.
+    with ``gpufeed.Loader(path, output="torch", **kwargs)``, every argument of the loader
+    included (``read_mode="pread"`` for files that may be truncated under the job,
+    ``verify=True``). See the module docs on ``num_workers``.
     """
 
     def __init__(self, path_or_loader: Union[Loader, Any], **loader_kwargs: Any) -> None:

@@ -46,7 +46,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use gpufeed::format::FieldKind;
+use gpufeed::format::{FieldKind, ReadMode, ReadOptions};
+use gpufeed::source::shards::ShardedSource;
 use gpufeed::source::{self, Dataset, ImageFolder};
 use gpufeed::tokens::TokenStats;
 use gpufeed::trace::Trace;
@@ -335,6 +336,8 @@ pub struct LoaderCore {
     evaluation: bool,
     indices: bool,
     images: Option<Arc<ImageStats>>,
+    /// The data set, when it is a sharded one: its store's and open shards' figures.
+    shards: Option<Arc<dyn ShardedSource>>,
     /// The device's ordinal for device loaders.
     device: Option<usize>,
     /// The process that built the loader: a forked child has none of its threads.
@@ -524,6 +527,10 @@ struct Settings {
     indices: bool,
     /// A device's ordinal: device batches.
     device: Option<usize>,
+    /// How a packed file or a `.npy` array is read (`read_mode=`; None: not given, a mapping).
+    read_mode: Option<gpufeed::format::ReadMode>,
+    /// Check each record against its checksum (`verify=True`).
+    verify: bool,
 }
 
 impl Settings {
@@ -595,14 +602,54 @@ impl BuildError {
     }
 }
 
-fn open_dataset(s: &Settings) -> Result<Arc<dyn Dataset>, BuildError> {
+/// `read_mode=` as the library's mode: `"mmap"` or `"pread"` (`gpufeed/_loader.py` has
+/// checked which).
+pub(crate) fn read_mode_of(name: Option<&str>) -> Result<Option<ReadMode>, BuildError> {
+    match name {
+        None => Ok(None),
+        Some("mmap") => Ok(Some(ReadMode::Map)),
+        Some("pread") => Ok(Some(ReadMode::Pread)),
+        Some(other) => Err(BuildError::Argument(
+            "read_mode",
+            format!("{other:?} is not 'mmap' or 'pread'"),
+        )),
+    }
+}
+
+/// Refuses `read_mode=` and `verify=` for a data set that is not read through them: `what`
+/// says what it is and how its files are read.
+fn refuse_read_options(s: &Settings, what: &str, checksums: &str) -> Result<(), BuildError> {
+    if s.read_mode.is_some() {
+        return Err(BuildError::Argument(
+            "read_mode",
+            format!("applies to packed files and .npy arrays; {what}"),
+        ));
+    }
+    if s.verify {
+        return Err(BuildError::Argument(
+            "verify",
+            format!("applies to packed files and .npy arrays; {checksums}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The data set the arguments name, and the same as a sharded data set when it is one (for
+/// its store's and open shards' figures).
+type Opened = (Arc<dyn Dataset>, Option<Arc<dyn ShardedSource>>);
+
+fn open_dataset(s: &Settings) -> Result<Opened, BuildError> {
+    let options = ReadOptions {
+        mode: s.read_mode.unwrap_or_default(),
+        verify_checksums: s.verify,
+    };
     match s.paths.as_slice() {
         [] => Err(BuildError::Argument(
             "path_or_paths",
             "no file given".into(),
         )),
-        // A directory of shards (an index.json, or .tar files) and a URL (s3://...) go to
-        // the library's open, as files do; other directories are image folders.
+        // A directory of shards (an index.json, or .tar files) and a URL (s3://...) are
+        // sharded data sets; other directories are image folders.
         [dir] if dir.is_dir() && !source::shards::is_shard_dir(dir) => {
             if s.images.is_none() {
                 return Err(BuildError::Lacks(
@@ -613,10 +660,37 @@ fn open_dataset(s: &Settings) -> Result<Arc<dyn Dataset>, BuildError> {
                     ),
                 ));
             }
-            Ok(Arc::new(ImageFolder::open(dir)?))
+            refuse_read_options(
+                s,
+                &format!(
+                    "{} is an image folder, whose images are read whole",
+                    dir.display()
+                ),
+                &format!(
+                    "{} is an image folder, which has no checksums",
+                    dir.display()
+                ),
+            )?;
+            Ok((Arc::new(ImageFolder::open(dir)?), None))
         }
-        [one] => Ok(Arc::from(source::open(one)?)),
-        many => Ok(Arc::new(source::open_shards(many)?)),
+        [one] if one.to_str().is_some_and(source::shards::is_shard_spec) => {
+            refuse_read_options(
+                s,
+                &format!(
+                    "{} is a sharded data set, whose shards its store maps",
+                    one.display()
+                ),
+                &format!(
+                    "{} is a sharded data set (gpufeed.inspect(path, verify=True) checks every shard)",
+                    one.display()
+                ),
+            )?;
+            let sharded: Arc<dyn ShardedSource> =
+                Arc::from(source::shards::open(one.to_str().unwrap_or_default())?);
+            Ok((Arc::clone(&sharded) as Arc<dyn Dataset>, Some(sharded)))
+        }
+        [one] => Ok((Arc::from(source::open_with(one, options)?), None)),
+        many => Ok((Arc::new(source::open_shards_with(many, options)?), None)),
     }
 }
 
@@ -702,8 +776,13 @@ fn check_reserved(s: &Settings, loader: &Loader) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// A loader built from the arguments, and its image pipeline's figures (with `images=`).
-type Built = (Box<dyn Feed>, Option<Arc<ImageStats>>);
+/// A loader built from the arguments, its image pipeline's figures (with `images=`), and its
+/// data set when it is a sharded one.
+struct Built {
+    loader: Box<dyn Feed>,
+    images: Option<Arc<ImageStats>>,
+    shards: Option<Arc<dyn ShardedSource>>,
+}
 
 fn build(mut s: Settings) -> Result<Built, BuildError> {
     let on_device = s.device.is_some();
@@ -711,7 +790,7 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
     if let Some(i) = &s.images {
         i.transform(on_device)?;
     }
-    let dataset = open_dataset(&s)?;
+    let (dataset, shards) = open_dataset(&s)?;
     if let Some(i) = s.images.as_mut() {
         i.take_fields_of(dataset.schema());
     }
@@ -799,7 +878,11 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
         None => {
             let loader = builder.build()?;
             check_reserved(&s, &loader)?;
-            Ok((Box::new(loader), stats))
+            Ok(Built {
+                loader: Box::new(loader),
+                images: stats,
+                shards,
+            })
         }
         #[cfg(feature = "cuda")]
         Some(ordinal) => {
@@ -819,7 +902,11 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
                 opts = opts.indices(INDEX_KEY);
             }
             let loader = DeviceLoader::new(loader, &device, opts)?;
-            Ok((Box::new(loader), stats))
+            Ok(Built {
+                loader: Box::new(loader),
+                images: stats,
+                shards,
+            })
         }
         #[cfg(not(feature = "cuda"))]
         Some(_) => Err(BuildError::Argument(
@@ -1031,6 +1118,8 @@ pub(crate) struct Around {
     pub ragged_list: bool,
     /// The image pipeline's figures, with `images=`.
     pub images: Option<Arc<ImageStats>>,
+    /// The data set, when it is a sharded one (`stats()["store"]`, `["shards"]`).
+    pub shards: Option<Arc<dyn ShardedSource>>,
     /// The device's ordinal for device loaders.
     pub device: Option<usize>,
     /// The arguments left to gpufeed's defaults (see `errors::Defaults`).
@@ -1083,6 +1172,7 @@ impl LoaderCore {
             evaluation: a.evaluation,
             indices: a.indices,
             images: a.images,
+            shards: a.shards,
             device: a.device,
             pid: std::process::id(),
             defaults: a.defaults,
@@ -1097,7 +1187,8 @@ impl LoaderCore {
     #[pyo3(signature = (
         paths, *, batch_size, shuffle, workers, prefetch, batch_parts, drop_last, shard, shard_env,
         evaluation, images, fields, epoch, pool_budget, indices, convert, device=None,
-        ragged_budget_each=None, ragged_budgets=None, ragged_list=false, trace=None
+        ragged_budget_each=None, ragged_budgets=None, ragged_list=false, trace=None,
+        read_mode=None, verify=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -1123,8 +1214,11 @@ impl LoaderCore {
         ragged_budgets: Option<Vec<(String, u64)>>,
         ragged_list: bool,
         trace: Option<PathBuf>,
+        read_mode: Option<&str>,
+        verify: bool,
     ) -> PyResult<LoaderCore> {
         let images = images.map(|d| d.extract::<ImageArgs>()).transpose()?;
+        let read_mode = read_mode_of(read_mode).map_err(|e| e.into_py(py, &[]))?;
         let timeline = trace.map(|path| (Trace::new(), path));
         let settings = Settings {
             paths,
@@ -1146,19 +1240,22 @@ impl LoaderCore {
             ragged_budgets: ragged_budgets.unwrap_or_default(),
             indices,
             device,
+            read_mode,
+            verify,
         };
         let defaults = settings.defaults();
-        let (loader, images) = built(py, &defaults, || build(settings))?;
+        let b = built(py, &defaults, || build(settings))?;
         Ok(LoaderCore::around(
             py,
-            loader,
+            b.loader,
             Around {
                 class: "gpufeed.Loader",
                 convert,
                 evaluation,
                 indices,
                 ragged_list,
-                images,
+                images: b.images,
+                shards: b.shards,
                 device,
                 defaults,
                 trace: timeline,
@@ -1280,6 +1377,7 @@ impl LoaderCore {
         if let Some(t) = tokens {
             d.set_item("tokens", token_figures(py, &t)?)?;
         }
+        self.shard_figures(py, &d)?;
         Ok(d)
     }
 
@@ -1446,6 +1544,39 @@ impl LoaderCore {
         d.set_item("verdict", s.verdict().to_string())?;
         d.set_item("text", s.to_string())?;
         Ok(d)
+    }
+
+    /// A sharded data set's figures into `d`: `shards`, what its set of open shards did, and
+    /// `store`, what its store fetched and cached (from a URL; the command's `store:` line,
+    /// which `text` then ends with too). Both None for other data sets, `store` for local
+    /// shards.
+    fn shard_figures(&self, py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<()> {
+        let Some(sharded) = &self.shards else {
+            d.set_item("shards", py.None())?;
+            d.set_item("store", py.None())?;
+            return Ok(());
+        };
+        let open = sharded.open_stats();
+        let shards = PyDict::new(py);
+        shards.set_item("count", sharded.shard_names().len())?;
+        shards.set_item("opens", open.opens)?;
+        shards.set_item("evictions", open.evictions)?;
+        shards.set_item("open_now", open.open_now)?;
+        shards.set_item("open_limit", open.limit)?;
+        d.set_item("shards", shards)?;
+        match sharded.store_stats() {
+            Some(store) => {
+                let json = serde_json::to_value(store)
+                    .map_err(|e| PyRuntimeError::new_err(format!("the store's figures: {e}")))?;
+                d.set_item("store", value::to_python(py, &json)?)?;
+                let text: String = d
+                    .get_item("text")?
+                    .map_or(Ok(String::new()), |t| t.extract())?;
+                d.set_item("text", format!("{}\nstore: {store}", text.trim_end()))?;
+            }
+            None => d.set_item("store", py.None())?,
+        }
+        Ok(())
     }
 
     /// The image pipeline's figures into `d` (with `images=`): `skipped` counts the images

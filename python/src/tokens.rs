@@ -97,6 +97,8 @@ struct TokenSettings {
     trace: Option<Trace>,
     /// The GPU of the batches, or none for host batches.
     device: Option<usize>,
+    /// How the sources' token files are read (`read_mode=`).
+    read_mode: ReadMode,
 }
 
 impl TokenSettings {
@@ -129,6 +131,7 @@ fn dtype_of(py: Python<'_>, argument: &'static str, name: &str) -> PyResult<DTyp
 fn open_source(
     path: &std::path::Path,
     token_dtype: Option<DType>,
+    mode: ReadMode,
     used: &mut bool,
 ) -> Result<std::sync::Arc<dyn TokenSource>, BuildError> {
     // A path that is not there is that, not a flat file that lacks its dtype (a Megatron
@@ -140,14 +143,14 @@ fn open_source(
             source,
         })?;
     }
-    match open_tokens(path, None, ReadMode::Map) {
+    match open_tokens(path, None, mode) {
         Err(Error::InvalidConfig {
             setting: "token_dtype",
             what,
         }) => match token_dtype {
             Some(d) => {
                 *used = true;
-                Ok(open_tokens(path, Some(d), ReadMode::Map)?)
+                Ok(open_tokens(path, Some(d), mode)?)
             }
             None => Err(BuildError::Lacks(
                 "token_dtype",
@@ -180,7 +183,10 @@ fn build(s: TokenSettings) -> Result<Box<dyn Feed>, BuildError> {
         .epoch(s.epoch);
     let mut used = false;
     for (path, weight) in &s.sources {
-        builder = builder.weighted(open_source(path, s.token_dtype, &mut used)?, *weight);
+        builder = builder.weighted(
+            open_source(path, s.token_dtype, s.read_mode, &mut used)?,
+            *weight,
+        );
     }
     if let Some(d) = s.token_dtype.filter(|_| !used) {
         return Err(BuildError::Argument(
@@ -252,7 +258,7 @@ fn build(s: TokenSettings) -> Result<Box<dyn Feed>, BuildError> {
     sources, *, seq_len, batch_size, mode, token_dtype, shuffle, window, samples_per_epoch,
     shard, shard_env, drop_last, ignore_index, mask_document_ends, pad_id, input_dtype,
     label_dtype, position_dtype, workers, prefetch, batch_parts, pool_budget, epoch, convert,
-    trace=None, device=None
+    trace=None, device=None, read_mode=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn token_core(
@@ -282,7 +288,11 @@ pub fn token_core(
     convert: Option<Py<PyAny>>,
     trace: Option<PathBuf>,
     device: Option<usize>,
+    read_mode: Option<&str>,
 ) -> PyResult<LoaderCore> {
+    let read_mode = crate::loader::read_mode_of(read_mode)
+        .map_err(|e| e.into_py(py, &[]))?
+        .unwrap_or_default();
     let mode = SampleMode::from_name(mode).ok_or_else(|| {
         crate::errors::config(
             py,
@@ -322,6 +332,7 @@ pub fn token_core(
         epoch,
         trace: timeline.as_ref().map(|(t, _)| t.clone()),
         device,
+        read_mode,
     };
     let defaults = settings.defaults();
     let loader = built(py, &defaults, || build(settings))?;
@@ -335,6 +346,7 @@ pub fn token_core(
             indices: false,
             ragged_list: false,
             images: None,
+            shards: None,
             device,
             defaults,
             trace: timeline,

@@ -1,9 +1,11 @@
-"""What ``stats()`` says, and what errors tell a Python user to do: images skipped counted in
-the batches delivered, an image refused by ``max_pixels`` naming the Python argument that
-raises it."""
+"""What ``stats()`` says, and what errors tell a Python user to do: a sharded data set's
+figures (its open shards, its store), images skipped counted in the batches delivered, an image
+refused by ``max_pixels`` naming the Python argument that raises it."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 
@@ -12,6 +14,28 @@ import pytest
 
 import gpufeed
 from conftest import write_png
+
+MDS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "streaming" / "mds"
+
+
+def test_a_sharded_data_set_s_figures_are_in_stats(tmp_path, packed):
+    mds = tmp_path / "mds"
+    shutil.copytree(MDS, mds)
+    shards = len(json.loads((mds / "index.json").read_text())["shards"])
+    loader = gpufeed.Loader(mds, batch_size=3, fields=["id"], output="numpy")
+    for _ in loader:
+        pass
+    s = loader.stats()
+    assert s["shards"]["count"] == shards, s["shards"]
+    assert s["shards"]["opens"] >= shards and s["shards"]["open_limit"] >= 1, s["shards"]
+    assert 1 <= s["shards"]["open_now"] <= s["shards"]["open_limit"], s["shards"]
+    assert s["shards"]["evictions"] == s["shards"]["opens"] - s["shards"]["open_now"]
+    # Local shards: no store that downloads.
+    assert s["store"] is None
+    json.dumps(s)
+    # A single file has neither.
+    plain = gpufeed.Loader(packed, batch_size=100, output="numpy").stats()
+    assert plain["shards"] is None and plain["store"] is None
 
 
 def bad_folder(root: Path, good: int, bad: int) -> Path:

@@ -127,3 +127,20 @@ def test_numpy_and_torch_views_of_one_array_share_memory(packed):
     a = np.from_dlpack(batch["data"])
     t[0, 0, 0] = 123.0
     assert a[0, 0, 0] == 123.0
+
+
+def test_the_dataset_adapter_passes_read_mode_to_its_loader(packed):
+    import os
+
+    from torch.utils.data import DataLoader
+
+    import gpufeed.torch
+
+    ds = gpufeed.torch.IterableDataset(
+        packed, batch_size=10, workers=1, prefetch=1, read_mode="pread"
+    )
+    os.truncate(packed, os.path.getsize(packed) // 2)
+    with pytest.raises(gpufeed.DataError) as e:
+        for _ in DataLoader(ds, batch_size=None):
+            pass
+    assert e.value.kind == "file_changed" and e.value.path == str(packed), e.value
