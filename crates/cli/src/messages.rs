@@ -88,7 +88,7 @@ pub fn describe(e: &Error) -> String {
     // A command built without object stores: the command that builds one with them.
     let mut text = text.replace(
         gpufeed::source::shards::NO_STORE_ADVICE,
-        "install the command with them: cargo install --path crates/cli --features s3 (or gcs, azure, http)",
+        "install the command with them: cargo install --locked --profile dist --path crates/cli --features s3 (or gcs, azure, http)",
     );
     if let Error::Sample { source, .. } = e
         && matches!(**source, Error::Image { .. })

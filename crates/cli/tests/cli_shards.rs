@@ -281,7 +281,7 @@ fn a_url_in_a_build_without_object_stores_names_the_command_that_builds_one() {
     let err = stderr(&o);
     assert!(err.contains("s3://bucket/train"), "{err}");
     assert!(
-        err.contains("cargo install --path crates/cli --features s3"),
+        err.contains("cargo install --locked --profile dist --path crates/cli --features s3"),
         "{err}"
     );
     assert!(!err.contains("build it with"), "{err}");

@@ -40,6 +40,13 @@ pub(super) fn generate(
     })?;
     let mut w = RecordWriter::create(&file, schema)?;
     let bar = progress(records, "writing the default data set", quiet);
+    if bar.is_hidden() {
+        // No bar (not a terminal, or --json): say what the wait is for, on stderr.
+        eprintln!(
+            "gpufeed: writing the default data set ({records} records of {record_bytes} bytes, {}) to a temporary directory, then reading it; name a DATASET to bench your own",
+            gpufeed::memory::human_bytes(records.saturating_mul(record_bytes + 4))
+        );
+    }
     let mut buf = vec![0u8; record_bytes as usize];
     let mut state = 0x2545_f491_4f6c_dd1du64;
     for i in 0..records {
