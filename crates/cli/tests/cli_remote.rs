@@ -95,3 +95,63 @@ fn bench_and_inspect_read_an_s3_url() {
     assert!(stderr(&o).contains("s3://nowhere/train"), "{}", stderr(&o));
     assert!(stderr(&o).contains("no such bucket"), "{}", stderr(&o));
 }
+
+#[test]
+fn an_s3_url_without_credentials_or_metadata_service_names_the_variables_to_set() {
+    // No AWS_* variable, and an instance metadata service where none answers (a closed port
+    // of this machine): the client would ask it at each request and retry, for minutes.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cmd(&["inspect", "s3://some-bucket/train"]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("AWS_") {
+            c.env_remove(k);
+        }
+    }
+    c.env("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
+        .env("GPUFEED_CACHE_DIR", dir.path());
+    let o = c.output().unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("s3://some-bucket/train") && e.contains("no credentials"),
+        "{e}"
+    );
+    for name in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_REGION",
+        "AWS_ENDPOINT_URL",
+    ] {
+        assert!(e.contains(name), "{name} not in: {e}");
+    }
+    assert!(
+        e.contains("http://127.0.0.1:9") && e.contains("no answer"),
+        "{e}"
+    );
+
+    // A server there that is not a metadata service (a proxy's error page): the same.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", server.local_addr().unwrap());
+    let answer = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut stream, _) = server.accept().unwrap();
+        let mut request = [0u8; 1024];
+        let _ = stream.read(&mut request).unwrap();
+        stream
+            .write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            .unwrap();
+    });
+    c.env("AWS_METADATA_ENDPOINT", &endpoint);
+    let o = c.output().unwrap();
+    answer.join().unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("no credentials") && e.contains("HTTP 403"),
+        "{e}"
+    );
+    assert!(
+        e.contains("AWS_ACCESS_KEY_ID") && e.contains(&endpoint),
+        "{e}"
+    );
+}

@@ -62,7 +62,98 @@ fn built<T: ObjectStore>(url: &str, r: object_store::Result<T>) -> Result<Arc<dy
         .map_err(|e| config(url, e.to_string()))
 }
 
-/// Parses `url` and builds its store (no request is sent).
+/// Refuses at once an S3 URL whose credentials could come only from an instance metadata
+/// service that is not there (a machine outside EC2 with no `AWS_*` variable set), which the
+/// client would otherwise ask at each request and each of its retries, for seconds to
+/// minutes, and end with an error that says nothing of the variables. `setting` reads a
+/// client setting (the options', else its `AWS_` variable).
+#[cfg(feature = "s3")]
+fn check_credentials(url: &str, setting: &dyn Fn(&[&str]) -> String) -> Result<()> {
+    let given = |names: &[&str]| !setting(names).is_empty();
+    let yes = |names: &[&str]| {
+        let value = setting(names).to_ascii_lowercase();
+        value == "1" || value == "true"
+    };
+    if given(&["aws_access_key_id", "access_key_id"])
+        || given(&["aws_secret_access_key", "secret_access_key"])
+        || given(&["aws_web_identity_token_file", "web_identity_token_file"])
+        || given(&[
+            "aws_container_credentials_relative_uri",
+            "container_credentials_relative_uri",
+        ])
+        || given(&[
+            "aws_container_credentials_full_uri",
+            "container_credentials_full_uri",
+        ])
+        || yes(&["aws_skip_signature", "skip_signature"])
+    {
+        return Ok(());
+    }
+    let endpoint = setting(&["aws_metadata_endpoint", "metadata_endpoint"]);
+    let endpoint = if endpoint.is_empty() {
+        "http://169.254.169.254".to_owned()
+    } else {
+        endpoint
+    };
+    let host = endpoint
+        .split_once("://")
+        .map_or(endpoint.as_str(), |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let host = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:80")
+    };
+    let wait = std::time::Duration::from_secs(1);
+    // IMDSv2's first request, which object_store sends too: a session token. With the IMDSv1
+    // fallback asked for, any answer will do.
+    let answer = imds_token_status(&host, wait);
+    let fallback = yes(&["aws_imdsv1_fallback", "imdsv1_fallback"]);
+    if answer.is_some_and(|status| (200..300).contains(&status) || fallback) {
+        return Ok(());
+    }
+    Err(config(
+        url,
+        format!(
+            "no credentials: no AWS_* variable gives them, and no instance metadata service \
+             answered at {endpoint} within {} s as an EC2 instance's does ({}). Set \
+             AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
+             keys), AWS_REGION to the bucket's region, and for a store other than AWS S3 \
+             (MinIO, Ceph, R2, a local server) AWS_ENDPOINT_URL (with AWS_ALLOW_HTTP=true for \
+             http://); or AWS_SKIP_SIGNATURE=true for a public bucket",
+            wait.as_secs(),
+            answer.map_or_else(|| "no answer".to_owned(), |s| format!("HTTP {s}"))
+        ),
+    ))
+}
+
+/// The HTTP status with which the instance metadata service at `host` (`address:port`)
+/// answers IMDSv2's request for a session token within `wait`, if it answers.
+#[cfg(feature = "s3")]
+fn imds_token_status(host: &str, wait: std::time::Duration) -> Option<u16> {
+    use std::io::{Read, Write};
+    let address = std::net::ToSocketAddrs::to_socket_addrs(host)
+        .ok()?
+        .next()?;
+    let mut stream = std::net::TcpStream::connect_timeout(&address, wait).ok()?;
+    stream.set_read_timeout(Some(wait)).ok()?;
+    stream.set_write_timeout(Some(wait)).ok()?;
+    let request = format!(
+        "PUT /latest/api/token HTTP/1.1\r\nHost: {host}\r\n\
+         X-aws-ec2-metadata-token-ttl-seconds: 60\r\nContent-Length: 0\r\n\
+         Connection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).ok()?;
+    // `HTTP/1.1 200`
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Parses `url` and builds its store (no request is sent to the store; an S3 URL without
+/// credentials asks the instance metadata service whether it is there).
 #[cfg_attr(
     not(any(feature = "s3", feature = "gcs", feature = "azure", feature = "http")),
     allow(unreachable_code, unused_variables)
@@ -132,6 +223,7 @@ pub(crate) fn parse(url: &str, options: &RemoteOptions) -> Result<Target> {
                         ),
                     ));
                 }
+                check_credentials(url, &setting)?;
                 let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
                 for (k, v) in &options.settings {
                     let key: AmazonS3ConfigKey = k
