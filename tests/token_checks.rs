@@ -340,3 +340,54 @@ fn a_state_of_other_settings_says_which_differ_in_words() {
         "{text}"
     );
 }
+
+#[test]
+fn batch_numbers_go_on_from_a_state_under_another_world_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = open_tokens(
+        &train_bin(&dir.path().join("train.bin"), 1000),
+        Some(DType::U16),
+        ReadMode::Map,
+    )
+    .unwrap();
+    let build = |rank, world| {
+        TokenLoader::builder(16, 6)
+            .source(Arc::clone(&f))
+            .shuffle(1)
+            .shard(rank, world)
+            .workers(1)
+            .build()
+            .unwrap()
+    };
+    let mut first = build(0, 2);
+    for n in 0..3 {
+        assert_eq!(first.next().unwrap().unwrap().number(), n);
+    }
+    let state = first.state();
+    // 63 rows in global batches of 6: 11 batches, the last of 3 rows.
+    let mut resumed = build(3, 4);
+    resumed.load_state(state).unwrap();
+    // What each batch says of itself (batches are not held: the pool's budget is a few).
+    let batches: Vec<(u64, Vec<u64>, usize)> = resumed
+        .by_ref()
+        .map(|b| {
+            let b = b.unwrap();
+            (b.number(), b.indices().to_vec(), b.padding())
+        })
+        .collect();
+    let numbers: Vec<u64> = batches.iter().map(|b| b.0).collect();
+    assert_eq!(numbers, (3..11).collect::<Vec<_>>());
+    for (number, indices, padding) in &batches {
+        // Rank 3 of 4 takes positions 4..6 of each global batch of 6 (2 rows), and of the last
+        // (3 rows) position 2 and a padding row.
+        let real = &indices[..indices.len() - padding];
+        assert!(real.iter().all(|&g| g / 6 == *number && g < 63), "{real:?}");
+        assert!(
+            indices[indices.len() - padding..]
+                .iter()
+                .all(|&g| g == u64::MAX)
+        );
+    }
+    assert_eq!(batches.last().unwrap().2, 1);
+    assert_eq!(batches[0].2, 0);
+}
