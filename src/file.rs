@@ -205,9 +205,30 @@ impl FileData {
 const FINGERPRINT_BLOCKS: u64 = 64;
 const FINGERPRINT_BLOCK: u64 = 4096;
 
-/// The fingerprint of `len` bytes that `read(at, buf)` reads: xxh3-64 of the length and of 64
-/// blocks of 4 KiB spread evenly from the first byte to the last (all of them when there are
-/// fewer than 256 KiB).
+/// The blocks a fingerprint of `len` bytes reads, as (offset, length): 64 blocks of 4 KiB
+/// spread evenly from the first byte to the last, or every block when there are fewer than
+/// 256 KiB.
+fn fingerprint_blocks(len: u64) -> impl Iterator<Item = (u64, usize)> {
+    let whole = len <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK;
+    let count = if whole {
+        len.div_ceil(FINGERPRINT_BLOCK)
+    } else {
+        FINGERPRINT_BLOCKS
+    };
+    let last = len.saturating_sub(FINGERPRINT_BLOCK);
+    (0..count).map(move |k| {
+        if whole {
+            let at = k * FINGERPRINT_BLOCK;
+            (at, (len - at).min(FINGERPRINT_BLOCK) as usize)
+        } else {
+            let at = u128::from(last) * u128::from(k) / u128::from(FINGERPRINT_BLOCKS - 1);
+            (at as u64, FINGERPRINT_BLOCK as usize)
+        }
+    })
+}
+
+/// The fingerprint of `len` bytes that `read(at, buf)` reads: xxh3-64 of the length and of the
+/// [blocks](fingerprint_blocks) sampled.
 pub(crate) fn sampled_fingerprint(
     len: u64,
     mut read: impl FnMut(u64, &mut [u8]) -> Result<()>,
@@ -215,21 +236,29 @@ pub(crate) fn sampled_fingerprint(
     let mut hash = xxhash_rust::xxh3::Xxh3::new();
     hash.update(&len.to_le_bytes());
     let mut block = [0u8; FINGERPRINT_BLOCK as usize];
-    if len <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK {
-        for at in (0..len).step_by(FINGERPRINT_BLOCK as usize) {
-            let n = (len - at).min(FINGERPRINT_BLOCK) as usize;
-            read(at, &mut block[..n])?;
-            hash.update(&block[..n]);
-        }
-    } else {
-        let last = len - FINGERPRINT_BLOCK;
-        for k in 0..FINGERPRINT_BLOCKS {
-            let at = (u128::from(last) * u128::from(k) / u128::from(FINGERPRINT_BLOCKS - 1)) as u64;
-            read(at, &mut block)?;
-            hash.update(&block);
-        }
+    for (at, n) in fingerprint_blocks(len) {
+        read(at, &mut block[..n])?;
+        hash.update(&block[..n]);
     }
     Ok(hash.digest())
+}
+
+/// The fingerprint of a mapping's bytes. The blocks are asked for first (`MADV_WILLNEED`: the
+/// kernel reads them at once, in parallel, and no more), so that a cold file costs one read of
+/// each block, not a page fault's read-ahead around each (8 MiB each on a machine whose
+/// `read_ahead_kb` is 8192: a second for a cold file, against 10 ms; benches/RESULTS.md).
+pub(crate) fn mapped_fingerprint(map: &Mmap) -> u64 {
+    let len = map.len() as u64;
+    for (at, n) in fingerprint_blocks(len) {
+        // A hint: if it fails, the read below faults the page in.
+        let _ = map.advise_range(memmap2::Advice::WillNeed, at as usize, n);
+    }
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    hash.update(&len.to_le_bytes());
+    for (at, n) in fingerprint_blocks(len) {
+        hash.update(&map[at as usize..at as usize + n]);
+    }
+    hash.digest()
 }
 
 /// One fingerprint of several (of the files or fields that make a data set), in order.
@@ -249,7 +278,12 @@ pub(crate) fn fingerprint_hex(fingerprint: u64) -> String {
 impl FileData {
     /// The file's [fingerprint](sampled_fingerprint), read as this file is read.
     pub fn fingerprint(&self, path: &Path) -> Result<u64> {
-        sampled_fingerprint(self.len(), |at, buf| self.read_at(path, at, buf))
+        match self {
+            FileData::Map(map) => Ok(mapped_fingerprint(map)),
+            FileData::Pread { .. } => {
+                sampled_fingerprint(self.len(), |at, buf| self.read_at(path, at, buf))
+            }
+        }
     }
 }
 

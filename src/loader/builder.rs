@@ -319,7 +319,7 @@ impl LoaderBuilder {
             .fingerprint()?
             .map(crate::file::fingerprint_hex);
         if let Some(state) = &self.resume {
-            state.check_data(fingerprint.as_deref())?;
+            state.check_data(fingerprint.as_deref(), spec.len)?;
         }
         let sizes = self.size(&spec, workers)?;
         self.spawn(spec, fingerprint, workers, sizes)

@@ -162,17 +162,20 @@ pub struct TokenSourceState {
 }
 
 impl LoaderState {
-    /// Refuses a state taken on data of another `fingerprint` (a state or a data set without
-    /// one is not checked).
-    pub(crate) fn check_data(&self, fingerprint: Option<&str>) -> Result<()> {
+    /// Refuses a state taken on data of another `fingerprint` and the same length `len` (a
+    /// state or a data set without one is not checked; another length is the order's
+    /// mismatch, which [`position`](Self::position) describes).
+    pub(crate) fn check_data(&self, fingerprint: Option<&str>, len: u64) -> Result<()> {
         match (self.fingerprint.as_deref(), fingerprint) {
-            (Some(saved), Some(ours)) if saved != ours => Err(Error::mismatch(format!(
-                "cannot resume: the state was taken on other data: the data set's fingerprint \
+            (Some(saved), Some(ours)) if saved != ours && self.order.len == len => {
+                Err(Error::mismatch(format!(
+                    "cannot resume: the state was taken on other data: the data set's fingerprint \
                  (its files' sizes and sampled bytes) was {saved} when it was saved, it is {ours} \
                  here, with the same {} samples; resume on the data the state was taken on, or \
                  start anew without the state",
-                self.order.len
-            ))),
+                    self.order.len
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -340,7 +343,7 @@ impl Position {
     /// The order and next batch that resume `state` under this loader's settings; moves
     /// nothing (a state that does not fit is an error and leaves the position as it was).
     pub(crate) fn resolve(&self, state: &LoaderState) -> Result<(Order, u64)> {
-        state.check_data(self.fingerprint.as_deref())?;
+        state.check_data(self.fingerprint.as_deref(), self.spec.len)?;
         state.position(&self.spec)
     }
 

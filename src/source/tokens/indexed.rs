@@ -51,7 +51,8 @@ use memmap2::Mmap;
 use super::{TokenSource, decode_tokens};
 use crate::error::{Error, Result};
 use crate::file::{
-    FileData, FileIdentity, ReadMode, combined_fingerprint, open_file, sampled_fingerprint,
+    FileData, FileIdentity, ReadMode, combined_fingerprint, mapped_fingerprint, open_file,
+    sampled_fingerprint,
 };
 use crate::format::DType;
 
@@ -421,12 +422,14 @@ impl TokenSource for IndexedTokens {
     /// Both files' sizes and 256 KiB sampled evenly over each: the index's lengths, pointers
     /// and document index, and the tokens.
     fn fingerprint(&self) -> Result<u64> {
-        let index = &self.index;
-        let idx = sampled_fingerprint(index.len() as u64, |at, buf| {
-            let at = at as usize;
-            buf.copy_from_slice(&index[at..at + buf.len()]);
-            Ok(())
-        })?;
+        let idx = match &self.index {
+            IndexBytes::Map(map) => mapped_fingerprint(map),
+            IndexBytes::Read(bytes) => sampled_fingerprint(bytes.len() as u64, |at, buf| {
+                let at = at as usize;
+                buf.copy_from_slice(&bytes[at..at + buf.len()]);
+                Ok(())
+            })?,
+        };
         let bin = self.data.fingerprint(&self.bin_path)?;
         Ok(combined_fingerprint([idx, bin]))
     }
