@@ -159,13 +159,13 @@ fn config_error(builder: gpufeed::tokens::TokenLoaderBuilder) -> (&'static str, 
 fn weights_follow_the_same_rules_for_one_source_as_for_many() {
     let dir = tempfile::tempdir().unwrap();
     let a = open_tokens(
-        &train_bin(&dir.path().join("a.bin"), 1000),
+        train_bin(&dir.path().join("a.bin"), 1000),
         Some(DType::U16),
         ReadMode::Map,
     )
     .unwrap();
     let b = open_tokens(
-        &train_bin(&dir.path().join("b.bin"), 1000),
+        train_bin(&dir.path().join("b.bin"), 1000),
         Some(DType::U16),
         ReadMode::Map,
     )
@@ -300,13 +300,13 @@ fn a_state_taken_on_other_data_with_the_same_counts_is_refused_naming_the_source
 fn a_state_of_other_settings_says_which_differ_in_words() {
     let dir = tempfile::tempdir().unwrap();
     let f = open_tokens(
-        &train_bin(&dir.path().join("train.bin"), 5000),
+        train_bin(&dir.path().join("train.bin"), 5000),
         Some(DType::U16),
         ReadMode::Map,
     )
     .unwrap();
     let g = open_tokens(
-        &train_bin(&dir.path().join("other.bin"), 3000),
+        train_bin(&dir.path().join("other.bin"), 3000),
         Some(DType::U16),
         ReadMode::Map,
     )
@@ -345,7 +345,7 @@ fn a_state_of_other_settings_says_which_differ_in_words() {
 fn batch_numbers_go_on_from_a_state_under_another_world_size() {
     let dir = tempfile::tempdir().unwrap();
     let f = open_tokens(
-        &train_bin(&dir.path().join("train.bin"), 1000),
+        train_bin(&dir.path().join("train.bin"), 1000),
         Some(DType::U16),
         ReadMode::Map,
     )

@@ -63,10 +63,10 @@
 //!
 //! # Fields
 //!
-//! Each row has `input_ids` (`pad_id` past its tokens), `labels`, `position_ids` (from 0 at
-//! each document's piece),
-//! `document_ids` (the piece of its row each token belongs to, from 0, -1 for padding: a
-//! document mask is `document_ids[i] == document_ids[j]`), and the batch has `cu_seqlens`,
+//! Each row has `input_ids` (`pad_id` past its tokens), `labels` (below), `position_ids` (from
+//! 0 at each document's piece), `document_ids` (the piece of its row each token belongs to,
+//! from 0, -1 for padding: a document mask is `document_ids[i] == document_ids[j]`), and the
+//! batch has `cu_seqlens`,
 //! its sequences' offsets (each piece, and each row's padding as one more) as
 //! flash-attention's varlen kernels take them, in a field of `rows * (seq_len + 1)` entries of
 //! which the first [`TokenCounts::sequences`](crate::loader::TokenCounts::sequences)` + 1` count
