@@ -36,6 +36,14 @@
 //! what the path holds now (one `stat`), so that a replaced, truncated, extended or rewritten
 //! file is reported, naming the file and what changed, at the next epoch instead of being read,
 //! also when its modification time was put back.
+//!
+//! # Fingerprints
+//!
+//! What a resume checks a state against, beside sizes: [`sampled_fingerprint`] hashes a file's
+//! length and 64 blocks of 4 KiB spread evenly over it (256 KiB read, whatever the file's size),
+//! so that another data set of the same size is told apart from the one a state was taken on.
+//! It is not a checksum: a few bytes rewritten between its blocks go unseen (the checksums of
+//! [`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums) see them).
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -190,6 +198,92 @@ impl FileData {
         let mut b = [0u8; 8];
         self.read_at(path, at, &mut b)?;
         Ok(u64::from_le_bytes(b))
+    }
+}
+
+/// Blocks a fingerprint reads at most, and their size (see the [module docs](self)).
+const FINGERPRINT_BLOCKS: u64 = 64;
+const FINGERPRINT_BLOCK: u64 = 4096;
+
+/// The blocks a fingerprint of `len` bytes reads, as (offset, length): 64 blocks of 4 KiB
+/// spread evenly from the first byte to the last, or every block when there are fewer than
+/// 256 KiB.
+fn fingerprint_blocks(len: u64) -> impl Iterator<Item = (u64, usize)> {
+    let whole = len <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK;
+    let count = if whole {
+        len.div_ceil(FINGERPRINT_BLOCK)
+    } else {
+        FINGERPRINT_BLOCKS
+    };
+    let last = len.saturating_sub(FINGERPRINT_BLOCK);
+    (0..count).map(move |k| {
+        if whole {
+            let at = k * FINGERPRINT_BLOCK;
+            (at, (len - at).min(FINGERPRINT_BLOCK) as usize)
+        } else {
+            let at = u128::from(last) * u128::from(k) / u128::from(FINGERPRINT_BLOCKS - 1);
+            (at as u64, FINGERPRINT_BLOCK as usize)
+        }
+    })
+}
+
+/// The fingerprint of `len` bytes that `read(at, buf)` reads: xxh3-64 of the length and of the
+/// [blocks](fingerprint_blocks) sampled.
+pub(crate) fn sampled_fingerprint(
+    len: u64,
+    mut read: impl FnMut(u64, &mut [u8]) -> Result<()>,
+) -> Result<u64> {
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    hash.update(&len.to_le_bytes());
+    let mut block = [0u8; FINGERPRINT_BLOCK as usize];
+    for (at, n) in fingerprint_blocks(len) {
+        read(at, &mut block[..n])?;
+        hash.update(&block[..n]);
+    }
+    Ok(hash.digest())
+}
+
+/// The fingerprint of a mapping's bytes. The blocks are asked for first (`MADV_WILLNEED`: the
+/// kernel reads them at once, in parallel, and no more), so that a cold file costs one read of
+/// each block, not a page fault's read-ahead around each (8 MiB each on a machine whose
+/// `read_ahead_kb` is 8192: a second for a cold file, against 10 ms; benches/RESULTS.md).
+pub(crate) fn mapped_fingerprint(map: &Mmap) -> u64 {
+    let len = map.len() as u64;
+    for (at, n) in fingerprint_blocks(len) {
+        // A hint: if it fails, the read below faults the page in.
+        let _ = map.advise_range(memmap2::Advice::WillNeed, at as usize, n);
+    }
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    hash.update(&len.to_le_bytes());
+    for (at, n) in fingerprint_blocks(len) {
+        hash.update(&map[at as usize..at as usize + n]);
+    }
+    hash.digest()
+}
+
+/// One fingerprint of several (of the files or fields that make a data set), in order.
+pub(crate) fn combined_fingerprint(parts: impl IntoIterator<Item = u64>) -> u64 {
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    for p in parts {
+        hash.update(&p.to_le_bytes());
+    }
+    hash.digest()
+}
+
+/// A fingerprint as states write it: 16 lower-case hex digits.
+pub(crate) fn fingerprint_hex(fingerprint: u64) -> String {
+    format!("{fingerprint:016x}")
+}
+
+impl FileData {
+    /// The file's [fingerprint](sampled_fingerprint), read as this file is read.
+    pub fn fingerprint(&self, path: &Path) -> Result<u64> {
+        match self {
+            FileData::Map(map) => Ok(mapped_fingerprint(map)),
+            FileData::Pread { .. } => {
+                sampled_fingerprint(self.len(), |at, buf| self.read_at(path, at, buf))
+            }
+        }
     }
 }
 
@@ -479,6 +573,42 @@ mod tests {
             assert!(data.read_at(&p, u64::MAX, &mut b).is_err());
             assert_eq!(&*data.bytes_at(&p, 1, 2).unwrap(), &[2, 3]);
             assert!(data.bytes_at(&p, 4, 2).is_err());
+        }
+    }
+
+    #[test]
+    fn fingerprints_tell_files_of_one_size_apart_and_read_a_bounded_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        for len in [0usize, 1, 4095, 4097, 256 << 10, (256 << 10) + 1, 5 << 20] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            std::fs::write(&p, &bytes).unwrap();
+            let mut prints = Vec::new();
+            for mode in [ReadMode::Map, ReadMode::Pread] {
+                let (data, _) = open_file(&p, mode).unwrap();
+                prints.push(data.fingerprint(&p).unwrap());
+            }
+            assert_eq!(prints[0], prints[1], "{len}: the same in both modes");
+            let mut read = 0u64;
+            let f = sampled_fingerprint(len as u64, |at, buf| {
+                read += buf.len() as u64;
+                buf.copy_from_slice(&bytes[at as usize..at as usize + buf.len()]);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(f, prints[0]);
+            assert!(read <= 256 << 10, "{len}: {read} bytes read");
+            if len > 0 {
+                // The first and the last byte are in a block; another file of the same size
+                // is told apart.
+                for at in [0, len - 1] {
+                    let mut other = bytes.clone();
+                    other[at] ^= 1;
+                    std::fs::write(&p, &other).unwrap();
+                    let (data, _) = open_file(&p, ReadMode::Map).unwrap();
+                    assert_ne!(data.fingerprint(&p).unwrap(), f, "{len}: byte {at}");
+                }
+            }
         }
     }
 

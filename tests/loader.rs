@@ -153,7 +153,56 @@ fn resume_refuses_a_state_from_other_settings() {
         .shard(0, 1)
         .resume(state)
         .build();
-    assert!(matches!(other, Err(Error::Mismatch { .. })));
+    // Said in words, with both values: no Rust type, no debug dump.
+    match other {
+        Err(e @ Error::Mismatch { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("batch size 10 (this loader: batch size 20)"),
+                "{text}"
+            );
+            assert!(!text.contains("OrderSpec") && !text.contains('{'), "{text}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("resumed a state of another batch size"),
+    }
+}
+
+#[test]
+fn a_state_taken_on_another_data_set_of_the_same_length_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let npy = |name: &str, value: u8| {
+        let path = dir.path().join(name);
+        let mut b = gpufeed::source::npy_header(DType::U8, &[20, 4]).unwrap();
+        b.extend_from_slice(&[value; 80]);
+        std::fs::write(&path, b).unwrap();
+        gpufeed::NpyArray::open(&path).unwrap()
+    };
+    let build = |data: gpufeed::NpyArray, resume: Option<LoaderState>| {
+        let b = Loader::builder(data).batch_size(5).shuffle(1).workers(1);
+        match resume {
+            Some(state) => b.resume(state),
+            None => b,
+        }
+        .build()
+    };
+    let mut l = build(npy("a.npy", 1), None).unwrap();
+    let _ = l.next();
+    let state = l.state();
+    assert!(state.fingerprint.is_some());
+    // The same data resumes; other data of the same length does not, said in words.
+    build(npy("a2.npy", 1), Some(state.clone())).unwrap();
+    let e = build(npy("b.npy", 2), Some(state.clone())).unwrap_err();
+    assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+    assert!(e.to_string().contains("other data"), "{e}");
+    let mut running = build(npy("c.npy", 3), None).unwrap();
+    assert!(running.load_state(state.clone()).is_err());
+    // A state of the layout before fingerprints resumes on its length, as it did.
+    let old = LoaderState {
+        fingerprint: None,
+        ..state
+    };
+    build(npy("d.npy", 4), Some(old)).unwrap();
 }
 
 fn failing_on(bad: u64, panic: bool) -> impl gpufeed::SampleTransform {
@@ -732,6 +781,7 @@ fn load_state_on_a_running_loader_continues_from_the_state() {
         start: 0,
         order: l.order_spec().clone(),
         tokens: None,
+        fingerprint: None,
     };
     l.load_state(state).unwrap();
     let rest = readme_loop(&mut l, 1, 2, None, 0);

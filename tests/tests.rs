@@ -28,6 +28,7 @@ mod shard_decode;
 mod shard_errors;
 mod shard_fixtures;
 mod shard_fuzz;
+mod token_checks;
 mod tokens;
 mod trace;
 mod typed_transforms;

@@ -444,6 +444,10 @@ def test_bad_input_names_the_argument_or_the_file(tmp_path, train_bin, megatron)
         with pytest.raises(gpufeed.ConfigError) as e:
             gpufeed.TokenLoader(sources, token_dtype="u16", **common)
         assert e.value.argument == "sources", sources
+    # One source's weight follows a blend's rules: 0 leaves nothing to read.
+    with pytest.raises(gpufeed.ConfigError, match=re.escape(str(flat))) as e:
+        gpufeed.TokenLoader({flat: 0}, token_dtype="u16", **common)
+    assert e.value.argument == "sources" and "weight 0.0" in str(e.value)
     # A dtype for sources that name their own.
     with pytest.raises(gpufeed.ConfigError, match="leave it out") as e:
         gpufeed.TokenLoader(prefix, token_dtype="u16", **common)
@@ -510,3 +514,21 @@ def test_a_token_batch_whose_hand_over_was_interrupted_is_not_in_the_state(megat
 
     prefix, _ = megatron
     run_isolated(interrupted_token_batch_is_not_in_the_state, str(prefix))
+
+
+def test_a_state_dict_of_other_tokens_with_the_same_counts_is_refused(tmp_path, train_bin):
+    flat, tokens = train_bin
+    settings = dict(seq_len=SEQ, batch_size=4, token_dtype="uint16", shuffle=1, output="numpy")
+    loader = gpufeed.TokenLoader(flat, **settings)
+    collect(loader, limit=3)
+    state = loader.state_dict()
+    # The same number of tokens, other ones: refused, naming the file.
+    other = tmp_path / "other.bin"
+    (tokens.astype(np.uint16) ^ 1).tofile(other)
+    with pytest.raises(gpufeed.ConfigError, match="fingerprint") as e:
+        gpufeed.TokenLoader(other, **settings).load_state_dict(state)
+    assert e.value.argument == "state_dict" and str(other) in str(e.value)
+    # The same tokens in another file resume.
+    copy = tmp_path / "copy.bin"
+    copy.write_bytes(flat.read_bytes())
+    gpufeed.TokenLoader(copy, **settings).load_state_dict(state)

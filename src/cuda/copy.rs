@@ -347,8 +347,16 @@ pub(super) enum Message {
 }
 
 pub(super) enum Control {
-    SetEpoch { epoch: u64, generation: u64 },
-    Load { state: LoaderState, generation: u64 },
+    SetEpoch {
+        epoch: u64,
+        generation: u64,
+    },
+    /// A state is a few hundred bytes (its order, token stream and fingerprints): boxed, so
+    /// that the common message stays small.
+    Load {
+        state: Box<LoaderState>,
+        generation: u64,
+    },
 }
 
 #[derive(Default)]
@@ -533,7 +541,7 @@ impl CopyThread {
                     generation = g;
                     ended = false;
                     // Checked by the consumer against the same order settings.
-                    if let Err(e) = self.loader.load_state(state) {
+                    if let Err(e) = self.loader.load_state(*state) {
                         let message = Message::Batch {
                             generation,
                             result: Err(e),

@@ -402,7 +402,7 @@ impl BatchStream for DeviceLoader {
         self.delivered.epoch_starts(order.epoch());
         self.ended = false;
         self.send(Control::Load {
-            state,
+            state: Box::new(state),
             generation: self.generation,
         });
         Ok(())

@@ -59,7 +59,9 @@ impl BatchInfo {
         self.indices.is_empty()
     }
 
-    /// The dataset indices of its samples, in batch order.
+    /// The dataset indices of its samples, in batch order. For a token batch, each row's
+    /// position in the epoch's global stream, and `u64::MAX` for a padding row (see
+    /// [`tokens`](crate::tokens#batches)).
     pub fn indices(&self) -> &[u64] {
         &self.indices
     }
@@ -67,7 +69,8 @@ impl BatchInfo {
     /// Slots that are padding, not samples of their own (only with
     /// [`LoaderBuilder::evaluation`](super::LoaderBuilder::evaluation)): always the last
     /// `padding()` slots of the batch. They hold a repeated sample, so a model can run on them;
-    /// metrics must skip them.
+    /// metrics must skip them. For a token batch, the rank's rows beyond its share of a short
+    /// global batch: every label ignored, `document_ids` -1.
     pub fn padding(&self) -> usize {
         self.padding
     }
@@ -89,7 +92,9 @@ impl BatchInfo {
         self.epoch
     }
 
-    /// Its number within the epoch (0-based, for this rank).
+    /// Its number within the epoch (0-based, for this rank). For a token batch, the global
+    /// batch's number, the same on every rank and continued after a resume under any world
+    /// size.
     pub fn number(&self) -> u64 {
         self.number
     }

@@ -313,8 +313,16 @@ impl LoaderBuilder {
     /// threads. Every fault is an [`Error::InvalidConfig`] naming the setting.
     pub fn build(self) -> Result<Loader> {
         let (spec, workers) = self.check_order()?;
+        // What identifies the data, recorded in states: a resume on other data is refused.
+        let fingerprint = self
+            .dataset
+            .fingerprint()?
+            .map(crate::file::fingerprint_hex);
+        if let Some(state) = &self.resume {
+            state.check_data(fingerprint.as_deref(), spec.len)?;
+        }
         let sizes = self.size(&spec, workers)?;
-        self.spawn(spec, workers, sizes)
+        self.spawn(spec, fingerprint, workers, sizes)
     }
 
     /// True when the loader chooses any of its workers, prefetch or parts.
@@ -572,7 +580,13 @@ impl LoaderBuilder {
     }
 
     /// Starts the worker threads on the first batches.
-    fn spawn(self, spec: OrderSpec, workers: usize, sizes: Sizes) -> Result<Loader> {
+    fn spawn(
+        self,
+        spec: OrderSpec,
+        fingerprint: Option<String>,
+        workers: usize,
+        sizes: Sizes,
+    ) -> Result<Loader> {
         let Sizes {
             layout,
             parts,
@@ -661,7 +675,7 @@ impl LoaderBuilder {
         }
         let mut loader = Loader {
             shared,
-            position: Position::new(spec, &order, next, resumed),
+            position: Position::new(spec, fingerprint, &order, next, resumed),
             order,
             tasks: Some(task_tx),
             done: done_rx,

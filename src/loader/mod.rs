@@ -58,8 +58,8 @@ pub use sizing::{
     CpuBudget, MAX_AUTO_WORKERS, MAX_WORKERS, default_parts, default_prefetch,
     default_ragged_budget, default_workers, rank_from_env,
 };
-pub(crate) use state::Position;
 pub use state::{LoaderState, TokenSourceState, TokenState};
+pub(crate) use state::{OrderWords, Position, order_differences};
 #[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
 pub(crate) use stats::ConsumerTimeline;
 pub(crate) use stats::Delivered;

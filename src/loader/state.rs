@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::sampler::{Order, OrderSpec};
+use crate::sampler::{BlockShuffle, Order, OrderSpec, Remainder};
 
 /// Where a loader stands: enough to resume after a crash with exactly the batches not yet
 /// delivered. Small and serializable (serde).
@@ -103,6 +103,12 @@ pub struct LoaderState {
     /// loaders; see [`TokenState`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenState>,
+    /// The data set's [fingerprint](crate::Dataset::fingerprint), 16 hex digits: a resume
+    /// refuses a state taken on other data of the same length. `None` for a data set without
+    /// one (and in states saved before fingerprints were recorded: those resume on any data
+    /// of their length, as they did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 /// What a [`TokenLoader`](crate::tokens::TokenLoader)'s state holds beyond the global batch it
@@ -128,6 +134,14 @@ pub struct TokenState {
 /// One source of a [`TokenState`]: what it is (checked on resume) and where it stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenSourceState {
+    /// Its name, for messages: the path, or the field read (not checked: data may move).
+    #[serde(default)]
+    pub name: String,
+    /// Its [fingerprint](crate::source::tokens::TokenSource::fingerprint), 16 hex digits:
+    /// a resume refuses a state whose source had another. `None` in states saved before
+    /// fingerprints were recorded: those are checked by their sizes only, as they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
     /// Its documents.
     pub documents: u64,
     /// Its tokens.
@@ -140,17 +154,38 @@ pub struct TokenSourceState {
     pub taken: u64,
     /// The source's own epoch that its next sample belongs to.
     pub epoch: u64,
-    /// That sample's row in that epoch.
+    /// That sample's row in that source epoch, a row being `seq_len` tokens (`seq_len + 1`
+    /// with the last input's label) of the epoch's concatenated documents, or one row the
+    /// packer filled: rows are counted from 0 in the epoch's shuffled order, so row `r` is the
+    /// `r`-th row this source gives in that epoch.
     pub row: u64,
 }
 
 impl LoaderState {
+    /// Refuses a state taken on data of another `fingerprint` and the same length `len` (a
+    /// state or a data set without one is not checked; another length is the order's
+    /// mismatch, which [`position`](Self::position) describes).
+    pub(crate) fn check_data(&self, fingerprint: Option<&str>, len: u64) -> Result<()> {
+        match (self.fingerprint.as_deref(), fingerprint) {
+            (Some(saved), Some(ours)) if saved != ours && self.order.len == len => {
+                Err(Error::mismatch(format!(
+                    "cannot resume: the state was taken on other data: the data set's fingerprint \
+                 (its files' sizes and sampled bytes) was {saved} when it was saved, it is {ours} \
+                 here, with the same {} samples; resume on the data the state was taken on, or \
+                 start anew without the state",
+                    self.order.len
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The order and next batch that resume this state under `spec`.
     pub(crate) fn position(&self, spec: &OrderSpec) -> Result<(Order, u64)> {
         if !self.order.same_sequence(spec) {
             return Err(Error::mismatch(format!(
-                "cannot resume: the state was saved with order settings {:?}, this loader has {:?}",
-                self.order, spec
+                "cannot resume: the state was saved with other order settings: {}",
+                order_differences(&self.order, spec, &RECORD_WORDS)
             )));
         }
         let saved = self.order.epoch_from(self.epoch, self.start);
@@ -175,6 +210,71 @@ impl LoaderState {
     }
 }
 
+/// How a loader's users name the settings of an [`OrderSpec`], for messages.
+pub(crate) struct OrderWords {
+    /// What `len` counts.
+    pub samples: &'static str,
+    /// What `batch_size` is.
+    pub batch: &'static str,
+    /// What each remainder policy is, as the user chose it.
+    pub remainder: fn(Remainder) -> &'static str,
+}
+
+/// A data loader's words: samples of the data set, its `drop_last` and `evaluation`.
+pub(crate) const RECORD_WORDS: OrderWords = OrderWords {
+    samples: "samples in the data set",
+    batch: "batch size",
+    remainder: |r| match r {
+        Remainder::Wrap => "neither drop_last nor evaluation",
+        Remainder::Drop => "drop_last",
+        Remainder::Mask => "evaluation",
+    },
+};
+
+/// What differs between the order settings a state was saved with and a loader's, in words,
+/// with both values: `batch size 64 (this loader: 32); shuffle seed 3 (this loader: 5)`.
+pub(crate) fn order_differences(saved: &OrderSpec, ours: &OrderSpec, words: &OrderWords) -> String {
+    let seed = |s: Option<u64>| {
+        s.map_or("no shuffle (file order)".to_owned(), |s| {
+            format!("shuffle seed {s}")
+        })
+    };
+    let blocks = |b: &Option<BlockShuffle>| match b {
+        None => "no two-level shuffle".to_owned(),
+        Some(b) => format!(
+            "a two-level shuffle (windows of {} shards, blocks of {} samples, shards {:016x})",
+            b.window, b.block, b.shards_digest
+        ),
+    };
+    let mut out = Vec::new();
+    let mut differs = |saved: String, ours: String| {
+        if saved != ours {
+            out.push(format!("{saved} (this loader: {ours})"));
+        }
+    };
+    differs(
+        format!("{} {}", saved.len, words.samples),
+        format!("{} {}", ours.len, words.samples),
+    );
+    differs(
+        format!("{} {}", words.batch, saved.batch_size),
+        format!("{} {}", words.batch, ours.batch_size),
+    );
+    differs(seed(saved.shuffle), seed(ours.shuffle));
+    differs(
+        (words.remainder)(saved.remainder).to_owned(),
+        (words.remainder)(ours.remainder).to_owned(),
+    );
+    if saved.blocks != ours.blocks {
+        differs(blocks(&saved.blocks), blocks(&ours.blocks));
+    }
+    if out.is_empty() {
+        "none that decides the order".to_owned()
+    } else {
+        out.join("; ")
+    }
+}
+
 /// The caller's place in its loader's epochs, and the rules that move it, shared by every
 /// loader (see [`BatchStream`](super::BatchStream)): a state is taken from it, a resume and
 /// `set_epoch` decide from it whether the position is kept, and each batch delivered moves it
@@ -182,6 +282,8 @@ impl LoaderState {
 #[derive(Clone, Debug)]
 pub(crate) struct Position {
     spec: OrderSpec,
+    /// The data set's fingerprint, hex (see [`LoaderState::fingerprint`]).
+    fingerprint: Option<String>,
     epoch: u64,
     /// Positions of the epoch consumed before this run's first batch of it (an elastic restart).
     start: u64,
@@ -194,9 +296,16 @@ pub(crate) struct Position {
 
 impl Position {
     /// At the start of `order` (a new loader), or `next_batch` into it and marked resumed.
-    pub(crate) fn new(spec: OrderSpec, order: &Order, next_batch: u64, resumed: bool) -> Position {
+    pub(crate) fn new(
+        spec: OrderSpec,
+        fingerprint: Option<String>,
+        order: &Order,
+        next_batch: u64,
+        resumed: bool,
+    ) -> Position {
         Position {
             spec,
+            fingerprint,
             epoch: order.epoch(),
             start: order.start(),
             next_batch,
@@ -227,12 +336,14 @@ impl Position {
             start: self.start,
             order: self.spec.clone(),
             tokens: None,
+            fingerprint: self.fingerprint.clone(),
         }
     }
 
     /// The order and next batch that resume `state` under this loader's settings; moves
     /// nothing (a state that does not fit is an error and leaves the position as it was).
     pub(crate) fn resolve(&self, state: &LoaderState) -> Result<(Order, u64)> {
+        state.check_data(self.fingerprint.as_deref(), self.spec.len)?;
         state.position(&self.spec)
     }
 

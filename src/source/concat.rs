@@ -106,4 +106,9 @@ impl<D: Dataset> Dataset for Concat<D> {
     fn check_unchanged(&self) -> Result<()> {
         self.parts.iter().try_for_each(Dataset::check_unchanged)
     }
+
+    /// The parts' fingerprints, in order (`None` if a part has none).
+    fn fingerprint(&self) -> Result<Option<u64>> {
+        super::combined_fingerprint(&self.parts)
+    }
 }

@@ -238,6 +238,22 @@ impl Dataset for ImageFolder {
         record.extend_from_slice(rel.as_bytes());
         Sample::owned(record, &self.schema)
     }
+
+    /// The classes, the files' relative paths and their labels, as listed at open (held in
+    /// memory: no file is read).
+    fn fingerprint(&self) -> Result<Option<u64>> {
+        let mut hash = xxhash_rust::xxh3::Xxh3::new();
+        for c in &self.classes {
+            hash.update(c.as_bytes());
+            hash.update(&[0]);
+        }
+        hash.update(self.names.as_bytes());
+        for (end, label) in self.ends.iter().zip(&self.labels) {
+            hash.update(&(*end as u64).to_le_bytes());
+            hash.update(&label.to_le_bytes());
+        }
+        Ok(Some(hash.digest()))
+    }
 }
 
 /// The schema of a packed image folder: `image` (encoded bytes), `label` (i64), `size` (u32

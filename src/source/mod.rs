@@ -137,6 +137,26 @@ pub trait Dataset: Send + Sync {
     fn check_unchanged(&self) -> Result<()> {
         Ok(())
     }
+
+    /// A cheap hash of what identifies this data set's data, at a bounded cost whatever its
+    /// size (for a file: its size and 256 KiB sampled evenly over it). A loader records it in
+    /// its states and refuses to resume a state taken on data whose fingerprint differs:
+    /// another data set of the same length.
+    ///
+    /// `None` (the default) for a data set with nothing cheap to hash; a state is then checked
+    /// by its length only. Wrappers combine what they wrap.
+    fn fingerprint(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+}
+
+/// The fingerprint of data sets taken together, in order: `None` if one of them has none.
+pub(crate) fn combined_fingerprint<D: Dataset>(parts: &[D]) -> Result<Option<u64>> {
+    let prints = parts
+        .iter()
+        .map(Dataset::fingerprint)
+        .collect::<Result<Option<Vec<u64>>>>()?;
+    Ok(prints.map(crate::file::combined_fingerprint))
 }
 
 impl<D: Dataset + ?Sized> Dataset for Arc<D> {
@@ -161,6 +181,9 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     fn check_unchanged(&self) -> Result<()> {
         (**self).check_unchanged()
     }
+    fn fingerprint(&self) -> Result<Option<u64>> {
+        (**self).fingerprint()
+    }
 }
 
 impl<D: Dataset + ?Sized> Dataset for Box<D> {
@@ -184,6 +207,9 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     }
     fn check_unchanged(&self) -> Result<()> {
         (**self).check_unchanged()
+    }
+    fn fingerprint(&self) -> Result<Option<u64>> {
+        (**self).fingerprint()
     }
 }
 

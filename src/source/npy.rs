@@ -367,6 +367,11 @@ impl Dataset for NpyArray {
     fn check_unchanged(&self) -> Result<()> {
         NpyArray::check_unchanged(self)
     }
+
+    /// The file's size and a sample of its bytes (header included).
+    fn fingerprint(&self) -> Result<Option<u64>> {
+        self.data.fingerprint(&self.path).map(Some)
+    }
 }
 
 impl RowSums {

@@ -78,4 +78,9 @@ impl Dataset for RecordFile {
     fn check_unchanged(&self) -> Result<()> {
         RecordFile::check_unchanged(self)
     }
+
+    /// The file's size and a sample of its bytes.
+    fn fingerprint(&self) -> Result<Option<u64>> {
+        self.data.fingerprint(self.path()).map(Some)
+    }
 }

@@ -263,6 +263,11 @@ impl<D: Dataset> Dataset for Zip<D> {
     fn check_unchanged(&self) -> Result<()> {
         self.parts.iter().try_for_each(Dataset::check_unchanged)
     }
+
+    /// The parts' fingerprints, in order (`None` if a part has none).
+    fn fingerprint(&self) -> Result<Option<u64>> {
+        super::combined_fingerprint(&self.parts)
+    }
 }
 
 #[cfg(test)]

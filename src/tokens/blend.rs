@@ -35,7 +35,16 @@ impl Blend {
     /// not sum to 1). A positive weight too small for one sample of the epoch is an error:
     /// the source would never be read.
     pub fn new(weights: &[f64], total: u64) -> Result<Blend> {
-        let counts = apportion(weights, total)?;
+        Blend::named(weights, total, &|i| format!("source {i}"))
+    }
+
+    /// As [`new`](Self::new), its errors naming source `i` as `name(i)` says.
+    pub(crate) fn named(
+        weights: &[f64],
+        total: u64,
+        name: &dyn Fn(usize) -> String,
+    ) -> Result<Blend> {
+        let counts = apportion(weights, total, name)?;
         Ok(Blend::from_counts(counts))
     }
 
@@ -140,8 +149,10 @@ impl Blend {
     }
 }
 
-/// `total` shared by `weights` in whole numbers, by largest remainders (ties: the first).
-fn apportion(weights: &[f64], total: u64) -> Result<Vec<u64>> {
+/// Checks that `weights` can share an epoch: one at least, each finite and 0 or more, not
+/// every one 0 (the same rules for one source as for many); errors name source `i` as
+/// `name(i)` says, and its weight as typed (Rust's shortest form: `0.1`, `1e-300`, `NaN`).
+pub(crate) fn check_weights(weights: &[f64], name: &dyn Fn(usize) -> String) -> Result<()> {
     if weights.is_empty() {
         return Err(Error::config(
             "sources",
@@ -155,12 +166,34 @@ fn apportion(weights: &[f64], total: u64) -> Result<Vec<u64>> {
     {
         return Err(Error::config(
             "weights",
-            format!("source {i}'s weight {w} is not a number of at least 0"),
+            format!(
+                "{}: the weight {w:?} is not a number of at least 0 (a weight is the source's share of each epoch: finite, 0 or more)",
+                name(i)
+            ),
         ));
     }
+    if weights.iter().all(|&w| w == 0.0) {
+        let what = match weights {
+            [_] => format!(
+                "{}: the weight 0.0 leaves the only source nothing to give: give it a weight above 0 (any: a single source takes the whole epoch)",
+                name(0)
+            ),
+            _ => "every weight is 0: give at least one source a weight above 0".to_owned(),
+        };
+        return Err(Error::config("weights", what));
+    }
+    Ok(())
+}
+
+/// `total` shared by `weights` in whole numbers, by largest remainders (ties: the first).
+fn apportion(weights: &[f64], total: u64, name: &dyn Fn(usize) -> String) -> Result<Vec<u64>> {
+    check_weights(weights, name)?;
     let sum: f64 = weights.iter().sum();
-    if sum <= 0.0 {
-        return Err(Error::config("weights", "every weight is 0"));
+    if !sum.is_finite() {
+        return Err(Error::config(
+            "weights",
+            format!("the weights sum to more than a number can hold ({sum:?}): scale them down"),
+        ));
     }
     let quotas: Vec<f64> = weights.iter().map(|w| w / sum * total as f64).collect();
     let mut counts: Vec<u64> = quotas.iter().map(|q| q.floor() as u64).collect();
@@ -181,7 +214,8 @@ fn apportion(weights: &[f64], total: u64) -> Result<Vec<u64>> {
         return Err(Error::config(
             "weights",
             format!(
-                "source {i}'s weight {} gives it no sample of an epoch of {total}: raise the weight or samples_per_epoch",
+                "{}: the weight {:?} gives it no sample of an epoch of {total}: raise the weight or samples_per_epoch",
+                name(i),
                 weights[i]
             ),
         ));

@@ -97,6 +97,8 @@ pub(crate) struct SourceIndex {
     pub tokens: u64,
     /// Rows in one epoch of this source.
     pub rows: u64,
+    /// The source's [fingerprint](TokenSource::fingerprint), taken when the loader is built.
+    pub fingerprint: u64,
 }
 
 impl SourceIndex {
@@ -146,6 +148,7 @@ impl SourceIndex {
             SampleMode::Concatenated => tokens.div_ceil(seq_len),
             SampleMode::Packed => sizes.iter().map(|s| s.1).sum(),
         };
+        let fingerprint = source.fingerprint()?;
         Ok(SourceIndex {
             source,
             mode,
@@ -155,6 +158,7 @@ impl SourceIndex {
             sizes: sizes.into_iter().map(|s| s.1).collect(),
             tokens,
             rows,
+            fingerprint,
         })
     }
 

@@ -13,15 +13,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::blend::Blend;
+use super::blend::{Blend, check_weights};
 use super::index::{SampleMode, SourceIndex};
 use super::rows::{Labels, RowDtypes, RowSlots, RowWriter};
 use super::stream::{Shares, Stream};
 use crate::error::{Error, Result};
+use crate::file::fingerprint_hex;
 use crate::format::DType;
 use crate::loader::{
-    BatchInfo, BatchStream, Loader, LoaderBuilder, LoaderState, Next, Setting, TokenSourceState,
-    TokenState, rank_from_env,
+    BatchInfo, BatchStream, Loader, LoaderBuilder, LoaderState, Next, OrderWords, Setting,
+    TokenSourceState, TokenState, order_differences, rank_from_env,
 };
 use crate::sampler::{OrderSpec, Remainder};
 use crate::source::tokens::TokenSource;
@@ -317,6 +318,10 @@ impl TokenLoaderBuilder {
                 ),
             ));
         }
+        // The weights first (a pass over every index is not cheap), one source as many.
+        let weights: Vec<f64> = self.sources.iter().map(|(_, w)| *w).collect();
+        let name = |i: usize| self.sources[i].0.name();
+        check_weights(&weights, &name)?;
         let seq_len = self.seq_len as u64;
         let indexes = self
             .sources
@@ -332,12 +337,7 @@ impl TokenLoaderBuilder {
                 "an epoch holds at least one sample",
             ));
         }
-        let weights: Vec<f64> = self.sources.iter().map(|(_, w)| *w).collect();
-        let blend = if indexes.len() == 1 {
-            Blend::from_counts(vec![samples])
-        } else {
-            Blend::new(&weights, samples)?
-        };
+        let blend = Blend::named(&weights, samples, &name)?;
         let stream = Arc::new(Stream::new(indexes, blend, self.seed));
         let shares = Shares {
             samples,
@@ -441,6 +441,8 @@ impl Settings {
             .map(|(i, s)| {
                 let place = self.stream.place_of(i, epoch, taken[i]).ok();
                 TokenSourceState {
+                    name: s.source.name(),
+                    fingerprint: Some(fingerprint_hex(s.fingerprint)),
                     documents: s.documents,
                     tokens: s.tokens,
                     rows: s.rows,
@@ -460,12 +462,13 @@ impl Settings {
     }
 
     /// The inner loader's state for a token loader's `state`, checked against these settings
-    /// (any rank and world size).
+    /// (any rank and world size): the same order, stream settings and sources, each with the
+    /// same sizes and (where the state has one) fingerprint.
     fn translate(&self, state: &LoaderState) -> Result<LoaderState> {
         if !state.order.same_sequence(&self.spec) {
             return Err(Error::mismatch(format!(
-                "cannot resume: the state was saved with order settings {:?}, this token loader has {:?}",
-                state.order, self.spec
+                "cannot resume: the state was saved with other order settings: {}",
+                order_differences(&state.order, &self.spec, &TOKEN_WORDS)
             )));
         }
         let Some(tokens) = &state.tokens else {
@@ -474,38 +477,11 @@ impl Settings {
             ));
         };
         let ours = self.token_state(state.epoch, state.next_batch);
-        let same = tokens.seq_len == ours.seq_len
-            && tokens.mode == ours.mode
-            && tokens.window == ours.window
-            && tokens.sources.len() == ours.sources.len()
-            && tokens.sources.iter().zip(&ours.sources).all(|(a, b)| {
-                (a.documents, a.tokens, a.rows, a.per_epoch)
-                    == (b.documents, b.tokens, b.rows, b.per_epoch)
-            });
-        if !same {
-            let settings = |t: &TokenState| {
-                let sources: Vec<String> = t
-                    .sources
-                    .iter()
-                    .map(|s| {
-                        format!(
-                            "{} documents, {} tokens, {} rows, {} per epoch",
-                            s.documents, s.tokens, s.rows, s.per_epoch
-                        )
-                    })
-                    .collect();
-                format!(
-                    "seq_len {}, {} rows, windows of {}, sources [{}]",
-                    t.seq_len,
-                    t.mode,
-                    t.window,
-                    sources.join("; ")
-                )
-            };
+        let differences = stream_differences(tokens, &ours);
+        if !differences.is_empty() {
             return Err(Error::mismatch(format!(
-                "cannot resume: the state's token stream ({}) is not this loader's ({})",
-                settings(tokens),
-                settings(&ours)
+                "cannot resume: the state was saved with another token stream: {}",
+                differences.join("; ")
             )));
         }
         let batches = self.shares.batches();
@@ -521,8 +497,94 @@ impl Settings {
             start: 0,
             order: self.inner_spec.clone(),
             tokens: None,
+            fingerprint: None,
         })
     }
+}
+
+/// A token loader's words for its order settings.
+const TOKEN_WORDS: OrderWords = OrderWords {
+    samples: "samples per epoch",
+    batch: "global batch size",
+    remainder: |r| match r {
+        Remainder::Drop => "drop_last",
+        Remainder::Mask | Remainder::Wrap => "no drop_last",
+    },
+};
+
+/// What differs between the token stream a state was saved with and this loader's, in words,
+/// with both values; empty when nothing does. A source's sizes or fingerprint that differ
+/// name the source; a fingerprint is compared only where the state has one (states saved
+/// before fingerprints were recorded are checked by their sizes).
+fn stream_differences(saved: &TokenState, ours: &TokenState) -> Vec<String> {
+    let mut out = Vec::new();
+    if saved.seq_len != ours.seq_len {
+        out.push(format!(
+            "seq_len {} (this loader: {})",
+            saved.seq_len, ours.seq_len
+        ));
+    }
+    if saved.mode != ours.mode {
+        out.push(format!(
+            "{} rows (this loader: {} rows)",
+            saved.mode, ours.mode
+        ));
+    }
+    if saved.window != ours.window {
+        out.push(format!(
+            "windows of {} documents (this loader: {})",
+            saved.window, ours.window
+        ));
+    }
+    if saved.sources.len() != ours.sources.len() {
+        out.push(format!(
+            "{} sources (this loader: {})",
+            saved.sources.len(),
+            ours.sources.len()
+        ));
+        return out;
+    }
+    for (i, (a, b)) in saved.sources.iter().zip(&ours.sources).enumerate() {
+        let named = if a.name.is_empty() || a.name == b.name {
+            format!("source {i} ({})", b.name)
+        } else {
+            format!("source {i} ({}; {} in the state)", b.name, a.name)
+        };
+        let sizes = |s: &TokenSourceState| {
+            format!(
+                "{} documents, {} tokens, {} rows an epoch",
+                s.documents, s.tokens, s.rows
+            )
+        };
+        if (a.documents, a.tokens, a.rows) != (b.documents, b.tokens, b.rows) {
+            out.push(format!(
+                "{named}: {} (this loader: {}): other data",
+                sizes(a),
+                sizes(b)
+            ));
+        } else if let (Some(x), Some(y)) = (&a.fingerprint, &b.fingerprint)
+            && x != y
+        {
+            out.push(format!(
+                "{named}: other data of the same size ({}): its fingerprint (sizes and bytes \
+                 sampled from its files) was {x}, it is {y} here: rewritten, re-tokenized or \
+                 another file",
+                sizes(b)
+            ));
+        } else if a.per_epoch != b.per_epoch {
+            out.push(format!(
+                "{named}: {} samples an epoch (this loader: {}): the weights differ",
+                a.per_epoch, b.per_epoch
+            ));
+        }
+    }
+    if !out.is_empty() {
+        out.push(
+            "resume with the sources and settings the state was saved with, or start anew without the state"
+                .into(),
+        );
+    }
+    out
 }
 
 /// What a token loader delivered: rows, tokens, padding, and each source's rows.
@@ -701,6 +763,7 @@ impl<L: BatchStream> TokenLoader<L> {
             start: 0,
             order: self.settings.spec.clone(),
             tokens: Some(self.settings.token_state(epoch, next_batch)),
+            fingerprint: None,
         }
     }
 }

@@ -51,27 +51,102 @@
 //! window by window in file order and is the same every epoch (only the rows' order changes),
 //! so that an epoch's rows can be counted once, when the loader is built.
 //!
+//! # Epochs of each source
+//!
+//! A source's epochs are its own: each is a new order of its documents (and rows) in which every
+//! token is an input once (concatenated) or every document placed once (packed). The loader's
+//! epoch takes each source's share of [`samples_per_epoch`](TokenLoaderBuilder::samples_per_epoch)
+//! from where that source stopped: a source whose share is more than its rows goes on into its
+//! next epoch (a new shuffle) within the loader's epoch, and one whose share is less continues
+//! its epoch in the loader's next. With one source and the default `samples_per_epoch` the two
+//! kinds of epoch are the same.
+//!
 //! # Fields
 //!
-//! Each row has `input_ids` (`pad_id` past its tokens), `labels` (the next token; the ignore
-//! index for padding and, with [`mask_document_ends`](TokenLoaderBuilder::mask_document_ends),
-//! at each document's last token), `position_ids` (from 0 at each document's piece),
-//! `document_ids` (the piece of its row each token belongs to, from 0, -1 for padding: a
-//! document mask is `document_ids[i] == document_ids[j]`), and the batch has `cu_seqlens`,
+//! Each row has `input_ids` (`pad_id` past its tokens), `labels` (below), `position_ids` (from
+//! 0 at each document's piece), `document_ids` (the piece of its row each token belongs to,
+//! from 0, -1 for padding: a document mask is `document_ids[i] == document_ids[j]`), and the
+//! batch has `cu_seqlens`,
 //! its sequences' offsets (each piece, and each row's padding as one more) as
 //! flash-attention's varlen kernels take them, in a field of `rows * (seq_len + 1)` entries of
 //! which the first [`TokenCounts::sequences`](crate::loader::TokenCounts::sequences)` + 1` count
 //! (the rest repeat the last). [`BatchInfo::tokens`](crate::BatchInfo::tokens) has the counts,
 //! on the host, for device batches too.
 //!
+//! Labels are shifted before padding: a row is read as a window of up to `seq_len + 1` tokens,
+//! `labels[t]` is the window's token `t + 1`, and every place without a next token in the
+//! window (the padding, and the last input of a row cut short by the end of its source's epoch)
+//! gets the ignore index ([`ignore_index`](TokenLoaderBuilder::ignore_index), -100 by default:
+//! what PyTorch's `cross_entropy` ignores), never `pad_id`. With
+//! [`mask_document_ends`](TokenLoaderBuilder::mask_document_ends) (default on for packed rows,
+//! off for concatenated ones) the label of each document's last token is the ignore index too:
+//! nothing is learnt from predicting the next document's first token.
+//!
+//! # Batches
+//!
+//! The [`BatchInfo`](crate::BatchInfo) of a token batch speaks of global batches and rows:
+//!
+//! - [`number()`](crate::BatchInfo::number) is the global batch's number in the epoch, the
+//!   same on every rank; after a resume, under any world size, it goes on from the state's
+//!   `next_batch` (the first batch resumed is number `next_batch`, as it would have been
+//!   without the stop), unlike a data loader's elastic resume, whose numbers start again
+//!   from 0;
+//! - [`indices()`](crate::BatchInfo::indices) are the rows' positions in the epoch's global
+//!   stream (0 to `samples_per_epoch - 1`; what decides each row's source and row), and
+//!   `u64::MAX` for a padding row;
+//! - [`padding()`](crate::BatchInfo::padding) counts the padding rows, always the last ones:
+//!   the rows of a rank beyond its share of a global batch (every rank's batch has
+//!   `ceil(global_batch / world)` rows, and an epoch's last global batch can be short).
+//!   Their `document_ids` are -1 and every label is the ignore index. Padding *tokens* within
+//!   rows are counted in [`TokenCounts::padding`](crate::loader::TokenCounts::padding).
+//!
 //! # Resume
 //!
 //! The stream is a pure function of (seed, epoch, global position) and the settings. A state
 //! ([`TokenLoader::state`](crate::BatchStream::state)) names the epoch and the global batches
 //! delivered in it, with the global order's settings and the stream's ([`TokenState`](crate::loader::TokenState):
-//! sources, their sizes, the blend's counts, and each source's place); a loader of any rank
-//! and world size resumes from it at the next global batch. Mixture and packing need nothing
-//! else: both are functions of the position.
+//! sources, their sizes and fingerprints, the blend's counts, and each source's place); a
+//! loader of any rank and world size resumes from it at the next global batch. Mixture and
+//! packing need nothing else: both are functions of the position.
+//!
+//! A resume checks that the state is this stream's: the same order settings, `seq_len`,
+//! mode, window, sources with the same sizes and, from each source's
+//! [`fingerprint`](crate::source::tokens::TokenSource::fingerprint) (its files' sizes and 256
+//! KiB sampled from them), the same data; a state that differs is refused, the message saying
+//! which setting or source differs and how. Each source's place is its own epoch
+//! ([`TokenSourceState::epoch`](crate::loader::TokenSourceState::epoch)) and the row of that
+//! epoch its next sample is ([`row`](crate::loader::TokenSourceState::row): rows counted in
+//! the epoch's shuffled order, so the source has given `row` rows of that epoch).
+//!
+//! # Against Megatron's `GPTDataset`
+//!
+//! Concatenated rows are `GPTDataset`'s samples (windows of `seq_len + 1` tokens overlapping by
+//! one, labels the inputs shifted by one, `position_ids` restarting at each document as with
+//! `reset_position_ids`); the stream differs from megatron-core's in four ways:
+//!
+//! 1. **Epochs are separate.** `GPTDataset` builds one document index of `num_epochs` copies of
+//!    the documents shuffled together (a document can come twice before another comes once; only
+//!    a last epoch used less than 80% is shuffled apart), and its sample index runs across the
+//!    copies. Here each source epoch is its own order: every token once before any comes again.
+//! 2. **The shuffle.** `GPTDataset` permutes documents uniformly and its shuffle index permutes
+//!    every sample of every epoch (numpy's `RandomState`). Here documents are shuffled in two
+//!    levels (windows of [`window`](TokenLoaderBuilder::window) consecutive documents in a
+//!    permuted order, documents permuted within each window) and rows uniformly within each
+//!    source epoch, by keyed permutations computed per position: no index is stored, and the
+//!    same seed gives another order than Megatron's.
+//! 3. **The end of an epoch.** `GPTDataset` drops the last partial sample (training split);
+//!    here the last row of each source epoch is padded (`pad_id`, labels ignored), so that
+//!    every token is an input, and no row spans two epochs: an epoch has
+//!    `ceil(tokens / seq_len)` rows where `GPTDataset` has `floor((tokens - 1) / seq_len)`
+//!    per epoch.
+//! 4. **Blends.** Megatron's `BlendedDataset` asks each dataset for 0.5% more samples than its
+//!    share and takes, at each position, the dataset furthest behind its weight; here each
+//!    source gives exactly its share of every epoch (largest remainders) in Tijdeman's
+//!    interleave, within 2 samples of its share over any window ([`Blend`]).
+//!
+//! Padding is also marked otherwise: `GPTDataset` puts the tokenizer's pad id (or -1) in its
+//! tokens and labels and 0 in its `loss_mask`; here labels hold the ignore index and there is
+//! no loss mask.
 //!
 //! ```
 //! # fn main() -> gpufeed::Result<()> {

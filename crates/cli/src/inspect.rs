@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use gpufeed::codec::probe;
 use gpufeed::format::{FieldKind, ReadMode, ReadOptions, RecordFile};
 use gpufeed::source::ImageFolder;
-use gpufeed::source::tokens::{FlatTokens, IndexedTokens, MEGATRON_MAGIC};
+use gpufeed::source::tokens::{FlatTokens, IndexedTokens};
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value, json};
@@ -78,7 +78,7 @@ pub fn run(args: Args) -> Result<()> {
             args.json,
         );
     }
-    if let Some(prefix) = megatron_prefix(path)? {
+    if let Some(prefix) = megatron_prefix(path) {
         return print(
             inspect_megatron(&prefix, args.verify, args.read.mode())?,
             args.json,
@@ -133,18 +133,11 @@ struct Report {
     fault: Option<Error>,
 }
 
-/// The prefix of the Megatron dataset `path` names (its `.idx`, its `.bin`, or the prefix),
-/// when the index starts with Megatron's magic.
-fn megatron_prefix(path: &Path) -> Result<Option<PathBuf>> {
-    let Some(prefix) = IndexedTokens::prefix_of(path) else {
-        return Ok(None);
-    };
-    let idx = PathBuf::from(format!("{}.idx", prefix.display()));
-    let mut magic = [0u8; 9];
-    let mut f = std::fs::File::open(&idx).map_err(|e| io(&idx, "open", e))?;
-    let got = f.read(&mut magic).map_err(|e| io(&idx, "read", e))?;
-    // An index too short for the magic is still Megatron's by name: opening says what is wrong.
-    Ok((got < magic.len() || &magic == MEGATRON_MAGIC).then_some(prefix))
+/// The prefix of the Megatron dataset `path` names (its `.idx`, its `.bin`, or the prefix), told
+/// by the `.idx`'s name: an index that is corrupt or lacks its `.bin` is still a Megatron
+/// dataset, which opening it says is broken, and how.
+fn megatron_prefix(path: &Path) -> Option<PathBuf> {
+    IndexedTokens::prefix_of(path)
 }
 
 /// `gpufeed inspect` of a Megatron indexed dataset: its header and sizes (O(1)); with

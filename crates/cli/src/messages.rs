@@ -36,6 +36,8 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
         "max_batches" => "--max-batches",
         "limit" => "--limit",
         "dataset" => "DATASET",
+        "weights" => "--tokens PATH=WEIGHT",
+        "sources" => "--tokens",
         _ => return None,
     })
 }

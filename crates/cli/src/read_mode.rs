@@ -1,5 +1,6 @@
-//! `--read-mode mmap|pread`: how `bench` and `inspect` reach the bytes of a packed file or a
-//! `.npy` array (the library's [`ReadMode`]). A mapping is the fastest, but a file truncated
+//! `--read-mode mmap|pread`: how `bench` and `inspect` reach the bytes of a packed file, a
+//! `.npy` array or a token file (`--tokens`: a Megatron `.idx` + `.bin`, a flat `train.bin`)
+//! (the library's [`ReadMode`]). A mapping is the fastest, but a file truncated
 //! while it is mapped kills the process with SIGBUS; `pread` makes that an error naming the
 //! file. Sources that are never read through this choice (an ImageFolder's files, read whole;
 //! shard directories, which their store maps) refuse the flag rather than ignore it.
@@ -21,8 +22,8 @@ pub enum ReadModeArg {
 /// The `--read-mode` flag, shared by `bench` and `inspect`.
 #[derive(clap::Args, Debug, Clone, Copy, Default)]
 pub struct ReadFlags {
-    /// How a packed file or a .npy array is read: mmap or pread; pread for files that may be
-    /// truncated or rewritten while they are read (or live on NFS) [default: mmap].
+    /// How a packed file, a .npy array or a token file is read: mmap or pread; pread for files
+    /// that may be truncated or rewritten while they are read (or live on NFS) [default: mmap].
     #[arg(long, value_enum, value_name = "MODE")]
     pub read_mode: Option<ReadModeArg>,
 }
@@ -43,7 +44,7 @@ impl ReadFlags {
             None => Ok(()),
             Some(_) => Err(Error::InvalidConfig {
                 setting: "--read-mode",
-                what: format!("applies to packed files and .npy arrays; {what}"),
+                what: format!("applies to packed files, .npy arrays and token files; {what}"),
             }),
         }
     }

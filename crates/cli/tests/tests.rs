@@ -4,12 +4,15 @@
 mod cli_common;
 #[path = "../../../tests/image_common/mod.rs"]
 mod image_common;
+#[path = "../../../tests/token_common/mod.rs"]
+mod token_common;
 
 mod cli_bench;
 mod cli_pack_inspect;
 mod cli_pack_safety;
 mod cli_remote;
 mod cli_shards;
+mod cli_tokens;
 #[cfg(feature = "s3")]
 #[path = "../../../tests/s3_common/mod.rs"]
 mod s3_common;

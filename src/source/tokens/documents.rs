@@ -129,4 +129,18 @@ impl TokenSource for DocumentTokens {
     fn check_unchanged(&self) -> Result<()> {
         self.dataset.check_unchanged()
     }
+
+    /// The dataset's fingerprint with the field and dtype read; for a dataset without one
+    /// (shards, whose later documents may have to be fetched), the first 16 documents'
+    /// lengths and first tokens.
+    fn fingerprint(&self) -> Result<u64> {
+        match self.dataset.fingerprint()? {
+            Some(f) => Ok(crate::file::combined_fingerprint([
+                f,
+                self.field as u64,
+                self.dtype.size() as u64,
+            ])),
+            None => super::documents_fingerprint(self, 16, false),
+        }
+    }
 }

@@ -64,6 +64,45 @@ pub trait TokenSource: Send + Sync + std::fmt::Debug {
     fn check_unchanged(&self) -> Result<()> {
         Ok(())
     }
+
+    /// A cheap hash of what identifies this source's data, at a bounded cost whatever its size:
+    /// a token loader records it in its states and refuses to resume a state taken on data
+    /// whose fingerprint differs (another data set with the same counts). Files hash their
+    /// sizes and 256 KiB sampled evenly over them; the default hashes the number of
+    /// documents and, for 64 documents spread evenly over them, each one's length and first
+    /// 16 tokens ([`documents_fingerprint`]).
+    fn fingerprint(&self) -> Result<u64> {
+        documents_fingerprint(self, 64, true)
+    }
+}
+
+/// A fingerprint of `source` from its documents: their number and, for `documents` of them
+/// (spread evenly over all of them, or the first ones), each one's length and first 16 tokens.
+pub fn documents_fingerprint<S: TokenSource + ?Sized>(
+    source: &S,
+    documents: u64,
+    spread: bool,
+) -> Result<u64> {
+    let n = source.documents();
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    hash.update(&n.to_le_bytes());
+    let picked = documents.min(n);
+    let mut tokens = [0u32; 16];
+    for k in 0..picked {
+        let doc = if spread && picked > 1 {
+            (u128::from(n - 1) * u128::from(k) / u128::from(picked - 1)) as u64
+        } else {
+            k
+        };
+        let len = source.document_len(doc)?;
+        let head = &mut tokens[..len.min(16) as usize];
+        source.read(doc, 0, head)?;
+        hash.update(&len.to_le_bytes());
+        for t in head.iter() {
+            hash.update(&t.to_le_bytes());
+        }
+    }
+    Ok(hash.digest())
 }
 
 impl<T: TokenSource + ?Sized> TokenSource for std::sync::Arc<T> {
@@ -87,6 +126,9 @@ impl<T: TokenSource + ?Sized> TokenSource for std::sync::Arc<T> {
     }
     fn check_unchanged(&self) -> Result<()> {
         (**self).check_unchanged()
+    }
+    fn fingerprint(&self) -> Result<u64> {
+        (**self).fingerprint()
     }
 }
 

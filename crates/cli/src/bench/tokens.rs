@@ -20,10 +20,14 @@ use serde_json::json;
 
 use super::args::{Args, refuse, shard_of, workers};
 
-/// `PATH` or `PATH=WEIGHT`, opened by the library's rule ([`open_tokens`]): a Megatron
-/// dataset (its `.idx`, `.bin` or prefix), a 1-D `.npy`, or a flat file of `--token-dtype`
-/// tokens.
-fn open_source(spec: &str, dtype: Option<&str>) -> Result<(Arc<dyn TokenSource>, f64)> {
+/// `PATH` or `PATH=WEIGHT`, opened by the library's rule ([`open_tokens`]) and read as
+/// `--read-mode` says: a Megatron dataset (its `.idx`, `.bin` or prefix), a 1-D `.npy`, or a
+/// flat file of `--token-dtype` tokens.
+fn open_source(
+    spec: &str,
+    dtype: Option<&str>,
+    mode: ReadMode,
+) -> Result<(Arc<dyn TokenSource>, f64)> {
     let (path, weight) = match spec.rsplit_once('=') {
         Some((p, w)) => {
             let w: f64 = w.parse().map_err(|_| {
@@ -47,7 +51,7 @@ fn open_source(spec: &str, dtype: Option<&str>) -> Result<(Arc<dyn TokenSource>,
     let given = dtype.filter(|_| {
         IndexedTokens::prefix_of(path).is_none() && path.extension().is_none_or(|e| e != "npy")
     });
-    let source = open_tokens(path, given, ReadMode::Map).map_err(|e| match e {
+    let source = open_tokens(path, given, mode).map_err(|e| match e {
         Error::InvalidConfig {
             setting: "token_dtype",
             what,
@@ -174,7 +178,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut names = Vec::new();
     let mut weights = Vec::new();
     for spec in &args.tokens {
-        let (source, weight) = open_source(spec, args.token_dtype.as_deref())?;
+        let (source, weight) = open_source(spec, args.token_dtype.as_deref(), args.read.mode())?;
         names.push(source.name());
         weights.push(weight);
         builder = builder.weighted(source, weight);
@@ -270,6 +274,8 @@ pub fn run(args: &Args) -> Result<()> {
         })
         .collect();
     let per_s = |x: u64, s: f64| if s > 0.0 { x as f64 / s } else { 0.0 };
+    // Measured only over epochs after the first: none with --epochs 1 (null, and not printed).
+    let steady = (args.epochs > 1 && steady_s > 0.0).then(|| per_s(steady_tokens, steady_s));
     let cpu_per_m = cpu_s / (stats.tokens.max(1) as f64 / 1e6);
     let mut report = json!({
         "kind": "tokens",
@@ -288,7 +294,7 @@ pub fn run(args: &Args) -> Result<()> {
         "padding": stats.padding,
         "padding_fraction": stats.padding_fraction(),
         "tokens_per_s": per_s(stats.tokens, seconds),
-        "steady_tokens_per_s": per_s(steady_tokens, steady_s),
+        "steady_tokens_per_s": steady,
         "first_batch_ms": first_batch_ms,
         "cpu_seconds": cpu_s,
         "cpu_seconds_per_million_tokens": cpu_per_m,
@@ -306,9 +312,9 @@ pub fn run(args: &Args) -> Result<()> {
     let mut text = format!(
         "token loader: {} rows of {seq_len} tokens, global batch {}, rank {rank}/{world}, {} workers\n\
          built in:      {build_s:.3} s\n\
-         delivered:     {} batches, {} rows, {} tokens in {seconds:.3} s: {:.1} M tokens/s ({:.1} M/s after the first epoch)\n\
+         delivered:     {} batches, {} rows, {} tokens in {seconds:.3} s: {:.1} M tokens/s{}\n\
          padding:       {} tokens ({:.2}%)\n\
-         first batch:   {:.1} ms{}\n\
+         first batch:   {}{}\n\
          CPU time:      {cpu_s:.3} s, {cpu_per_m:.4} s per million tokens\n",
         mode.name(),
         args.batch_size,
@@ -317,10 +323,15 @@ pub fn run(args: &Args) -> Result<()> {
         stats.rows,
         stats.tokens,
         per_s(stats.tokens, seconds) / 1e6,
-        per_s(steady_tokens, steady_s) / 1e6,
+        steady.map_or(String::new(), |r| format!(
+            " ({:.1} M/s after the first epoch)",
+            r / 1e6
+        )),
         stats.padding,
         100.0 * stats.padding_fraction(),
-        first_batch_ms.unwrap_or(0.0),
+        first_batch_ms.map_or("n/a (no batch taken)".to_owned(), |ms| format!(
+            "{ms:.1} ms"
+        )),
         device.as_ref().map_or(String::new(), |d| format!(
             " (on {}: {:.2} bytes copied per token)",
             d["device"].as_str().unwrap_or(""),
