@@ -272,6 +272,58 @@ fn bench_images_runs_the_image_pipeline_on_webdataset_and_mds_shards() {
     assert!(stderr(&o).contains("txt"), "{}", stderr(&o));
 }
 
+/// An MDS data set written with hashes (`xxh3_64`, `xxh64`, `sha1`), one byte of a sample
+/// flipped inside a shard: `bench` fails naming the shard and the sample instead of
+/// delivering the byte (it exited 0); `--verify` applies to sharded data sets as to files (it
+/// was refused with a message about object stores), and passes on the intact data set.
+#[test]
+fn bench_refuses_a_local_mds_shard_that_fails_its_hashes_and_verifies_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixtures().join("mds")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let victim = dir.path().join("shard.00001.mds");
+    let intact = std::fs::read(&victim).unwrap();
+    let mut flipped = intact.clone();
+    *flipped.last_mut().unwrap() ^= 0x10;
+    let bench = |verify: bool| {
+        let mut args = vec![
+            "bench",
+            s(dir.path()),
+            "--fields",
+            "id,u64",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "1",
+            "--workers",
+            "1",
+            "--json",
+        ];
+        if verify {
+            args.push("--verify");
+        }
+        gpufeed(&args)
+    };
+    std::fs::write(&victim, &flipped).unwrap();
+    for verify in [false, true] {
+        let o = bench(verify);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "--verify {verify}: {e}");
+        assert!(e.contains(s(&victim)) && e.contains("xxh64"), "{e}");
+        assert!(e.contains("sample 2") || e.contains("sample 3"), "{e}");
+        assert!(!e.contains("panicked"), "{e}");
+    }
+    std::fs::write(&victim, &intact).unwrap();
+    for verify in [false, true] {
+        let o = bench(verify);
+        assert!(o.status.success(), "--verify {verify}: {}", stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["samples"], 7);
+    }
+}
+
 #[cfg(not(feature = "remote"))]
 #[test]
 fn a_url_in_a_build_without_object_stores_names_the_command_that_builds_one() {

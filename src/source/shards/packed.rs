@@ -14,8 +14,10 @@
 //! same way ([`RecordWriter`]), so a directory with an `index.json` is complete. Opening reads
 //! the index only; a shard is opened (mapped, its footer checked) when first used, and refused
 //! if its record count, size or schema disagree with the index. `xxh3_64` is the hash of the
-//! whole shard file (xxh3-64, seed 0), checked under [`ShardOptions::verify`] and
-//! [`ShardedDataset::verify`], and by a downloader on arrival.
+//! whole shard file (xxh3-64, seed 0), checked when a local shard is opened, before its first
+//! sample (once while its file stays the same: see the [shards](super) module's section on
+//! hashes), every time under [`ShardOptions::verify`], by [`ShardedDataset::verify`], and by a
+//! downloader on arrival.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -24,8 +26,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    IndexedFormat, ShardFormat, ShardOptions, ShardStore, ShardedDataset, check_shard_name,
-    write_atomically, xxh3_hex,
+    HashedShards, IndexedFormat, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
+    check_shard_name, write_atomically, xxh3_hex,
 };
 use crate::error::{Error, Result};
 use crate::format::{
@@ -123,6 +125,8 @@ impl PackedIndex {
 pub struct Packed {
     index_path: PathBuf,
     entries: Vec<PackedShardEntry>,
+    /// The shards whose files have passed their hashes when opened.
+    hashed: HashedShards,
 }
 
 /// A dataset of packed shards.
@@ -150,6 +154,7 @@ impl IndexedFormat for Packed {
             .collect();
         let format = Packed {
             index_path: index_path.to_path_buf(),
+            hashed: HashedShards::new(index.shards.len()),
             entries: index.shards,
         };
         ShardedDataset::from_parts(format, store, shards, schema, options)?.check_empty_shards()
@@ -172,12 +177,19 @@ impl Packed {
 
     fn check_hash(&self, store: &dyn ShardStore, k: usize, name: &str) -> Result<()> {
         let bytes = store.open(name)?;
-        let got = xxh3_hex(bytes.all()?);
+        self.hash_matches(k, bytes.path(), bytes.all()?)
+    }
+
+    /// Checks `all`, the bytes of shard `k`'s file at `path`, against the index's xxh3-64.
+    fn hash_matches(&self, k: usize, path: &Path, all: &[u8]) -> Result<()> {
+        let got = xxh3_hex(all);
         let want = &self.entries[k].xxh3_64;
         if !got.eq_ignore_ascii_case(want) {
             return Err(self.disagrees(
-                bytes.path(),
-                format!("xxh3-64 of the file is {got}, the index says {want}"),
+                path,
+                format!(
+                    "xxh3-64 of the file is {got}, the index says {want}: its bytes changed after the index was written (damaged, or replaced by another file); nothing of it is read"
+                ),
             ));
         }
         Ok(())
@@ -269,6 +281,12 @@ impl ShardFormat for Packed {
             self.check_hash(store, k, name)?;
         }
         let file = self.open_file(store, k, name, samples, options.verify, Some(schema))?;
+        // Once per file, after the footer and the index's counts have said what they can.
+        if !options.verify && store.check_hashes_on_open() {
+            let bytes = store.open(name)?;
+            self.hashed
+                .check_once(k, &bytes, |all| self.hash_matches(k, bytes.path(), all))?;
+        }
         Ok(PackedShard { file })
     }
 
@@ -777,16 +795,17 @@ mod tests {
         assert_eq!(s.shards[0].bytes, expect);
     }
 
-    /// Writes a byte of `path`'s checksum table (`back` bytes before its footer, read only to
-    /// verify) again, in place (no truncation), and moves its modification time a minute on,
-    /// whatever the file system's clock granularity.
+    /// Writes a byte of `path`'s checksum table (`back` bytes before its footer) again, in
+    /// place (no truncation), as it was (so that the file still has the index's hash), and
+    /// moves its modification time a minute on, whatever the file system's clock granularity.
     fn rewrite_in_place(path: &Path, back: u64) {
         use std::io::{Seek, SeekFrom, Write};
         let meta = std::fs::metadata(path).unwrap();
         let (at, was) = (meta.len() - 64 - back, meta.modified().unwrap());
+        let byte = std::fs::read(path).unwrap()[at as usize];
         let mut f = std::fs::File::options().write(true).open(path).unwrap();
         f.seek(SeekFrom::Start(at)).unwrap();
-        f.write_all(b"!").unwrap();
+        f.write_all(&[byte]).unwrap();
         f.set_modified(was + std::time::Duration::from_secs(60))
             .unwrap();
     }

@@ -909,6 +909,13 @@ impl ShardStore for RemoteStore {
         false
     }
 
+    /// False: every shard is checked as it arrives, against the same hashes of the index,
+    /// before any byte of it is read (or, with `verify_checksums` off, by its size only, as
+    /// asked); its copy in the cache is then read as it is.
+    fn check_hashes_on_open(&self) -> bool {
+        false
+    }
+
     fn read_ahead_batches(&self) -> usize {
         if self.prefetcher.is_some() {
             self.inner.options.read_ahead_batches
