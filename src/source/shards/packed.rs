@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     HashedShards, IndexedFormat, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
-    check_shard_name, write_atomically, xxh3_hex,
+    check_shard_name, xxh3_hex,
 };
 use crate::error::{Error, Result};
 use crate::format::{
@@ -581,7 +581,8 @@ impl ShardWriter {
         Ok(())
     }
 
-    /// Closes the last shard and writes the index (last, atomically).
+    /// Closes the last shard and writes the index (last, atomically: placed in one step with
+    /// the shards it completes, as far as a signal's cleanup can tell).
     pub fn finish(mut self) -> Result<ShardSummary> {
         self.close_shard()?;
         let samples = self.done.iter().map(|s| s.samples).sum();
@@ -594,11 +595,9 @@ impl ShardWriter {
         };
         let path = self.dir.join(INDEX_FILE);
         let text = serde_json::to_vec_pretty(&index).map_err(Error::user)?;
-        write_atomically(&path, &text)?;
+        crate::temporary::write_completing(&path, "write the shard index", &text, &self.placed)?;
         // Complete: the shards stay.
-        for shard in self.placed.drain(..) {
-            crate::temporary::forget_unfinished(&shard);
-        }
+        self.placed.clear();
         Ok(ShardSummary {
             index: path,
             shards: index.shards,
