@@ -182,13 +182,61 @@ fn pack_replaces_an_existing_file_only_with_force() {
     let dir = tempfile::tempdir().unwrap();
     let a = npy(dir.path(), "a.npy", 5);
     let out = dir.path().join("out.gfd");
-    std::fs::write(&out, b"an older file").unwrap();
+    let o = gpufeed(&[
+        "pack",
+        "--from",
+        "npy",
+        s(&npy(dir.path(), "b.npy", 3)),
+        "-o",
+        s(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let older = std::fs::read(&out).unwrap();
     let o = gpufeed(&["pack", "--from", "npy", s(&a), "-o", s(&out)]);
     refused(&o, &out, &["exists", "--force"]);
-    assert_eq!(std::fs::read(&out).unwrap(), b"an older file");
+    assert_eq!(std::fs::read(&out).unwrap(), older);
     let o = gpufeed(&["pack", "--from", "npy", s(&a), "-o", s(&out), "--force"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(RecordFile::open(&out).unwrap().len(), 5);
+    // An empty file holds nothing to lose: replaced with --force too.
+    std::fs::write(&out, b"").unwrap();
+    let o = gpufeed(&["pack", "--from", "npy", s(&a), "-o", s(&out), "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(RecordFile::open(&out).unwrap().len(), 5);
+    assert!(files_with(dir.path(), TMP).is_empty());
+}
+
+/// `--force` replaces a packed file gpufeed wrote, not whatever file -o names: a `.npy` array
+/// that is not an input, or a file of the user's, is refused, forced or not, saying what it
+/// is and what to do (it was overwritten).
+#[test]
+fn pack_force_refuses_to_replace_a_file_gpufeed_did_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = npy(dir.path(), "a.npy", 5);
+    let other = npy(dir.path(), "other.npy", 9);
+    let notes = dir.path().join("notes.gfd");
+    std::fs::write(&notes, b"an older file, not a packed one").unwrap();
+    for (out, what) in [(&other, ".npy array"), (&notes, "a file of 31 bytes")] {
+        let before = std::fs::read(out).unwrap();
+        for force in [false, true] {
+            let mut args = vec!["pack", "--from", "npy", s(&a), "-o", s(out)];
+            if force {
+                args.push("--force");
+            }
+            let o = gpufeed(&args);
+            refused(
+                &o,
+                out,
+                &[what, "not a packed record file", "remove it yourself"],
+            );
+            assert_eq!(
+                std::fs::read(out).unwrap(),
+                before,
+                "{} was replaced",
+                s(out)
+            );
+        }
+    }
     assert!(files_with(dir.path(), TMP).is_empty());
 }
 
