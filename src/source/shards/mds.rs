@@ -899,8 +899,9 @@ impl ShardFormat for MdsShards {
         // The hashes last, once the structure has said what it can: before any sample.
         if !options.verify && from_store && store.check_hashes_on_open() && !file.hashes.is_empty()
         {
-            self.hashed
-                .check_once(k, &bytes, |all| self.hashes_match(k, &path, all))?;
+            self.hashed.check_once(k, bytes.file_fingerprint(), || {
+                self.hashes_match(k, &path, bytes.all()?)
+            })?;
         }
         Ok(MdsShard {
             bytes,

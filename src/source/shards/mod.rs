@@ -53,13 +53,14 @@
 //! bit, a shard copied over from another data set of the same size) is an
 //! [`Error::Malformed`] naming the shard and the hashes (the loader's error names the sample
 //! asked for), never samples read from it. The pass over the shard's bytes runs at memory
-//! speed (`benches/RESULTS.md`, "Trust in what arrives") and reads the pages the samples are
-//! then read from; it is made once per file: a shard closed (to stay within
-//! [`ShardOptions::max_open_shards`]) and opened again is hashed again only if its file was
-//! replaced or written since (device, inode, size, times). Hashes gpufeed does not compute
-//! (MDS `sha1`, `md5`, `sha256` and the other cryptographic ones streaming offers) are not
-//! checked: a data set that has none of the above is read with its sizes and structure
-//! checked only; write it with `hashes=['xxh3_64']` (streaming's fastest) to have it checked.
+//! speed (`benches/RESULTS.md`, "Local shards checked against their index when opened") and
+//! faults in the pages the samples are then read from; it is made once per file: a shard
+//! closed (to stay within [`ShardOptions::max_open_shards`]) and opened again is hashed again
+//! only if its file was replaced or written since (device, inode, size, times). Hashes
+//! gpufeed does not compute (MDS `sha1`, `md5`, `sha256` and the other cryptographic ones
+//! streaming offers) are not checked: a data set that has none of the above is read with its
+//! sizes and structure checked only; write it with `hashes=['xxh3_64']` (streaming's fastest)
+//! to have it checked.
 //! [`ShardOptions::verify`] checks every time a shard is opened, and each packed record's own
 //! checksum as it is read; [`ShardedDataset::verify`] checks everything, every sample too.
 //!
@@ -719,24 +720,24 @@ impl HashedShards {
         }
     }
 
-    /// Runs `check` over the whole of shard `k`'s `bytes` (waiting for them all), unless the
-    /// same file, unchanged, passed it before; remembers a file that passes. A shard held
-    /// other than as a mapped file is checked every time.
+    /// Runs `check` (a pass over shard `k`'s file, the file whose fingerprint is `file`: see
+    /// [`ShardBytes::file_fingerprint`]) unless that file, unchanged, passed it before;
+    /// remembers a file that passes. A shard held other than as a file (`None`) is checked
+    /// every time.
     pub(crate) fn check_once(
         &self,
         k: usize,
-        bytes: &ShardBytes,
-        check: impl FnOnce(&[u8]) -> Result<()>,
+        file: Option<u64>,
+        check: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         use std::sync::atomic::Ordering;
-        let file = bytes.file_fingerprint();
         let slot = self.passed.get(k);
         if let (Some(file), Some(slot)) = (file, slot)
             && slot.load(Ordering::Relaxed) == file
         {
             return Ok(());
         }
-        check(bytes.all()?)?;
+        check()?;
         if let (Some(file), Some(slot)) = (file, slot) {
             slot.store(file, Ordering::Relaxed);
         }

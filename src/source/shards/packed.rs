@@ -281,11 +281,16 @@ impl ShardFormat for Packed {
             self.check_hash(store, k, name)?;
         }
         let file = self.open_file(store, k, name, samples, options.verify, Some(schema))?;
-        // Once per file, after the footer and the index's counts have said what they can.
+        // Once per file, after the footer and the index's counts have said what they can,
+        // over the record file's own bytes (the pages its samples are then read from).
         if !options.verify && store.check_hashes_on_open() {
-            let bytes = store.open(name)?;
             self.hashed
-                .check_once(k, &bytes, |all| self.hash_matches(k, bytes.path(), all))?;
+                .check_once(k, Some(file.file_fingerprint()), || {
+                    let all = file
+                        .data
+                        .bytes_at(file.path(), 0, file.file_bytes() as usize)?;
+                    self.hash_matches(k, file.path(), &all)
+                })?;
         }
         Ok(PackedShard { file })
     }
