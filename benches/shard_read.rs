@@ -14,6 +14,14 @@
 //!   (and its pages faulted in again) on every pass: what a dataset larger than the set of
 //!   open shards costs, once per shard per epoch;
 //!
+//! The packed and MDS indexes give each shard's xxh3-64 (MDS as `MDSWriter(hashes=
+//! ['xxh3_64'])` writes it), so a local shard is hashed when it is first opened. A second
+//! interleaved measurement says what that costs: a *first pass* (a data set opened afresh,
+//! every sample read once: every shard opened, and hashed, once), the same *cold* (each shard
+//! file's cached pages dropped before the pass, as after a reboot: read from the disk) and a
+//! *get-remap* pass, each with the check (the default) and through a store that asks for none
+//! (what every pass cost before shards were checked when opened).
+//!
 //! The files' cached pages are first dropped and read back once (as after reading from disk:
 //! the pages a writer leaves differ between formats). Before criterion's runs, the same passes
 //! interleaved (read, get, get-remap; 15 rounds, medians) are printed with their ratios: on a
@@ -34,7 +42,10 @@ use gpufeed::source::shards::mds::MdsDataset;
 use gpufeed::source::shards::packed::{PackedShards, ShardWriter};
 use gpufeed::source::shards::tar::TarBuilder;
 use gpufeed::source::shards::webdataset::{WebDataset, WebDatasetOptions};
-use gpufeed::source::shards::{ShardOptions, ShardedSource};
+use gpufeed::source::shards::{
+    IndexedFormat, LocalDir, ShardBytes, ShardOptions, ShardStat, ShardStore, ShardedDataset,
+    ShardedSource,
+};
 
 const SAMPLE: usize = 112 << 10;
 const TOTAL: usize = 128 << 20;
@@ -102,8 +113,9 @@ fn write_mds(dir: &Path, n: usize) {
         shards.push(serde_json::json!({
             "format": "mds", "version": 2, "samples": chunk.len(),
             "column_names": ["image", "label"], "column_encodings": ["bytes", "int"],
-            "column_sizes": [null, 8], "compression": null, "hashes": [],
-            "raw_data": {"basename": name, "bytes": file.len(), "hashes": {}},
+            "column_sizes": [null, 8], "compression": null, "hashes": ["xxh3_64"],
+            "raw_data": {"basename": name, "bytes": file.len(),
+                         "hashes": {"xxh3_64": format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&file))}},
             "zip_data": null
         }));
     }
@@ -147,6 +159,146 @@ fn get_all(d: &dyn Dataset, buf: &mut [u8]) -> u64 {
         black_box(&buf[..at]);
     }
     total
+}
+
+/// A directory of shards whose opening checks no hash: what a local shard cost before it was
+/// checked against its index when opened.
+struct Unchecked(LocalDir);
+
+impl ShardStore for Unchecked {
+    fn locate(&self, name: &str) -> PathBuf {
+        self.0.locate(name)
+    }
+    fn stat(&self, name: &str) -> gpufeed::Result<ShardStat> {
+        self.0.stat(name)
+    }
+    fn open(&self, name: &str) -> gpufeed::Result<ShardBytes> {
+        self.0.open(name)
+    }
+    fn local_file(&self, name: &str) -> gpufeed::Result<PathBuf> {
+        self.0.local_file(name)
+    }
+    fn files_may_change(&self) -> bool {
+        true
+    }
+    fn check_hashes_on_open(&self) -> bool {
+        false
+    }
+}
+
+/// The data set of format `F` in `dir`, opened afresh, its shards checked when opened or not.
+fn open_indexed<F: IndexedFormat>(
+    dir: &Path,
+    checked: bool,
+    max_open_shards: usize,
+) -> ShardedDataset<F> {
+    let index = dir.join("index.json");
+    let text = std::fs::read(&index).expect("index");
+    let store: std::sync::Arc<dyn ShardStore> = if checked {
+        std::sync::Arc::new(LocalDir::new(dir))
+    } else {
+        std::sync::Arc::new(Unchecked(LocalDir::new(dir)))
+    };
+    let options = ShardOptions {
+        max_open_shards,
+        ..ShardOptions::default()
+    };
+    ShardedDataset::<F>::from_index(store, &index, &text, options).expect("open")
+}
+
+/// Interleaved passes with and without the check at open (see the module docs), medians of
+/// `rounds`, printed as GiB/s of samples and the checked pass's share of the unchecked one's.
+fn check_cost(packed: &Path, mds: &Path, buf: &mut [u8], rounds: usize) {
+    let shard_files = |dir: &Path| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+            .expect("list")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.file_name().is_some_and(|n| n != "index.json"))
+            .collect();
+        v.sort();
+        v
+    };
+    use gpufeed::source::shards::mds::MdsShards;
+    use gpufeed::source::shards::packed::Packed;
+    eprintln!(
+        "the check at open, median of {rounds} rounds (GiB/s of samples; checked as % of unchecked):"
+    );
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let fresh = |name: &str, checked: bool, open: usize| -> Box<dyn ShardedSource> {
+        match name {
+            "packed" => Box::new(open_indexed::<Packed>(packed, checked, open)),
+            _ => Box::new(open_indexed::<MdsShards>(mds, checked, open)),
+        }
+    };
+    for name in ["packed", "mds"] {
+        let files = shard_files(if name == "packed" { packed } else { mds });
+        // [first pass checked, unchecked, get-remap checked, unchecked, cold checked,
+        // unchecked]
+        let mut times = [vec![], vec![], vec![], vec![], vec![], vec![]];
+        let mut bytes = 0;
+        let remap = [fresh(name, true, 2), fresh(name, false, 2)];
+        for d in &remap {
+            get_all(&**d, buf);
+        }
+        for round in 0..rounds {
+            // Alternate which goes first.
+            let order = if round % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for checked in order {
+                let d = fresh(name, checked, 256);
+                let t = std::time::Instant::now();
+                bytes = get_all(&*d, buf);
+                times[usize::from(!checked)].push(t.elapsed().as_secs_f64());
+            }
+            for checked in order {
+                let t = std::time::Instant::now();
+                get_all(&*remap[usize::from(!checked)], buf);
+                times[2 + usize::from(!checked)].push(t.elapsed().as_secs_f64());
+            }
+            for checked in order {
+                drop_cached(&files);
+                let d = fresh(name, checked, 256);
+                let t = std::time::Instant::now();
+                get_all(&*d, buf);
+                times[4 + usize::from(!checked)].push(t.elapsed().as_secs_f64());
+            }
+        }
+        let gib: Vec<f64> = times
+            .iter_mut()
+            .map(|t| bytes as f64 / median(t) / f64::from(1u32 << 30))
+            .collect();
+        eprintln!(
+            "  {name:6} first pass {:5.2} / {:5.2} ({:3.0}%) | cold {:5.2} / {:5.2} ({:3.0}%) | get-remap {:5.2} / {:5.2} ({:3.0}%)",
+            gib[0],
+            gib[1],
+            100.0 * gib[0] / gib[1],
+            gib[4],
+            gib[5],
+            100.0 * gib[4] / gib[5],
+            gib[2],
+            gib[3],
+            100.0 * gib[2] / gib[3],
+        );
+    }
+}
+
+/// Drops the files' cached pages (GNU dd's `iflag=nocache`: posix_fadvise DONTNEED); they
+/// must have been written back (`sync`).
+fn drop_cached(files: &[PathBuf]) {
+    for f in files {
+        let dropped = std::process::Command::new("dd")
+            .arg(format!("if={}", f.display()))
+            .args(["iflag=nocache", "count=0", "status=none"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(dropped, "dd iflag=nocache failed on {}", f.display());
+    }
 }
 
 fn files_of(d: &dyn ShardedSource, dir: &Path) -> Vec<PathBuf> {
@@ -203,14 +355,7 @@ fn bench(c: &mut Criterion) {
         .is_ok_and(|s| s.success());
     assert!(synced, "sync failed");
     for (_, _, _, files) in &sets {
-        for f in files {
-            let dropped = std::process::Command::new("dd")
-                .arg(format!("if={}", f.display()))
-                .args(["iflag=nocache", "count=0", "status=none"])
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(dropped, "dd iflag=nocache failed on {}", f.display());
-        }
+        drop_cached(files);
         read_all(files, &mut buf);
     }
 
@@ -250,6 +395,8 @@ fn bench(c: &mut Criterion) {
             100.0 * rates[1] / read,
         );
     }
+
+    check_cost(&packed, &mds, &mut buf, 15);
 
     let mut g = c.benchmark_group("shard_read");
     g.sample_size(20);

@@ -322,8 +322,11 @@ pub enum RemoteErrorKind {
     AccessDenied,
     /// Requests kept failing (server errors, cut connections, time-outs) after every retry.
     Unavailable,
-    /// The bytes that arrived do not match the index's checksum or size.
+    /// The bytes that arrived do not match the index's checksum (or the object's MD5 ETag),
+    /// or the object changed while it was fetched.
     Checksum,
+    /// The object in the store is not of the size the index (or the store's listing) says.
+    SizeMismatch,
     /// The local cache cannot hold the shard: it is larger than the cache's byte limit, or
     /// the cache's disk is full.
     CacheFull,
@@ -339,6 +342,7 @@ impl std::fmt::Display for RemoteErrorKind {
             RemoteErrorKind::AccessDenied => "access denied",
             RemoteErrorKind::Unavailable => "unavailable",
             RemoteErrorKind::Checksum => "checksum mismatch",
+            RemoteErrorKind::SizeMismatch => "size mismatch",
             RemoteErrorKind::CacheFull => "cache full",
             RemoteErrorKind::Config => "bad store setting",
         })

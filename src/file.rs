@@ -379,6 +379,23 @@ impl FileIdentity {
         }
     }
 
+    /// A hash of everything this records, never 0: equal for two looks at the same file
+    /// unchanged, different (but for a 2^-64 chance) once it was replaced or written.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let (dev, ino) = self.id.unwrap_or_default();
+        let modified = self
+            .modified
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let (secs, nanos) = self.changed.unwrap_or_default();
+        for word in [dev, ino, self.len, secs as u64, nanos as u64] {
+            h.update(&word.to_le_bytes());
+        }
+        h.update(&modified.to_le_bytes());
+        h.digest().max(1)
+    }
+
     /// Compares this with what `path` names now (one `stat`, following links): an
     /// [`Error::FileChanged`] naming the file and what changed, or an [`Error::Io`] if the
     /// path cannot be looked at.

@@ -5,8 +5,13 @@
 //! while it is written, then renames it over `NAME` (or links it, when it must be new).
 //!
 //! This process's unfinished temporaries are recorded, so that a command about to die of a
-//! signal removes them ([`remove_unfinished_temporaries`]); those a killed process left are
-//! found by their pid and lock ([`remove_stale_temporaries`]).
+//! signal removes them ([`stop_writers`], or [`remove_unfinished_temporaries`]); those a
+//! killed process left are found by their pid and lock ([`remove_stale_temporaries`]).
+//!
+//! A file that completes others (a shard directory's index, which makes the shards placed
+//! before it a data set) is placed and its files forgotten in one step under the record's
+//! lock (`write_completing`): a signal's cleanup runs wholly before that step (nothing of
+//! the data set stays) or wholly after (all of it stays), never between.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -55,11 +60,32 @@ pub fn write_replacing(
 /// `NAME.gpufeed-tmp-PID-NONCE`.
 pub const TEMPORARY_MARKER: &str = ".gpufeed-tmp-";
 
-/// The temporary files of this process's unfinished writers.
-static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// The temporary files of this process's unfinished writers, and whether writing has been
+/// stopped ([`stop_writers`]).
+struct Registry {
+    files: Vec<PathBuf>,
+    stopped: bool,
+}
 
-fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+static LIVE: Mutex<Registry> = Mutex::new(Registry {
+    files: Vec::new(),
+    stopped: false,
+});
+
+fn live() -> std::sync::MutexGuard<'static, Registry> {
     LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The error of a write asked for once [`stop_writers`] has run: the process is ending.
+fn stopped(path: &Path, op: &'static str) -> Error {
+    Error::io(
+        path,
+        op,
+        std::io::Error::new(
+            std::io::ErrorKind::Interrupted,
+            "the process is ending on a signal: it writes no more files",
+        ),
+    )
 }
 
 /// A temporary file not yet owned by a writer: removed on drop.
@@ -97,12 +123,52 @@ pub(crate) fn discard(tmp: &Path) {
 /// Recorded before it is placed and after its temporary, it is removed in the same pass as
 /// that temporary: whichever of the two exists then goes.
 pub(crate) fn register_unfinished(path: &Path) {
-    live().push(path.to_path_buf());
+    live().files.push(path.to_path_buf());
 }
 
 /// Forgets a file recorded for [`remove_unfinished_temporaries`], leaving it in place.
 pub(crate) fn forget_unfinished(path: &Path) {
-    live().retain(|p| p != path);
+    live().files.retain(|p| p != path);
+}
+
+/// Writes `bytes` to `path` by a temporary file beside it (synced, then renamed over `path`),
+/// and forgets `completes`, the files recorded by [`register_unfinished`] that `path`
+/// completes (the shards of a shard directory's index), in the same step: the record's lock
+/// is held from the rename to the forgetting, so that a signal's cleanup runs wholly before
+/// (the temporary is gone, the rename fails, `completes` are removed: no data set) or wholly
+/// after (`path` and `completes` all stay: a whole one). `what` names the write in errors.
+pub(crate) fn write_completing(
+    path: &Path,
+    what: &'static str,
+    bytes: &[u8],
+    completes: &[PathBuf],
+) -> Result<()> {
+    use std::io::Write;
+    let (tmp, mut file) = create(path)?;
+    let guard = Unowned::new(tmp);
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Error::io(path, what, e))?;
+    let placed = {
+        let mut registry = live();
+        if registry.stopped {
+            Err(stopped(path, what))
+        } else {
+            let placed = std::fs::rename(&guard.0, path)
+                .map_err(|e| Error::io(path, "rename (its temporary file) to", e));
+            if placed.is_ok() {
+                registry
+                    .files
+                    .retain(|p| p != &guard.0 && !completes.contains(p));
+            }
+            placed
+        }
+    };
+    // Placed: the temporary's name is gone and forgotten. Else `guard` removes it.
+    if placed.is_ok() {
+        guard.keep();
+    }
+    placed
 }
 
 /// Creates a new temporary file beside `path`, exclusively, under a name no other writer (in
@@ -121,15 +187,19 @@ pub(crate) fn create(path: &Path) -> Result<(PathBuf, File)> {
             nonce
         ));
         let tmp = path.with_file_name(tmp_name);
-        // Hold the registry while creating, so that a signal's cleanup never misses it.
+        // Hold the registry while creating, so that a signal's cleanup never misses it, and
+        // none is made once the writers are stopped.
         let mut registry = live();
+        if registry.stopped {
+            return Err(stopped(path, "create (a temporary file beside it)"));
+        }
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&tmp)
         {
             Ok(file) => {
-                registry.push(tmp.clone());
+                registry.files.push(tmp.clone());
                 drop(registry);
                 lock(&file);
                 return Ok((tmp, file));
@@ -284,9 +354,27 @@ pub fn remove_stale_temporaries(path: &Path) -> Result<Vec<(PathBuf, u64)>> {
 /// signal-handling thread (such as `signal-hook`'s iterator), not for a signal handler itself
 /// (it takes a lock and allocates). Those writers then fail when they finish.
 pub fn remove_unfinished_temporaries() -> usize {
+    remove_recorded(&mut live())
+}
+
+/// For a process about to end of a signal while its other threads still run (until it does):
+/// removes what [`remove_unfinished_temporaries`] removes and stops every writer of the
+/// process for good, in one step: from then on no temporary file is created (a writer that
+/// tries fails with an error of kind `Interrupted`), so that nothing a writer starts between
+/// this cleanup and the end of the process is left behind; writers under way fail when they
+/// next place a file (their temporaries are gone). Returns how many files it removed or found
+/// gone. What `gpufeed`'s signal handling calls; as the other, for a signal-handling thread,
+/// not a signal handler itself.
+pub fn stop_writers() -> usize {
     let mut registry = live();
-    let n = registry.len();
-    for tmp in registry.drain(..) {
+    registry.stopped = true;
+    remove_recorded(&mut registry)
+}
+
+/// Removes every recorded file, and forgets them.
+fn remove_recorded(registry: &mut Registry) -> usize {
+    let n = registry.files.len();
+    for tmp in registry.files.drain(..) {
         let _ = std::fs::remove_file(tmp);
     }
     n

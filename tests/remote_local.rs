@@ -111,6 +111,60 @@ fn packed_shards_arrive_once_and_come_from_the_cache_after() {
     );
 }
 
+/// A shard whose object is not of the size the index says is a size mismatch naming the
+/// shard, the size the index says and the size the store gave (it was called a checksum
+/// mismatch): found when the store sends it (packed shards, whose index has a checksum: the
+/// size is the index's, no request asks for it) or when the store is asked for its size
+/// (MDS shards without a hash gpufeed computes).
+#[test]
+fn a_shard_of_another_size_than_its_index_says_is_a_size_mismatch() {
+    let size_mismatch = |e: &Error, name: &str, got: u64, want: u64| match e {
+        Error::Remote { shard, kind, what } => {
+            assert_eq!(*kind, RemoteErrorKind::SizeMismatch, "{e}");
+            assert!(shard.ends_with(name), "{e}");
+            assert!(what.contains(&format!("{got} bytes")), "{e}");
+            assert!(what.contains(&format!("the index says {want}")), "{e}");
+            assert!(e.to_string().contains("size mismatch"), "{e}");
+            assert!(!e.to_string().contains("checksum"), "{e}");
+        }
+        other => panic!("not a size mismatch: {other:?}"),
+    };
+    let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_packed(data.path(), 200, 64 << 10);
+    let victim = data.path().join("shard-000001.gfd");
+    let want = std::fs::metadata(&victim).unwrap().len();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&victim)
+        .unwrap();
+    std::io::Write::write_all(&mut f, &[0u8; 100]).unwrap();
+    drop(f);
+    let d = open(data.path(), options(cache.path()));
+    let e = d.get(d.shard_start(1).unwrap()).map(|_| ()).unwrap_err();
+    size_mismatch(&e, "shard-000001.gfd", want + 100, want);
+    assert!(d.get(0).is_ok(), "shard 0 is whole");
+
+    let mds = tempfile::tempdir().unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/streaming/mds");
+    for e in std::fs::read_dir(&fixtures).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), mds.path().join(e.file_name())).unwrap();
+    }
+    let index = mds.path().join("index.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    for shard in v["shards"].as_array_mut().unwrap() {
+        shard["raw_data"]["hashes"] = serde_json::json!({});
+    }
+    std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+    let victim = mds.path().join("shard.00002.mds");
+    let want = std::fs::metadata(&victim).unwrap().len();
+    std::fs::write(&victim, vec![1u8; want as usize - 10]).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let d = open(mds.path(), options(cache.path()));
+    let e = d.get(4).map(|_| ()).unwrap_err();
+    size_mismatch(&e, "shard.00002.mds", want - 10, want);
+}
+
 #[test]
 fn a_shard_that_does_not_match_its_checksum_is_refused_and_not_cached() {
     let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -403,19 +403,17 @@ fn an_mds_index_that_disagrees_with_its_shards_is_an_error_naming_the_shard() {
             .contains("shard 2: its xxh3_64 `not hex` is not a 64-bit hex digest"),
         "{e}"
     );
-    // Hashes, checked under verify.
+    // Hashes, checked when the shard is opened, and by verify.
     let dir = mds_copy();
     edit_index(dir.path(), |v| {
         v["shards"][0]["raw_data"]["hashes"]["xxh64"] = "0000000000000000".into();
     });
     let d = MdsDataset::open(dir.path()).unwrap();
-    assert!(d.get(0).is_ok(), "hashes are not checked without verify");
+    let shard = dir.path().join("shard.00000.mds");
+    malformed_at(&d.get(0).unwrap_err(), &shard, "the file's xxh64 is");
+    assert!(d.get(2).is_ok(), "shard 1 agrees");
     let e = d.verify(|_| {}).unwrap_err();
-    malformed_at(
-        &e,
-        &dir.path().join("shard.00000.mds"),
-        "the file's xxh64 is",
-    );
+    malformed_at(&e, &shard, "the file's xxh64 is");
 }
 
 /// A shard holding no sample is never opened for a sample, so an index that says `samples: 0`
@@ -487,13 +485,18 @@ fn a_truncated_or_corrupt_mds_shard_is_an_error_naming_shard_and_sample() {
     });
     let e = MdsDataset::open(dir.path()).unwrap().get(2).unwrap_err();
     malformed_at(&e, &p, "truncated");
-    // A sample whose variable sizes do not fill it.
+    // A sample whose variable sizes do not fill it, in a shard whose index has no hash
+    // gpufeed computes (sha1 only): each sample is checked as it is read, the others read.
     let mut bad = whole.clone();
     let start = u32::from_le_bytes(bad[8..12].try_into().unwrap()) as usize; // sample 1
     bad[start] = bad[start].wrapping_add(1);
     std::fs::write(&p, &bad).unwrap();
     edit_index(dir.path(), |v| {
         v["shards"][1]["raw_data"]["bytes"] = whole.len().into();
+        let hashes = v["shards"][1]["raw_data"]["hashes"]
+            .as_object_mut()
+            .unwrap();
+        hashes.retain(|name, _| name == "sha1");
     });
     let d = MdsDataset::open(dir.path()).unwrap();
     assert!(d.get(2).is_ok(), "sample 0 of the shard is intact");
@@ -584,11 +587,14 @@ fn packed_shards_that_disagree_with_their_index_are_errors_naming_them() {
     .unwrap();
     let e = d.get(d.shard_start(2).unwrap()).unwrap_err();
     malformed_at(&e, &dir.path().join(name(2)), "records, the index says");
-    // A flipped byte: caught by verify (the whole-file hash), and by ShardOptions::verify.
+    // A flipped byte: caught when the shard is opened (the whole-file hash, before any
+    // sample), by verify, and by ShardOptions::verify.
     let p3 = dir.path().join(name(3));
     let mut bytes = std::fs::read(&p3).unwrap();
-    bytes[70] ^= 1;
+    bytes[64] ^= 1; // record 0's label: the shard's structure holds
     std::fs::write(&p3, &bytes).unwrap();
+    let e = d.get(d.shard_start(3).unwrap()).unwrap_err();
+    malformed_at(&e, &p3, "xxh3-64 of the file");
     let e = d.verify(|_| {}).unwrap_err();
     assert!(matches!(e, Error::Io { .. }), "shard 1 is missing: {e:?}");
     let v = PackedShards::open_with(
@@ -763,6 +769,11 @@ impl ShardStore for Arriving {
     }
     fn local_file(&self, name: &str) -> Result<PathBuf> {
         self.inner.local_file(name)
+    }
+    /// As a store that downloads: it checks what arrives itself (here: nothing), and a
+    /// format does not wait for the whole shard to hash it.
+    fn check_hashes_on_open(&self) -> bool {
+        false
     }
 }
 

@@ -305,6 +305,121 @@ fn source_open_recognises_each_kind_of_shard_set() {
     assert!(!gpufeed::source::shards::is_shard_spec("plain.gfd"));
 }
 
+/// MDSWriter's output with `hashes=['sha1', 'xxh3_64', 'xxh64']`, one byte of a sample flipped
+/// inside a shard (the file's size unchanged): the shard is checked against the index's hashes
+/// when it is opened, so no sample of it is handed out; an error names the shard, and the
+/// loader's the sample asked for. With `xxh64` alone in the index, the same. (Before, the
+/// flipped byte was delivered: only `verify` and `inspect --verify` looked at the hashes.)
+#[test]
+fn a_flipped_byte_in_a_local_mds_shard_with_hashes_is_refused_before_its_samples() {
+    use gpufeed::{CopyFields, Loader};
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixtures().join("mds")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let victim = dir.path().join("shard.00001.mds");
+    let intact = std::fs::read(&victim).unwrap();
+    // The last byte of the shard: the last sample's `u64` column.
+    let mut flipped = intact.clone();
+    *flipped.last_mut().unwrap() ^= 0x10;
+    let refused = |e: &Error| match e {
+        Error::Malformed { path, what, .. } => {
+            assert_eq!(path, &victim, "{e}");
+            assert!(what.contains("the index says"), "{e}");
+        }
+        other => panic!("not a hash mismatch naming the shard: {other:?}"),
+    };
+    for only_xxh64 in [false, true] {
+        if only_xxh64 {
+            let index = dir.path().join("index.json");
+            let mut v: Value = serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+            for s in v["shards"].as_array_mut().unwrap() {
+                let hashes = s["raw_data"]["hashes"].as_object_mut().unwrap();
+                hashes.remove("xxh3_64");
+                hashes.remove("sha1");
+            }
+            std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+        }
+        std::fs::write(&victim, &flipped).unwrap();
+        let d = MdsDataset::open(dir.path()).unwrap();
+        assert_eq!(d.shard_sizes(), &[2, 2, 2, 1]);
+        assert!(d.get(1).is_ok(), "shard 0 is intact");
+        for i in [2, 3] {
+            let e = d.get(i).map(|_| ()).unwrap_err();
+            refused(&e);
+            // The first hash that disagrees is named.
+            assert!(e.to_string().contains("the file's xxh64 is"), "{e}");
+        }
+        assert!(d.get(4).is_ok(), "shard 2 is intact");
+        // Through the loader: the batch of sample 3 fails, naming the sample and the shard.
+        let mut loader = Loader::builder(MdsDataset::open(dir.path()).unwrap())
+            .batch_size(1)
+            .workers(1)
+            .transform(CopyFields::named(["id", "u64"]))
+            .build()
+            .unwrap();
+        let results: Vec<_> = loader.by_ref().collect();
+        assert_eq!(results.len(), 7);
+        for (i, r) in results.iter().enumerate() {
+            match (i, r) {
+                (2 | 3, Err(Error::Sample { index, source, .. })) => {
+                    assert_eq!(*index, i as u64);
+                    refused(source);
+                }
+                (2 | 3, other) => panic!("sample {i} of the flipped shard: {:?}", other.is_ok()),
+                (_, r) => assert!(r.is_ok(), "sample {i}: {:?}", r.as_ref().err()),
+            }
+        }
+        // Put back, the shard reads again.
+        std::fs::write(&victim, &intact).unwrap();
+        let d = MdsDataset::open(dir.path()).unwrap();
+        assert!(d.get(3).is_ok());
+    }
+}
+
+/// A shard that passed its hashes is not hashed again when it is opened again as the same
+/// file, but is when its file changed since: with one shard open at a time, shard 1 passes,
+/// is closed for shard 0, is written in place, and is refused when next opened.
+#[test]
+fn a_shard_written_after_it_passed_is_hashed_again_when_opened_again() {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixtures().join("mds")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let d = MdsDataset::open_with(
+        dir.path(),
+        ShardOptions {
+            max_open_shards: 1,
+            ..ShardOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(d.get(2).is_ok());
+    assert!(d.get(0).is_ok());
+    assert!(d.get(3).is_ok(), "the same file again");
+    assert!(d.get(0).is_ok());
+    let victim = dir.path().join("shard.00001.mds");
+    let mut bytes = std::fs::read(&victim).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::File::options().write(true).open(&victim).unwrap();
+        f.seek(SeekFrom::Start(bytes.len() as u64 - 1)).unwrap();
+        f.write_all(&bytes[bytes.len() - 1..]).unwrap();
+    }
+    match d.get(3).map(|_| ()).unwrap_err() {
+        Error::Malformed { path, what, .. } => {
+            assert_eq!(path, victim);
+            assert!(what.contains("the file's xxh64 is"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Shard 1 was opened three times (the third failed, and is not counted), shard 0 twice.
+    assert_eq!(d.open_stats().opens, 4);
+}
+
 /// The loader takes a sharded dataset like any other: MDS tensor columns batched as they are,
 /// shuffled, over worker threads.
 #[test]

@@ -77,8 +77,10 @@ def pack(
     ``records``, ``file_bytes``, ``input_bytes``, ``seconds``.
 
     An existing ``output`` is replaced only with ``force=True`` (else :class:`FileExists`, a
-    ``FileExistsError``, naming it), and never when it is one of the inputs (a
-    :class:`ConfigError` naming ``output``).
+    ``FileExistsError``, naming it), only when it is a packed file gpufeed wrote (or an empty
+    file), and never when it is one of the inputs: any other file (a ``.npy`` array, a file
+    of yours) is refused, forced or not, with a :class:`ConfigError` naming ``output`` (remove
+    it yourself if it is to go).
 
     ``kind`` says what the inputs are (by default: ``"imagefolder"`` for a directory,
     ``"raw"`` when ``record_bytes`` is given, else ``"npy"``):

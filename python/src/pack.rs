@@ -6,8 +6,9 @@
 //! `.npy` or raw input) drops the writer, which removes its temporary file. An ImageFolder is
 //! packed by the library in one call, which Ctrl-C interrupts only at its end.
 //!
-//! As `gpufeed pack` does, it replaces an existing output only with `force=True`, and never
-//! one of its inputs (see [`check_output`]).
+//! As `gpufeed pack` does, it replaces an existing output only with `force=True`, only when
+//! that is a packed file gpufeed wrote (or an empty file), and never one of its inputs (see
+//! [`check_output`]).
 
 use std::fs::File;
 use std::io::Read;
@@ -50,8 +51,10 @@ fn check_signals() -> Result<(), PackError> {
 }
 
 /// Refuses an output that is one of the inputs (through any link: it would be destroyed),
-/// one that exists but is not a regular file (a directory, a link: never replaced), and,
-/// without `force`, one that exists. What else is wrong with it the writer says.
+/// one that exists but is not a regular file (a directory, a link: never replaced), one that
+/// is a file gpufeed did not write (a `.npy` array, a user's file: `force` replaces a packed
+/// file, whole or not, or an empty one, as `gpufeed pack --force` does), and, without `force`,
+/// one that exists. What else is wrong with it the writer says.
 fn check_output(
     inputs: &[PathBuf],
     labels: Option<&Path>,
@@ -93,6 +96,15 @@ fn check_output(
             "output",
             format!(
                 "{} is not a regular file (a link, a named pipe, a device?): pack writes a new file and replaces only a regular one",
+                output.display()
+            ),
+        ));
+    }
+    if let Some(what) = gpufeed::format::foreign_file(output)? {
+        return Err(PackError::Argument(
+            "output",
+            format!(
+                "{} exists, and is {what}: pack replaces (with force=True) only a packed file; if it is to go, remove it yourself, or choose another output",
                 output.display()
             ),
         ));

@@ -200,7 +200,8 @@ def test_pack_replaces_an_existing_file_only_when_forced(tmp_path, arrays, folde
         "imagefolder": (folder, {}),
     }[kind]
     out = tmp_path / "out.gfd"
-    out.write_text("precious")
+    gpufeed.pack(raw, out, record_bytes=32)
+    older = out.read_bytes()
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(gpufeed.FileExists) as e:
         gpufeed.pack(inputs, out, **kwargs)
@@ -208,12 +209,38 @@ def test_pack_replaces_an_existing_file_only_when_forced(tmp_path, arrays, folde
     assert isinstance(err, FileExistsError) and isinstance(err, gpufeed.FileError)
     assert err.errno == errno.EEXIST and err.filename == str(out) and err.argument == "output"
     assert f"output {out} exists" in str(err) and "force=True" in str(err), str(err)
-    assert out.read_text() == "precious"
+    assert out.read_bytes() == older
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "a temporary file was left"
     summary = gpufeed.pack(inputs, out, force=True, **kwargs)
     assert gpufeed.inspect(out)["records"] == summary["records"] == {"npy": N, "raw": 10}.get(
         kind, 12
     )
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_pack_never_replaces_a_file_gpufeed_did_not_write(tmp_path, arrays, force):
+    """force=True replaces a packed file, not whatever the output names: a user's file or a
+    .npy array that is not an input is refused, saying what it is (it was overwritten)."""
+    data, _ = arrays
+    precious = tmp_path / "out.gfd"
+    precious.write_text("precious")
+    other = tmp_path / "other.npy"
+    np.save(other, np.arange(7))
+    for out, what in ((precious, "a file of 8 bytes"), (other, "a .npy array")):
+        before = out.read_bytes()
+        with pytest.raises(gpufeed.ConfigError) as e:
+            gpufeed.pack(data, out, force=force)
+        assert e.value.argument == "output" and what in str(e.value), str(e.value)
+        assert "not a packed record file" in str(e.value) and "remove it yourself" in str(e.value)
+        assert out.read_bytes() == before
+    # An empty file holds nothing to lose: replaced when forced.
+    empty = tmp_path / "empty.gfd"
+    empty.write_bytes(b"")
+    if force:
+        assert gpufeed.pack(data, empty, force=True)["records"] == N
+    else:
+        with pytest.raises(gpufeed.FileExists):
+            gpufeed.pack(data, empty)
 
 
 def test_pack_never_writes_over_its_input(tmp_path, arrays):

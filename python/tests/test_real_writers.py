@@ -315,6 +315,42 @@ def test_a_corrupt_compressed_mds_shard_is_an_error_naming_it(tmp_path, monkeypa
     assert "xxh64" in str(e.value), e.value
 
 
+@pytest.mark.parametrize("hashes", [["xxh3_64"], ["xxh64"]])
+def test_a_flipped_byte_in_a_local_mds_shard_with_hashes_is_refused(tmp_path, hashes):
+    """streaming's MDSWriter with hashes, one byte of a sample flipped inside a shard (its
+    size unchanged): the shard is checked against its index's hash when it is opened, so the
+    loader raises a DataError naming the shard and the sample instead of delivering the byte
+    (it did, before: only inspect(verify=True) looked at the hashes)."""
+    s = _streaming()
+    d = tmp_path / "mds"
+    with s.MDSWriter(out=str(d), columns={"id": "int", "raw": "bytes"}, size_limit=2000, hashes=hashes) as w:
+        for i in range(40):
+            w.write({"id": i, "raw": bytes([i]) * 100})
+    shards = json.loads((d / "index.json").read_text())["shards"]
+    assert len(shards) >= 3 and all(sh["raw_data"]["hashes"] for sh in shards)
+    first, count = shards[0]["samples"], shards[1]["samples"]
+    victim = d / shards[1]["raw_data"]["basename"]
+    b = bytearray(victim.read_bytes())
+    b[-1] ^= 0x10  # the last sample's last byte of `raw`
+    victim.write_bytes(bytes(b))
+    # Sample by sample: shard 0 reads, shard 1 is refused naming it.
+    assert gpufeed.read_sample(d, 0)["id"] == 0
+    with pytest.raises(gpufeed.DataError) as e:
+        gpufeed.read_sample(d, first + count - 1)
+    assert e.value.path == str(victim) and hashes[0] in str(e.value), e.value
+    # Through the loader, in order: every batch of shard 0, then the error, naming the shard
+    # and a sample of it; no sample of the flipped shard is delivered.
+    loader = gpufeed.Loader(d, batch_size=1, fields=["id", "raw"], output="numpy")
+    delivered = []
+    with pytest.raises(gpufeed.DataError) as e:
+        for batch in loader:
+            delivered.append(int(batch["id"][0]))
+    assert delivered == list(range(first)), delivered
+    assert e.value.path == str(victim), e.value
+    assert first <= e.value.sample < first + count, e.value
+    assert victim.name in str(e.value) and "the index says" in str(e.value), e.value
+
+
 def test_a_pickle_column_is_refused_saying_why(tmp_path):
     s = _streaming()
     d = tmp_path / "pkl"

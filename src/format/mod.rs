@@ -35,4 +35,4 @@ pub use crate::temporary::{
     TEMPORARY_MARKER, remove_stale_temporaries, remove_unfinished_temporaries,
 };
 pub(crate) use writer::default_record_align;
-pub use writer::{PackSummary, RecordSink, RecordWriter};
+pub use writer::{PackSummary, RecordSink, RecordWriter, foreign_file};

@@ -467,6 +467,12 @@ impl RecordFile {
         Ok(())
     }
 
+    /// A fingerprint of what the file was when it was opened (see
+    /// `FileIdentity::fingerprint`): equal for two opens of the same unchanged file.
+    pub(crate) fn file_fingerprint(&self) -> u64 {
+        self.identity.fingerprint()
+    }
+
     /// Checks that the path still names the file opened, with the same size, modification
     /// time and status-change time; see [`Dataset::check_unchanged`](crate::source::Dataset::check_unchanged).
     pub fn check_unchanged(&self) -> Result<()> {

@@ -472,6 +472,36 @@ impl Drop for RecordWriter {
     }
 }
 
+/// Whether the regular file at `path` is one that gpufeed's writers replace when they are told
+/// to (`gpufeed pack --force`, Python's `pack(force=True)`, the shards of a
+/// [`ShardWriter`](crate::source::shards::packed::ShardWriter)): a packed record file (it
+/// begins with [`MAGIC`](super::MAGIC), whole or not) or an empty file. `Ok(None)` for those;
+/// else what the file is, in words, for a refusal that does not destroy a file gpufeed did not
+/// write (`"a .npy array of 1,280 bytes"`). Reads at most the file's first 8 bytes.
+pub fn foreign_file(path: &Path) -> Result<Option<String>> {
+    use std::io::Read;
+    let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", e))?
+        .len();
+    let mut head = Vec::with_capacity(8);
+    file.take(8)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::io(path, "read", e))?;
+    if head.is_empty() || head == super::MAGIC {
+        return Ok(None);
+    }
+    let what = if head.starts_with(b"\x93NUMPY") {
+        "a .npy array"
+    } else {
+        "a file"
+    };
+    Ok(Some(format!(
+        "{what} of {size} bytes, not a packed record file (which begins with GPUFEED)"
+    )))
+}
+
 /// What a failed write is called in errors (which name the destination, not the temporary).
 const WRITE: &str = "write (its temporary file)";
 

@@ -61,8 +61,10 @@ pub struct ImageBenchConfig {
     /// label).
     pub label_field: Option<String>,
     /// Check every record of a packed file against its checksum as it is read
-    /// ([`ReadOptions::verify_checksums`](gpufeed::format::ReadOptions::verify_checksums)); an
-    /// image folder has no checksums, and refuses it.
+    /// ([`ReadOptions::verify_checksums`](gpufeed::format::ReadOptions::verify_checksums)), a
+    /// sharded data set's shards against its index each time one is opened
+    /// ([`ShardOptions::verify`](gpufeed::source::shards::ShardOptions::verify)); an image
+    /// folder has no checksums, and refuses it.
     pub verify_checksums: bool,
     /// How a packed file is read: mapped (the default) or at offsets
     /// ([`ReadMode`](gpufeed::format::ReadMode)); an image folder's files are read whole.
@@ -248,7 +250,14 @@ impl ImageBenchSetup {
         let sharded = source::shards::is_shard_dir(path)
             || (!path.is_dir() && source::shards::is_shard_spec(spec));
         let (dataset, kind): (AnySource, _) = if sharded {
-            (source::shards::open(spec)?, "shards")
+            let options = source::shards::webdataset::WebDatasetOptions {
+                shards: source::shards::ShardOptions {
+                    verify: cfg.verify_checksums,
+                    ..source::shards::ShardOptions::default()
+                },
+                ..source::shards::webdataset::WebDatasetOptions::default()
+            };
+            (source::shards::open_with(spec, &options)?, "shards")
         } else if path.is_dir() {
             if cfg.verify_checksums {
                 return Err(Error::InvalidConfig {

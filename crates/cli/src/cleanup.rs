@@ -10,6 +10,14 @@
 //! process of the signal ([`end_interrupted`]). A second Ctrl-C, or SIGTERM or SIGHUP, ends it
 //! at once, as above.
 //!
+//! The cleanup runs on the signal thread while the command's other threads still run, until
+//! the process ends: a writer may be placing the file just removed, or about to start another.
+//! So the cleanup stops every writer first ([`gpufeed::temporary::stop_writers`]: no temporary
+//! file or directory is made after it), and the error a writer then meets (its temporary gone)
+//! is never reported: once the process is dying ([`dying`]), `main` prints no error and waits
+//! for the signal to end it ([`wait_for_the_signal`]), so that an interrupted command always
+//! ends of its signal, with nothing left behind.
+//!
 //! SIGXFSZ (a write past the file-size limit, `ulimit -f`) is caught too, so that the write
 //! fails with "File too large" instead of killing the process: the writer's error path then
 //! removes its temporary and the command says which file it could not write. SIGKILL cannot be
@@ -27,6 +35,8 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGXFSZ};
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// True while a [`ReportOnInterrupt`] lives.
 static REPORTING: AtomicBool = AtomicBool::new(false);
+/// Set once the process is ending of a signal ([`die_of`]), before anything is removed.
+static DYING: AtomicBool = AtomicBool::new(false);
 
 /// The command's temporary directories that exist now.
 static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -35,9 +45,10 @@ fn dirs() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     DIRS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Removes every temporary file and directory this process made and has not removed yet.
+/// Removes every temporary file and directory this process made and has not removed yet, and
+/// stops its writers from making more.
 fn remove_everything() {
-    gpufeed::format::remove_unfinished_temporaries();
+    gpufeed::temporary::stop_writers();
     for dir in dirs().drain(..) {
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -80,6 +91,7 @@ pub fn install() -> Result<()> {
 /// Removes everything, then ends the process of `signal`, as without a handler, so that the
 /// caller sees it (or with exit status 128 + `signal` where that fails).
 fn die_of(signal: i32) -> ! {
+    DYING.store(true, Ordering::SeqCst);
     remove_everything();
     let _ = signal_hook::low_level::emulate_default_handler(signal);
     std::process::exit(128 + signal);
@@ -119,6 +131,22 @@ pub fn end_interrupted() -> ! {
     die_of(SIGINT)
 }
 
+/// True once a signal is ending the process: its cleanup has started (or is done), and what
+/// the command's work returns now (an error about a file the cleanup removed) is not to be
+/// reported.
+pub fn dying() -> bool {
+    DYING.load(Ordering::SeqCst)
+}
+
+/// For `main`, once [`dying`]: waits for the signal thread to end the process of its signal
+/// (which it does once it has removed everything), instead of ending it with another status
+/// or an error that is only the cleanup's doing.
+pub fn wait_for_the_signal() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
 /// True if `signal`'s disposition is "ignore" (inherited from the parent).
 fn ignored(signal: i32) -> bool {
     // SAFETY: sigaction with a null new action only reads the current one into `old`, a
@@ -146,8 +174,19 @@ impl TempDir {
             let n = COUNTER.fetch_add(1, Ordering::Relaxed);
             let path = base.join(format!("gpufeed-{purpose}-{}-{n}", std::process::id()));
             // The list stays locked while the directory is made, so that a signal's cleanup,
-            // which waits for it, never misses the directory (nor removes another's).
+            // which waits for it, never misses the directory (nor removes another's), and none
+            // is made once it has run.
             let mut list = dirs();
+            if dying() {
+                return Err(Error::Io {
+                    path,
+                    op: "create directory",
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::Interrupted,
+                        "the process is ending on a signal",
+                    ),
+                });
+            }
             match std::fs::create_dir(&path) {
                 Ok(()) => {
                     list.push(path.clone());

@@ -69,6 +69,12 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Bench(args) => bench::run(*args),
     };
+    // A signal is ending the process: what the run returned (an error about a temporary file
+    // the cleanup removed under it, say) is the cleanup's doing, not the run's; the signal
+    // thread ends the process of its signal once everything is removed.
+    if cleanup::dying() {
+        cleanup::wait_for_the_signal();
+    }
     let code = match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // As Unix tools do when the reader stops reading: quietly.

@@ -8,16 +8,23 @@
 //! leaves a half-written file under the destination's name: any error drops the writer, which
 //! removes its temporary file (signals: see `cleanup.rs`).
 //!
-//! Before reading anything it checks the output (`check_output`): never one of the inputs
+//! Before reading anything it checks the output (`Output::check`): never one of the inputs
 //! (same device and inode, through any link), never anything but a regular file, never an
-//! existing file without `--force`, and a directory that exists and can be written.
+//! existing file without `--force`, never (even with `--force`) a file gpufeed did not write
+//! (`--force` replaces a packed record file, whole or not, or an empty file: anything else,
+//! a `.npy` array, a user's file, is refused, to be removed by the user if it is to go), and a
+//! directory that exists and can be written.
 //!
 //! With `--shard-size 256MiB -o DIR/` it writes packed shards instead (`ShardWriter`): files
 //! of at most that size and an `index.json` of their names, counts, sizes and checksums,
 //! written last, so that a directory with an index is complete (`docs/FORMAT.md`, "Shard
 //! directories"). Without `--force`, DIR must hold neither an index nor any file under a
-//! shard's name (`shard-000000.gfd`, ...). An error or a signal before the index is written
-//! removes the shards already finished, as it removes temporaries.
+//! shard's name (`shard-000000.gfd`, ...). With `--force`, gpufeed's own data set there is
+//! replaced (its index, and the shards it names, those the new index does not name removed
+//! once that is in place); another writer's (an MDS `index.json`, a file under a shard's name
+//! that is not a packed record file) is refused, forced or not (`ExistingShards`). An error
+//! or a signal before the index is written removes the shards already finished, as it removes
+//! temporaries.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -28,7 +35,9 @@ use gpufeed::format::{
 };
 use gpufeed::memory::human_bytes;
 use gpufeed::memory::{human_rate, significant};
-use gpufeed::source::shards::packed::{ShardWriter, ShardWriterOptions, parse_byte_size};
+use gpufeed::source::shards::packed::{
+    ExistingShards, ShardWriter, ShardWriterOptions, parse_byte_size,
+};
 
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -58,7 +67,11 @@ pub struct Args {
     /// exist (see --force) and must not be one of the inputs.
     #[arg(short = 'o', long = "output")]
     output: PathBuf,
-    /// Replace OUTPUT if it is an existing regular file (never an input, a link or a device).
+    /// Replace OUTPUT if it is a packed file gpufeed wrote (or an empty file); with
+    /// --shard-size, replace gpufeed's shards and index in the directory, removing the old
+    /// shards the new index does not name. Never an input, a link, a device, nor a file or
+    /// data set another program wrote (a .npy array, an MDS directory): remove those
+    /// yourself if they are to go.
     #[arg(long)]
     force: bool,
     /// The name of the data field (with --from npy or raw; default `data`). Name it `image`
@@ -143,11 +156,24 @@ pub fn run(args: Args) -> Result<()> {
                 &args.output,
                 std::io::stderr().is_terminal(),
             )?;
-            (Written { summary, shards: 1 }, bytes)
+            (
+                Written {
+                    summary,
+                    shards: 1,
+                    removed: 0,
+                },
+                bytes,
+            )
         }
     };
     let secs = start.elapsed().as_secs_f64();
     let into = match shard_bytes {
+        Some(_) if summary.removed > 0 => format!(
+            "{} shards of {} (and removed {} shards of the data set it replaced)",
+            summary.shards,
+            args.output.display(),
+            summary.removed
+        ),
         Some(_) => format!("{} shards of {}", summary.shards, args.output.display()),
         None => args.output.display().to_string(),
     };
@@ -172,11 +198,12 @@ struct Output<'a> {
     shard_bytes: Option<u64>,
 }
 
-/// What was written: the summary of the file (for shards: the index, all records, all bytes)
-/// and the number of files.
+/// What was written: the summary of the file (for shards: the index, all records, all bytes),
+/// the number of files, and the old shards removed.
 struct Written {
     summary: PackSummary,
     shards: usize,
+    removed: usize,
 }
 
 /// One packed file, or a directory of packed shards (both boxed: writers of some hundred
@@ -201,6 +228,7 @@ impl RecordSink for PackWriter {
             PackWriter::File(w) => Ok(Written {
                 summary: w.finish()?,
                 shards: 1,
+                removed: 0,
             }),
             PackWriter::Shards(w) => {
                 let s = w.finish()?;
@@ -211,6 +239,7 @@ impl RecordSink for PackWriter {
                         path: s.index.clone(),
                     },
                     shards: s.shards.len(),
+                    removed: s.removed.len(),
                 })
             }
         }
@@ -238,6 +267,8 @@ fn kind_of(ft: std::fs::FileType) -> &'static str {
         "a block device"
     } else if ft.is_socket() {
         "a socket"
+    } else if ft.is_file() {
+        "a regular file"
     } else {
         "not a regular file"
     }
@@ -293,6 +324,12 @@ impl Output<'_> {
                         }
                     )));
                 }
+            }
+            if let Some(what) = gpufeed::format::foreign_file(self.path)? {
+                return Err(self.refuse(format_args!(
+                    "exists, and is {what}: pack replaces (with --force) only a packed file; \
+                     if it is to go, remove it yourself, or choose another -o"
+                )));
             }
             if !self.replace {
                 return Err(self.refuse("exists; pass --force to replace it, or choose another -o"));
@@ -402,18 +439,26 @@ impl Output<'_> {
     }
 
     /// The shard directory: absent (its parent is then checked as for a file) or a directory
-    /// without an index (else `--force`), holding none of the inputs.
+    /// holding nothing gpufeed did not write where its shards and index go, and without an
+    /// index or shards of gpufeed's (else `--force`), holding none of the inputs.
     fn check_shard_dir(&self, inputs: &[&Path]) -> Result<()> {
         match std::fs::symlink_metadata(self.path) {
             Ok(meta) if meta.is_dir() => {
-                let index = self.path.join("index.json");
-                if index.exists() && !self.replace {
+                let options = ShardWriterOptions::new(self.shard_bytes.unwrap_or(1));
+                let existing = ExistingShards::find(self.path, &options)?;
+                if let Some(what) = &existing.foreign {
+                    return Err(self.refuse(format_args!(
+                        "holds {what}, which gpufeed did not write: pack replaces (with --force) only its own \
+                         shards and index; write the shards into another directory, or remove that first"
+                    )));
+                }
+                if existing.index && !self.replace {
                     return Err(self.refuse(
                         "holds a shard index already; pass --force to replace its shards, or choose another -o",
                     ));
                 }
                 if !self.replace {
-                    self.refuse_shard_files()?;
+                    self.refuse_shard_files(&existing.shards)?;
                 }
                 if let Ok(dir) = std::fs::canonicalize(self.path) {
                     for input in inputs {
@@ -428,7 +473,8 @@ impl Output<'_> {
                 Ok(())
             }
             Ok(meta) => Err(self.refuse(format_args!(
-                "is {}; with --shard-size, -o names a directory of shards",
+                "is {}; with --shard-size, -o names a directory of shards (created if missing), \
+                 not a file: choose another -o",
                 kind_of(meta.file_type())
             ))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -447,22 +493,10 @@ impl Output<'_> {
         }
     }
 
-    /// Refuses a shard directory that holds files under the names its shards get (any of
-    /// them: how many shards there will be is known only once they are written), naming the
-    /// first.
-    fn refuse_shard_files(&self) -> Result<()> {
-        let options = ShardWriterOptions::new(self.shard_bytes.unwrap_or(1));
-        let entries = std::fs::read_dir(self.path).map_err(|e| Error::Io {
-            path: self.path.to_path_buf(),
-            op: "list",
-            source: e,
-        })?;
-        let mut taken: Vec<String> = entries
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|name| options.is_shard_name(name))
-            .collect();
-        taken.sort();
+    /// Refuses a shard directory that holds shard files of gpufeed's (`taken`: under the names
+    /// its shards get, any of them, as how many shards there will be is known only once they
+    /// are written), naming the first.
+    fn refuse_shard_files(&self, taken: &[String]) -> Result<()> {
         let Some(first) = taken.first() else {
             return Ok(());
         };

@@ -41,13 +41,22 @@ pub fn is_input(path: &Path) -> bool {
         || s.ends_with(".tar")
 }
 
-/// Opens the sharded data set `path` names.
-pub fn open(path: &Path, cache: &CacheFlags) -> Result<Arc<dyn ShardedSource>> {
+/// Opens the sharded data set `path` names; with `verify` (`--verify`), every shard is checked
+/// against its index's hashes each time it is opened, and each sample's own checksum where
+/// the format has one (`ShardOptions::verify`).
+pub fn open(path: &Path, cache: &CacheFlags, verify: bool) -> Result<Arc<dyn ShardedSource>> {
     let spec = path
         .to_str()
         .ok_or_else(|| Error::user(format!("{}: not a UTF-8 path", path.display())))?;
+    let options = shards::webdataset::WebDatasetOptions {
+        shards: shards::ShardOptions {
+            verify,
+            ..shards::ShardOptions::default()
+        },
+        ..shards::webdataset::WebDatasetOptions::default()
+    };
     if shards::is_store_url(spec) {
-        return open_url(spec, cache);
+        return open_url(spec, cache, &options);
     }
     if cache.cache_dir.is_some() || cache.cache_limit.is_some() {
         return Err(Error::InvalidConfig {
@@ -55,11 +64,15 @@ pub fn open(path: &Path, cache: &CacheFlags) -> Result<Arc<dyn ShardedSource>> {
             what: "--cache-dir and --cache-limit apply to URLs (s3://...) only".into(),
         });
     }
-    Ok(Arc::from(shards::open(spec)?))
+    Ok(Arc::from(shards::open_with(spec, &options)?))
 }
 
 #[cfg(feature = "remote")]
-fn open_url(spec: &str, cache: &CacheFlags) -> Result<Arc<dyn ShardedSource>> {
+fn open_url(
+    spec: &str,
+    cache: &CacheFlags,
+    options: &shards::webdataset::WebDatasetOptions,
+) -> Result<Arc<dyn ShardedSource>> {
     use gpufeed::source::shards::remote::{RemoteOptions, open_url_with};
     let mut o = RemoteOptions::from_env()?;
     if let Some(dir) = &cache.cache_dir {
@@ -73,17 +86,17 @@ fn open_url(spec: &str, cache: &CacheFlags) -> Result<Arc<dyn ShardedSource>> {
             }
         })?;
     }
-    Ok(Arc::from(open_url_with(
-        spec,
-        &shards::webdataset::WebDatasetOptions::default(),
-        o,
-    )?))
+    Ok(Arc::from(open_url_with(spec, options, o)?))
 }
 
 #[cfg(not(feature = "remote"))]
-fn open_url(spec: &str, _cache: &CacheFlags) -> Result<Arc<dyn ShardedSource>> {
+fn open_url(
+    spec: &str,
+    _cache: &CacheFlags,
+    options: &shards::webdataset::WebDatasetOptions,
+) -> Result<Arc<dyn ShardedSource>> {
     // The library says which feature the build lacks.
-    Ok(Arc::from(shards::open(spec)?))
+    Ok(Arc::from(shards::open_with(spec, options)?))
 }
 
 /// A store's counts in a report: every figure of [`StoreStats`], and the same as one line of
@@ -108,7 +121,7 @@ impl From<StoreStats> for StoreReport {
 /// `gpufeed inspect` of a sharded data set: its format, shards, samples and fields; with
 /// `verify`, every shard checked whole (checksums where the index has them, every sample).
 pub fn inspect(path: &Path, verify: bool, as_json: bool) -> Result<()> {
-    let data = open(path, &CacheFlags::default())?;
+    let data = open(path, &CacheFlags::default(), false)?;
     let sizes = data.shard_sizes().unwrap_or_default();
     let names = data.shard_names();
     let (min, max) = (

@@ -126,7 +126,13 @@ fn bad_shard_sizes_and_flags_are_refused() {
         s(&x),
     ]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("directory of shards"), "{}", stderr(&o));
+    // Called what it is (it was "not a regular file"), and what -o must name instead.
+    let e = stderr(&o);
+    assert!(
+        e.contains("is a regular file") && e.contains("directory of shards"),
+        "{e}"
+    );
+    assert!(!e.contains("not a regular file"), "{e}");
     // The two-level shuffle's flags need shards.
     let file = dir.path().join("one.gfd");
     let o = gpufeed(&["pack", "--from", "npy", s(&x), "-o", s(&file)]);
@@ -136,14 +142,38 @@ fn bad_shard_sizes_and_flags_are_refused() {
     assert!(stderr(&o).contains("sharded"), "{}", stderr(&o));
 }
 
+/// Names in a directory, sorted.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
 #[test]
 fn pack_refuses_existing_shard_files_without_force() {
     let dir = tempfile::tempdir().unwrap();
     let (x, _) = inputs(dir.path());
     let out = dir.path().join("d");
     std::fs::create_dir(&out).unwrap();
-    let precious = out.join("shard-000000.gfd");
-    std::fs::write(&precious, "precious\n").unwrap();
+    // Shards a pack killed before its index left: packed files under the shards' names.
+    let left = dir.path().join("left");
+    let o = gpufeed(&[
+        "pack",
+        "--from",
+        "npy",
+        s(&x),
+        "--shard-size",
+        "100KiB",
+        "-o",
+        s(&left),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let orphan = out.join("shard-000000.gfd");
+    std::fs::copy(left.join("shard-000000.gfd"), &orphan).unwrap();
+    let before = std::fs::read(&orphan).unwrap();
     // Files of other names are the directory's own business.
     std::fs::write(out.join("README"), "notes\n").unwrap();
     let pack = |extra: &[&str]| {
@@ -159,19 +189,136 @@ fn pack_refuses_existing_shard_files_without_force() {
         e.contains("shard-000000.gfd") && e.contains("--force"),
         "{e}"
     );
-    assert_eq!(std::fs::read(&precious).unwrap(), b"precious\n");
+    assert_eq!(std::fs::read(&orphan).unwrap(), before);
     assert!(!out.join("index.json").exists());
     // A shard further on that this pack would not reach is refused as well: its names are the
     // writer's.
-    std::fs::remove_file(&precious).unwrap();
-    std::fs::write(out.join("shard-004711.gfd"), "precious\n").unwrap();
+    std::fs::remove_file(&orphan).unwrap();
+    std::fs::copy(left.join("shard-000001.gfd"), out.join("shard-004711.gfd")).unwrap();
     let o = pack(&[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("shard-004711.gfd"), "{}", stderr(&o));
+    // With --force it goes: the new index does not name it.
     let o = pack(&["--force"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(PackedShards::open(&out).unwrap().len(), 1000);
+    let d = PackedShards::open(&out).unwrap();
+    assert_eq!(d.len(), 1000);
+    assert!(!out.join("shard-004711.gfd").exists());
     assert_eq!(std::fs::read(out.join("README")).unwrap(), b"notes\n");
+    // A file under a shard's name that gpufeed did not write is refused, forced or not.
+    let precious = out.join("shard-009999.gfd");
+    std::fs::write(&precious, "precious\n").unwrap();
+    for force in [false, true] {
+        let o = pack(if force { &["--force"] } else { &[] });
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{e}");
+        assert!(
+            e.contains("shard-009999.gfd") && e.contains("not a packed record file"),
+            "{e}"
+        );
+    }
+    assert_eq!(std::fs::read(&precious).unwrap(), b"precious\n");
+    assert_eq!(PackedShards::open(&out).unwrap().len(), 1000);
+}
+
+/// `pack --force` into a directory that holds a mosaicml-streaming MDS data set (or any
+/// index.json gpufeed did not write) refuses, saying what is there and what to do, and
+/// touches nothing (it replaced the index.json and orphaned the MDS shards).
+#[test]
+fn pack_force_refuses_a_data_set_another_writer_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, _) = inputs(dir.path());
+    let mds = dir.path().join("mds");
+    std::fs::create_dir(&mds).unwrap();
+    for e in std::fs::read_dir(fixtures().join("mds")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), mds.join(e.file_name())).unwrap();
+    }
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(
+        foreign.join("index.json"),
+        b"{\"version\": 1, \"files\": []}",
+    )
+    .unwrap();
+    for (out, what) in [(&mds, "an MDS data set"), (&foreign, "index.json")] {
+        let before: Vec<(String, Vec<u8>)> = names_in(out)
+            .into_iter()
+            .map(|n| (n.clone(), std::fs::read(out.join(&n)).unwrap()))
+            .collect();
+        for force in [false, true] {
+            let mut args = vec!["pack", "--from", "npy", s(&x), "--shard-size", "100KiB"];
+            args.extend_from_slice(&["-o", s(out)]);
+            if force {
+                args.push("--force");
+            }
+            let o = gpufeed(&args);
+            let e = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{e}");
+            assert!(e.contains(s(out)) && e.contains(what), "{e}");
+            assert!(
+                e.contains("gpufeed did not write") && e.contains("another directory"),
+                "{e}"
+            );
+        }
+        let after: Vec<(String, Vec<u8>)> = names_in(out)
+            .into_iter()
+            .map(|n| (n.clone(), std::fs::read(out.join(&n)).unwrap()))
+            .collect();
+        assert_eq!(after, before, "{} was changed", s(out));
+    }
+    assert_eq!(gpufeed::source::open(&mds).unwrap().len(), 7);
+}
+
+/// A second `pack --force` with fewer shards leaves exactly the new data set: the old
+/// shards the new index does not name are removed (they were left beside it).
+#[test]
+fn pack_force_with_fewer_shards_removes_the_old_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, _) = inputs(dir.path());
+    let small = write_npy(
+        &dir.path().join("small.npy"),
+        DType::U8,
+        &[150, 1000],
+        &[7; 150_000],
+    );
+    let out = dir.path().join("d");
+    let pack = |input: &std::path::Path| {
+        gpufeed(&[
+            "pack",
+            "--from",
+            "npy",
+            s(input),
+            "--shard-size",
+            "100KiB",
+            "-o",
+            s(&out),
+            "--force",
+        ])
+    };
+    let o = pack(&x);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let old = PackedShards::open(&out).unwrap().shard_count();
+    std::fs::write(out.join("notes.txt"), "mine\n").unwrap();
+    let o = pack(&small);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d = PackedShards::open(&out).unwrap();
+    assert_eq!(d.len(), 150);
+    assert!(
+        d.shard_count() < old,
+        "{} shards, {old} before",
+        d.shard_count()
+    );
+    assert!(
+        stdout(&o).contains(&format!("removed {} shards", old - d.shard_count())),
+        "{}",
+        stdout(&o)
+    );
+    let mut want: Vec<String> = d.shard_names().to_vec();
+    want.extend(["index.json".to_owned(), "notes.txt".to_owned()]);
+    want.sort();
+    assert_eq!(names_in(&out), want);
+    d.verify(|_| {}).unwrap();
 }
 
 #[test]
@@ -270,6 +417,58 @@ fn bench_images_runs_the_image_pipeline_on_webdataset_and_mds_shards() {
     ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("txt"), "{}", stderr(&o));
+}
+
+/// An MDS data set written with hashes (`xxh3_64`, `xxh64`, `sha1`), one byte of a sample
+/// flipped inside a shard: `bench` fails naming the shard and the sample instead of
+/// delivering the byte (it exited 0); `--verify` applies to sharded data sets as to files (it
+/// was refused with a message about object stores), and passes on the intact data set.
+#[test]
+fn bench_refuses_a_local_mds_shard_that_fails_its_hashes_and_verifies_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixtures().join("mds")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let victim = dir.path().join("shard.00001.mds");
+    let intact = std::fs::read(&victim).unwrap();
+    let mut flipped = intact.clone();
+    *flipped.last_mut().unwrap() ^= 0x10;
+    let bench = |verify: bool| {
+        let mut args = vec![
+            "bench",
+            s(dir.path()),
+            "--fields",
+            "id,u64",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "1",
+            "--workers",
+            "1",
+            "--json",
+        ];
+        if verify {
+            args.push("--verify");
+        }
+        gpufeed(&args)
+    };
+    std::fs::write(&victim, &flipped).unwrap();
+    for verify in [false, true] {
+        let o = bench(verify);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "--verify {verify}: {e}");
+        assert!(e.contains(s(&victim)) && e.contains("xxh64"), "{e}");
+        assert!(e.contains("sample 2") || e.contains("sample 3"), "{e}");
+        assert!(!e.contains("panicked"), "{e}");
+    }
+    std::fs::write(&victim, &intact).unwrap();
+    for verify in [false, true] {
+        let o = bench(verify);
+        assert!(o.status.success(), "--verify {verify}: {}", stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["samples"], 7);
+    }
 }
 
 #[cfg(not(feature = "remote"))]

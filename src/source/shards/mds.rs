@@ -40,9 +40,14 @@
 //! is checked when opened against its index entry (its size, sample count, the offset table,
 //! its own copy of the column layout) and each sample when read (its offsets, and that its
 //! column sizes fill it exactly): each fault is a typed error naming the shard (and sample).
-//! The index's hashes of a shard (`xxh64`, `xxh3_64`, `xxh3_128`/`xxh128`, `xxh32`; others
-//! are not checked) are checked under [`ShardOptions::verify`] and by
-//! [`ShardedDataset::verify`]. A compressed shard (`compression`: `zstd` or `gz`) is read
+//! The index's hashes of a shard's raw file (`xxh64`, `xxh3_64`, `xxh3_128`/`xxh128`,
+//! `xxh32`) are checked when a local shard is opened, before its first sample (once while
+//! its file stays the same: see the [shards](super) module's section on hashes), every time
+//! under [`ShardOptions::verify`], and by [`ShardedDataset::verify`]. streaming's other hashes
+//! (`sha1`, `md5`, `sha256`, `blake2b`, ...) are not checked: computing them would take
+//! another dependency and cost 20 to 50 times xxh3's time at every open (MD5 runs at about
+//! 0.4 GiB/s on one core, xxh3 at 8 to 19 GiB/s); a data set hashed with those only is
+//! checked by its sizes and structure. A compressed shard (`compression`: `zstd` or `gz`) is read
 //! from its raw file when that is there (as streaming's local cache leaves it), else
 //! decompressed once into the cache directory and read from there (see `compressed`:
 //! checked against both files' sizes and hashes, within the cache's byte limit); a shard
@@ -60,7 +65,7 @@ use super::compressed::{CompressedShard, Compression, Decompressor, FileCheck};
 use super::decode::{Decoder, FieldDecode, Value, numpy_dtype};
 pub use super::decode::{NdArrayView, decode_ndarray};
 use super::{
-    IndexedFormat, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
+    HashedShards, IndexedFormat, ShardBytes, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
     check_shard_name,
 };
 use crate::error::{Error, Result};
@@ -139,6 +144,11 @@ pub(crate) struct ZipFile {
 }
 
 impl ShardHashes {
+    /// True when the index gives none of the hashes gpufeed computes.
+    fn is_empty(&self) -> bool {
+        *self == ShardHashes::default()
+    }
+
     /// The hashes of an index entry's `hashes` that gpufeed computes, or what is wrong.
     fn read(
         k: usize,
@@ -446,6 +456,8 @@ pub struct MdsShards {
     /// The decompressor, made on first use (so that a data set read from its raw files
     /// makes no cache directory).
     decompressor: std::sync::OnceLock<Decompressor>,
+    /// The shards whose raw files have passed their hashes when opened.
+    hashed: HashedShards,
 }
 
 /// A dataset of MDS shards.
@@ -570,6 +582,7 @@ impl MdsShards {
             raw_first: true,
             decompress_at: None,
             decompressor: std::sync::OnceLock::new(),
+            hashed: HashedShards::new(shards.len()),
         };
         Ok(ReadIndex { format, shards })
     }
@@ -652,10 +665,19 @@ impl MdsShards {
 
     /// Checks the hashes the index gives for the raw file that we know how to compute.
     fn check_hashes(&self, k: usize, bytes: &ShardBytes) -> Result<()> {
-        self.files[k]
-            .hashes
-            .check(bytes.all()?)
-            .map_err(|what| self.disagrees(bytes.path(), format!("the file's {what}")))
+        self.hashes_match(k, bytes.path(), bytes.all()?)
+    }
+
+    /// Checks `all`, the bytes of shard `k`'s raw file at `path`, against the index's hashes.
+    fn hashes_match(&self, k: usize, path: &Path, all: &[u8]) -> Result<()> {
+        self.files[k].hashes.check(all).map_err(|what| {
+            self.disagrees(
+                path,
+                format!(
+                    "the file's {what}: its bytes changed after the index was written (damaged, or replaced by another file); nothing of it is read"
+                ),
+            )
+        })
     }
 
     /// The compression of the data set's shards, if any is compressed (`zstd`, ...).
@@ -800,13 +822,15 @@ impl ShardFormat for MdsShards {
         options: &ShardOptions,
     ) -> Result<MdsShard> {
         let file = &self.files[k];
-        let bytes = match file.zip.as_deref() {
-            None => store.open(name)?,
-            Some(zip) if !self.raw_first => self.decompressed(store, k, name, zip)?,
+        // Whether the bytes are the store's file (else the cache's decompressed copy, checked
+        // against the raw file's hashes when it was written).
+        let (bytes, from_store) = match file.zip.as_deref() {
+            None => (store.open(name)?, true),
+            Some(zip) if !self.raw_first => (self.decompressed(store, k, name, zip)?, false),
             Some(zip) => match store.open(name) {
-                Ok(b) => b,
+                Ok(b) => (b, true),
                 Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                    self.decompressed(store, k, name, zip)?
+                    (self.decompressed(store, k, name, zip)?, false)
                 }
                 Err(e) => return Err(e),
             },
@@ -871,6 +895,13 @@ impl ShardFormat for MdsShards {
                 &path,
                 format!("bytes {table_end}..{first} (the shard's config) are not JSON: corrupt"),
             ));
+        }
+        // The hashes last, once the structure has said what it can: before any sample.
+        if !options.verify && from_store && store.check_hashes_on_open() && !file.hashes.is_empty()
+        {
+            self.hashed.check_once(k, bytes.file_fingerprint(), || {
+                self.hashes_match(k, &path, bytes.all()?)
+            })?;
         }
         Ok(MdsShard {
             bytes,

@@ -33,16 +33,41 @@
 //! open then is not looked at: it has not been opened yet, or it was closed to stay within
 //! [`ShardOptions::max_open_shards`], and it is opened afresh, from the file as it is then,
 //! when a sample of it is next asked for (and checked against the index: sample count, size,
-//! and checksums with [`ShardOptions::verify`]).
+//! and hashes: see below).
 //!
-//! Shards fetched from an object store (`remote`, with the `remote` feature) are not checked:
-//! their local files are the cache's own copies, written whole under a name that includes the
+//! Shards fetched from an object store (`remote`, with the `remote` feature) are not looked at
+//! for changes: their local files are the cache's own copies, written whole under a name that includes the
 //! object's version (its checksum from the index, else its ETag or modification time, and
 //! size), touched at every use and removed and fetched again as the cache needs; none of that
 //! changes a shard's bytes, and an open shard keeps reading the copy it mapped. A change to
 //! the object in the store itself is not seen either: finding it would take a request per
 //! shard at every epoch (a dataset opened again looks again). See
 //! [`ShardStore::files_may_change`].
+//!
+//! # Hashes
+//!
+//! Where a data set's index gives a hash of a shard's file that gpufeed computes (a packed
+//! index's `xxh3_64`; an MDS index's `xxh3_64`, `xxh64`, `xxh3_128`/`xxh128` or `xxh32`), a
+//! shard read from a local directory is checked against it when it is opened, before its
+//! first sample is handed out: a shard whose bytes changed after it was written (a flipped
+//! bit, a shard copied over from another data set of the same size) is an
+//! [`Error::Malformed`] naming the shard and the hashes (the loader's error names the sample
+//! asked for), never samples read from it. The pass over the shard's bytes runs at memory
+//! speed (`benches/RESULTS.md`, "Local shards checked against their index when opened") and
+//! faults in the pages the samples are then read from; it is made once per file: a shard
+//! closed (to stay within [`ShardOptions::max_open_shards`]) and opened again is hashed again
+//! only if its file was replaced or written since (device, inode, size, times). Hashes
+//! gpufeed does not compute (MDS `sha1`, `md5`, `sha256` and the other cryptographic ones
+//! streaming offers) are not checked: a data set that has none of the above is read with its
+//! sizes and structure checked only; write it with `hashes=['xxh3_64']` (streaming's fastest)
+//! to have it checked.
+//! [`ShardOptions::verify`] checks every time a shard is opened, and each packed record's own
+//! checksum as it is read; [`ShardedDataset::verify`] checks everything, every sample too.
+//!
+//! Shards fetched from an object store (`remote`, with the `remote` feature) are checked as
+//! they arrive, before any byte is read (see `remote`), and are not hashed again when
+//! opened ([`ShardStore::check_hashes_on_open`]); nor are a compressed MDS shard's
+//! decompressed copies, checked when they are written into the cache.
 
 pub mod cache;
 mod compressed;
@@ -93,10 +118,12 @@ pub struct SampleLocation {
 pub struct ShardOptions {
     /// The most shards open at once (at least 1): see [`DEFAULT_MAX_OPEN_SHARDS`].
     pub max_open_shards: usize,
-    /// Check each shard against its index's checksums when it is opened (costs one pass over
-    /// the shard's bytes per open), and each sample's own checksum where the format has one
-    /// (packed records). Tar shards, which have no checksums, are indexed again from their
-    /// bytes instead of from the cache.
+    /// Check each shard against its index's checksums every time it is opened (one pass over
+    /// the shard's bytes per open, where by default a local shard is hashed once while its
+    /// file stays the same: see the [module](self)'s section on hashes), and each sample's
+    /// own checksum as it is read where the format has one (packed records). Tar shards,
+    /// which have no checksums, are indexed again from their bytes instead of from the cache.
+    /// What `gpufeed bench --verify` turns on for a sharded data set.
     pub verify: bool,
     /// Fields declared by name, over what the reader infers from the writer's conventions
     /// (see [`decode`]): how the WebDataset member of that extension, or the MDS column of
@@ -662,6 +689,60 @@ pub(crate) fn quoted(bytes: &[u8]) -> String {
         out.push_str(&format!("... ({} bytes)", bytes.len()));
     }
     out
+}
+
+/// The shards of a data set that have passed their index's hashes since it was opened, each as
+/// the file it was then ([`ShardBytes::file_fingerprint`]): a shard closed to stay within
+/// [`ShardOptions::max_open_shards`] and opened again is hashed again only if its file changed
+/// since, so that a data set with more shards than its set of open shards (a shuffle over
+/// all of them) pays one pass over each shard's bytes, not one for each time it is opened.
+/// Eight bytes a shard.
+pub(crate) struct HashedShards {
+    /// Per shard: the fingerprint of the file that passed, 0 for none yet.
+    passed: Vec<std::sync::atomic::AtomicU64>,
+}
+
+impl std::fmt::Debug for HashedShards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HashedShards")
+            .field("shards", &self.passed.len())
+            .finish()
+    }
+}
+
+impl HashedShards {
+    /// None of `shards` shards checked yet.
+    pub(crate) fn new(shards: usize) -> HashedShards {
+        HashedShards {
+            passed: (0..shards)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    /// Runs `check` (a pass over shard `k`'s file, the file whose fingerprint is `file`: see
+    /// [`ShardBytes::file_fingerprint`]) unless that file, unchanged, passed it before;
+    /// remembers a file that passes. A shard held other than as a file (`None`) is checked
+    /// every time.
+    pub(crate) fn check_once(
+        &self,
+        k: usize,
+        file: Option<u64>,
+        check: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let slot = self.passed.get(k);
+        if let (Some(file), Some(slot)) = (file, slot)
+            && slot.load(Ordering::Relaxed) == file
+        {
+            return Ok(());
+        }
+        check()?;
+        if let (Some(file), Some(slot)) = (file, slot) {
+            slot.store(file, Ordering::Relaxed);
+        }
+        Ok(())
+    }
 }
 
 /// The xxh3-64 of a byte slice, as the lower-case hex string indexes store.

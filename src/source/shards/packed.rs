@@ -14,8 +14,10 @@
 //! same way ([`RecordWriter`]), so a directory with an `index.json` is complete. Opening reads
 //! the index only; a shard is opened (mapped, its footer checked) when first used, and refused
 //! if its record count, size or schema disagree with the index. `xxh3_64` is the hash of the
-//! whole shard file (xxh3-64, seed 0), checked under [`ShardOptions::verify`] and
-//! [`ShardedDataset::verify`], and by a downloader on arrival.
+//! whole shard file (xxh3-64, seed 0), checked when a local shard is opened, before its first
+//! sample (once while its file stays the same: see the [shards](super) module's section on
+//! hashes), every time under [`ShardOptions::verify`], by [`ShardedDataset::verify`], and by a
+//! downloader on arrival.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -24,8 +26,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    IndexedFormat, ShardFormat, ShardOptions, ShardStore, ShardedDataset, check_shard_name,
-    write_atomically, xxh3_hex,
+    HashedShards, IndexedFormat, ShardFormat, ShardOptions, ShardStore, ShardedDataset,
+    check_shard_name, xxh3_hex,
 };
 use crate::error::{Error, Result};
 use crate::format::{
@@ -123,6 +125,8 @@ impl PackedIndex {
 pub struct Packed {
     index_path: PathBuf,
     entries: Vec<PackedShardEntry>,
+    /// The shards whose files have passed their hashes when opened.
+    hashed: HashedShards,
 }
 
 /// A dataset of packed shards.
@@ -150,6 +154,7 @@ impl IndexedFormat for Packed {
             .collect();
         let format = Packed {
             index_path: index_path.to_path_buf(),
+            hashed: HashedShards::new(index.shards.len()),
             entries: index.shards,
         };
         ShardedDataset::from_parts(format, store, shards, schema, options)?.check_empty_shards()
@@ -172,12 +177,19 @@ impl Packed {
 
     fn check_hash(&self, store: &dyn ShardStore, k: usize, name: &str) -> Result<()> {
         let bytes = store.open(name)?;
-        let got = xxh3_hex(bytes.all()?);
+        self.hash_matches(k, bytes.path(), bytes.all()?)
+    }
+
+    /// Checks `all`, the bytes of shard `k`'s file at `path`, against the index's xxh3-64.
+    fn hash_matches(&self, k: usize, path: &Path, all: &[u8]) -> Result<()> {
+        let got = xxh3_hex(all);
         let want = &self.entries[k].xxh3_64;
         if !got.eq_ignore_ascii_case(want) {
             return Err(self.disagrees(
-                bytes.path(),
-                format!("xxh3-64 of the file is {got}, the index says {want}"),
+                path,
+                format!(
+                    "xxh3-64 of the file is {got}, the index says {want}: its bytes changed after the index was written (damaged, or replaced by another file); nothing of it is read"
+                ),
             ));
         }
         Ok(())
@@ -269,6 +281,17 @@ impl ShardFormat for Packed {
             self.check_hash(store, k, name)?;
         }
         let file = self.open_file(store, k, name, samples, options.verify, Some(schema))?;
+        // Once per file, after the footer and the index's counts have said what they can,
+        // over the record file's own bytes (the pages its samples are then read from).
+        if !options.verify && store.check_hashes_on_open() {
+            self.hashed
+                .check_once(k, Some(file.file_fingerprint()), || {
+                    let all = file
+                        .data
+                        .bytes_at(file.path(), 0, file.file_bytes() as usize)?;
+                    self.hash_matches(k, file.path(), &all)
+                })?;
+        }
         Ok(PackedShard { file })
     }
 
@@ -358,6 +381,133 @@ impl ShardWriterOptions {
     }
 }
 
+/// What a directory holds that a [`ShardWriter`] into it replaces, removes or refuses: see
+/// [`ExistingShards::find`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExistingShards {
+    /// gpufeed's own shard index (`index.json` of [`PACKED_INDEX_FORMAT`]) is there.
+    pub index: bool,
+    /// gpufeed's own shard files there, by name, sorted: those its index names, and files under
+    /// the writer's shard names (`shard-000000.gfd`, ...) that are packed record files or
+    /// empty, as a pack killed before its index leaves them. A writer replaces those it writes
+    /// again and removes the others once its own index is in place.
+    pub shards: Vec<String>,
+    /// What is there that gpufeed did not write and a writer would replace or orphan, in words
+    /// (another writer's `index.json`, such as an MDS data set's; a file under a shard's name
+    /// that is not a packed record file): a writer refuses such a directory.
+    pub foreign: Option<String>,
+}
+
+impl ExistingShards {
+    /// Looks at the directory `dir` (absent: nothing there) as a writer with `options` would
+    /// write into it: its `index.json`, if any (read to tell whose it is, and to list the
+    /// shards of gpufeed's), and the files under the writer's shard names (the first 8 bytes
+    /// of each). Other files are not the writer's business and are left alone.
+    pub fn find(dir: &Path, options: &ShardWriterOptions) -> Result<ExistingShards> {
+        let mut found = ExistingShards::default();
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+            Err(e) => return Err(Error::io(dir, "list", e)),
+        };
+        let mut named = std::collections::BTreeSet::new();
+        let index = dir.join(INDEX_FILE);
+        match std::fs::symlink_metadata(&index) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&index, "stat", e)),
+            Ok(meta) if !meta.is_file() => {
+                found.foreign = Some(format!(
+                    "an {INDEX_FILE} that is not a regular file (a directory or a link)"
+                ));
+                return Ok(found);
+            }
+            Ok(_) => {
+                let text = std::fs::read(&index).map_err(|e| Error::io(&index, "read", e))?;
+                match whose_index(&text) {
+                    Ok(names) => {
+                        found.index = true;
+                        for name in names {
+                            if check_shard_name(&index, "packed shard index", &name).is_ok()
+                                && std::fs::symlink_metadata(dir.join(&name))
+                                    .is_ok_and(|m| !m.is_dir())
+                            {
+                                named.insert(name);
+                            }
+                        }
+                    }
+                    Err(what) => {
+                        found.foreign = Some(what);
+                        return Ok(found);
+                    }
+                }
+            }
+        }
+        let mut taken: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| options.is_shard_name(name) && !named.contains(name))
+            .collect();
+        taken.sort();
+        for name in taken {
+            let path = dir.join(&name);
+            if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+                found.foreign = Some(format!(
+                    "{name}, under a name gpufeed gives its shards, which is not a regular file"
+                ));
+                return Ok(found);
+            }
+            if let Some(what) = crate::format::foreign_file(&path)? {
+                found.foreign = Some(format!(
+                    "{name}, under a name gpufeed gives its shards, which is {what}"
+                ));
+                return Ok(found);
+            }
+            named.insert(name);
+        }
+        found.shards = named.into_iter().collect();
+        Ok(found)
+    }
+}
+
+/// The shards an `index.json` names if it is gpufeed's own (its `format` is
+/// [`PACKED_INDEX_FORMAT`]: every name it lists, whatever else is wrong with it), else whose
+/// it is, in words.
+fn whose_index(text: &[u8]) -> std::result::Result<Vec<String>, String> {
+    #[derive(Deserialize)]
+    struct Probe {
+        format: Option<serde_json::Value>,
+        version: Option<serde::de::IgnoredAny>,
+        shards: Option<Vec<serde::de::IgnoredAny>>,
+    }
+    #[derive(Deserialize)]
+    struct Named {
+        #[serde(default)]
+        shards: Vec<NamedShard>,
+    }
+    #[derive(Deserialize)]
+    struct NamedShard {
+        name: Option<String>,
+    }
+    let Ok(probe) = serde_json::from_slice::<Probe>(text) else {
+        return Err(format!(
+            "an {INDEX_FILE} that gpufeed did not write (not a JSON object)"
+        ));
+    };
+    match (&probe.format, &probe.shards) {
+        (Some(serde_json::Value::String(f)), _) if f == PACKED_INDEX_FORMAT => {
+            Ok(serde_json::from_slice::<Named>(text)
+                .map(|n| n.shards.into_iter().filter_map(|s| s.name).collect())
+                .unwrap_or_default())
+        }
+        (None, Some(shards)) if probe.version.is_some() => Err(format!(
+            "an MDS data set (mosaicml-streaming's: its {INDEX_FILE} lists {} shards)",
+            shards.len()
+        )),
+        (Some(f), _) => Err(format!("an {INDEX_FILE} of another writer (format {f})")),
+        _ => Err(format!("an {INDEX_FILE} that gpufeed did not write")),
+    }
+}
+
 /// What [`ShardWriter::finish`] wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardSummary {
@@ -367,6 +517,9 @@ pub struct ShardSummary {
     pub shards: Vec<PackedShardEntry>,
     /// Records in all shards.
     pub samples: u64,
+    /// The shards of the data set replaced that the new index does not name, removed once it
+    /// was in place.
+    pub removed: Vec<String>,
 }
 
 impl ShardSummary {
@@ -391,6 +544,16 @@ struct OpenWriter {
 /// [`remove_unfinished_temporaries`](crate::temporary::remove_unfinished_temporaries), called on a
 /// signal, so that an interrupted run leaves no shards without an index. (A process killed
 /// outright leaves the shards it finished.)
+///
+/// Into a directory that holds a data set already, it replaces only what gpufeed wrote
+/// ([`ExistingShards`]): its own `index.json` and the shards that names (and shard files a
+/// killed pack left). Another writer's data set (an MDS `index.json`, a file under a shard's
+/// name that is not a packed record file) is refused when the writer is made, before anything
+/// is written. The old index is removed just before the first new shard is placed (a writer
+/// that fails before that leaves the old data set as it was), so that no index ever names a
+/// shard of the other; the old shards the new index does not name are removed once it is in
+/// place. A run that stops in between leaves the directory without an index: the old data
+/// set's shards are then removed by the next writer into it.
 ///
 /// ```
 /// use gpufeed::format::{DType, Field, Schema};
@@ -422,12 +585,17 @@ pub struct ShardWriter {
     /// The shard files placed (or being placed) before the index: removed unless the index is
     /// written.
     placed: Vec<PathBuf>,
+    /// The data set this writer replaces: gpufeed's index there (removed before the first
+    /// shard is placed) and its shards (those the new index does not name are removed once it
+    /// is in place).
+    replaced: ExistingShards,
 }
 
 impl ShardWriter {
     /// Starts writing shards of at most `shard_bytes` bytes into `dir` (created if missing).
-    /// An `index.json` already there is removed first: the directory is readable again once
-    /// [`ShardWriter::finish`] has written the new one.
+    /// A data set of gpufeed's there is replaced, another writer's refused (see the type's
+    /// documentation and [`ExistingShards`]): an [`Error::Io`] of kind `AlreadyExists` that
+    /// says what is there.
     pub fn create(dir: impl AsRef<Path>, schema: Schema, shard_bytes: u64) -> Result<ShardWriter> {
         ShardWriter::with_options(dir, schema, ShardWriterOptions::new(shard_bytes))
     }
@@ -451,13 +619,20 @@ impl ShardWriter {
                 ),
             ));
         }
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
-        let index = dir.join(INDEX_FILE);
-        match std::fs::remove_file(&index) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(&index, "remove the old index", e)),
+        let replaced = ExistingShards::find(&dir, &options)?;
+        if let Some(what) = &replaced.foreign {
+            return Err(Error::io(
+                &dir,
+                "write packed shards into",
+                std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!(
+                        "it holds {what}, which gpufeed did not write: a shard writer replaces only gpufeed's own index and shards; write into another directory, or remove that first"
+                    ),
+                ),
+            ));
         }
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
         let record_align = options
             .record_align
             .unwrap_or_else(|| default_record_align(&schema));
@@ -473,6 +648,7 @@ impl ShardWriter {
             current: None,
             done: Vec::new(),
             placed: Vec::new(),
+            replaced,
         })
     }
 
@@ -547,6 +723,15 @@ impl ShardWriter {
         let Some(c) = self.current.take() else {
             return Ok(());
         };
+        // The old index goes before a shard of the new data set takes a name it may list.
+        if std::mem::take(&mut self.replaced.index) {
+            let index = self.dir.join(INDEX_FILE);
+            match std::fs::remove_file(&index) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(&index, "remove the old index", e)),
+            }
+        }
         // Recorded before it is placed (after its temporary, which the writer recorded when it
         // started): from here on a signal's cleanup or `drop` removes whichever exists.
         let path = self.dir.join(&c.name);
@@ -563,7 +748,9 @@ impl ShardWriter {
         Ok(())
     }
 
-    /// Closes the last shard and writes the index (last, atomically).
+    /// Closes the last shard and writes the index (last, atomically: placed in one step with
+    /// the shards it completes, as far as a signal's cleanup can tell), then removes the shards
+    /// of the data set replaced that it does not name.
     pub fn finish(mut self) -> Result<ShardSummary> {
         self.close_shard()?;
         let samples = self.done.iter().map(|s| s.samples).sum();
@@ -576,15 +763,32 @@ impl ShardWriter {
         };
         let path = self.dir.join(INDEX_FILE);
         let text = serde_json::to_vec_pretty(&index).map_err(Error::user)?;
-        write_atomically(&path, &text)?;
+        crate::temporary::write_completing(&path, "write the shard index", &text, &self.placed)?;
         // Complete: the shards stay.
-        for shard in self.placed.drain(..) {
-            crate::temporary::forget_unfinished(&shard);
+        self.placed.clear();
+        let mut removed = Vec::new();
+        for name in std::mem::take(&mut self.replaced.shards) {
+            if index.shards.iter().any(|s| s.name == name) {
+                continue;
+            }
+            let old = self.dir.join(&name);
+            match std::fs::remove_file(&old) {
+                Ok(()) => removed.push(name),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::io(
+                        &old,
+                        "remove (a shard of the data set replaced, which the new index, in place, no longer names)",
+                        e,
+                    ));
+                }
+            }
         }
         Ok(ShardSummary {
             index: path,
             shards: index.shards,
             samples,
+            removed,
         })
     }
 }
@@ -705,6 +909,106 @@ mod tests {
         }
     }
 
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn write(dir: &Path, records: u32) -> ShardSummary {
+        let mut w = ShardWriter::create(dir, schema(), 512).unwrap();
+        for i in 0..records {
+            w.append(&[&i.to_le_bytes(), b"some text"]).unwrap();
+        }
+        w.finish().unwrap()
+    }
+
+    #[test]
+    fn a_writer_replaces_its_own_data_set_and_removes_the_shards_it_no_longer_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = write(dir.path(), 100);
+        assert!(old.removed.is_empty());
+        std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        let new = write(dir.path(), 30);
+        assert!(new.shards.len() < old.shards.len());
+        let gone: Vec<String> = old.shards[new.shards.len()..]
+            .iter()
+            .map(|s| s.name.clone())
+            .collect();
+        assert_eq!(new.removed, gone);
+        let mut want: Vec<String> = new.shards.iter().map(|s| s.name.clone()).collect();
+        want.extend(["index.json".into(), "notes.txt".into()]);
+        want.sort();
+        assert_eq!(names(dir.path()), want);
+        assert_eq!(PackedShards::open(dir.path()).unwrap().len(), 30);
+    }
+
+    #[test]
+    fn a_writer_that_fails_before_its_first_shard_leaves_the_old_data_set_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), 100);
+        let before = names(dir.path());
+        let mut w = ShardWriter::create(dir.path(), schema(), 512).unwrap();
+        w.append(&[&1u32.to_le_bytes(), b"text"]).unwrap();
+        // A label of 5 bytes where the schema has 4: the pack fails before a shard is placed.
+        assert!(w.append(&[b"wrong", b"text"]).is_err());
+        drop(w);
+        assert_eq!(names(dir.path()), before);
+        assert_eq!(PackedShards::open(dir.path()).unwrap().len(), 100);
+    }
+
+    #[test]
+    fn a_writer_refuses_a_data_set_it_did_not_write() {
+        let mds = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/streaming/mds");
+        let dir = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(&mds).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+        }
+        let before = names(dir.path());
+        let index = std::fs::read(dir.path().join("index.json")).unwrap();
+        let e = ShardWriter::create(dir.path(), schema(), 512)
+            .err()
+            .unwrap();
+        match &e {
+            Error::Io { path, source, .. } => {
+                assert_eq!(path, dir.path());
+                assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
+                assert!(source.to_string().contains("an MDS data set"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(names(dir.path()), before);
+        assert_eq!(std::fs::read(dir.path().join("index.json")).unwrap(), index);
+        // What is there, as the command asks before it reads its inputs.
+        let options = ShardWriterOptions::new(512);
+        let found = ExistingShards::find(dir.path(), &options).unwrap();
+        assert!(!found.index && found.shards.is_empty());
+        assert!(found.foreign.unwrap().contains("lists 4 shards"));
+        // A file under a shard's name that is not a packed record file.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("shard-000003.gfd"), "mine").unwrap();
+        assert!(ShardWriter::create(dir.path(), schema(), 512).is_err());
+        // A packed one (a killed writer's) or an empty one is the writer's.
+        let mut w = RecordWriter::create(dir.path().join("shard-000003.gfd"), schema()).unwrap();
+        w.append(&[&0u32.to_le_bytes(), b""]).unwrap();
+        w.finish().unwrap();
+        std::fs::write(dir.path().join("shard-000007.gfd"), "").unwrap();
+        let found = ExistingShards::find(dir.path(), &options).unwrap();
+        assert_eq!(found.foreign, None);
+        assert_eq!(found.shards, ["shard-000003.gfd", "shard-000007.gfd"]);
+        let summary = write(dir.path(), 3);
+        assert_eq!(summary.shards.len(), 1);
+        assert_eq!(summary.removed, ["shard-000003.gfd", "shard-000007.gfd"]);
+        assert_eq!(names(dir.path()), ["index.json", "shard-000000.gfd"]);
+        // Absent: nothing there.
+        let found = ExistingShards::find(&dir.path().join("none"), &options).unwrap();
+        assert_eq!(found, ExistingShards::default());
+    }
+
     #[test]
     fn shard_names_are_told_from_other_names() {
         let o = ShardWriterOptions::new(1);
@@ -777,16 +1081,17 @@ mod tests {
         assert_eq!(s.shards[0].bytes, expect);
     }
 
-    /// Writes a byte of `path`'s checksum table (`back` bytes before its footer, read only to
-    /// verify) again, in place (no truncation), and moves its modification time a minute on,
-    /// whatever the file system's clock granularity.
+    /// Writes a byte of `path`'s checksum table (`back` bytes before its footer) again, in
+    /// place (no truncation), as it was (so that the file still has the index's hash), and
+    /// moves its modification time a minute on, whatever the file system's clock granularity.
     fn rewrite_in_place(path: &Path, back: u64) {
         use std::io::{Seek, SeekFrom, Write};
         let meta = std::fs::metadata(path).unwrap();
         let (at, was) = (meta.len() - 64 - back, meta.modified().unwrap());
+        let byte = std::fs::read(path).unwrap()[at as usize];
         let mut f = std::fs::File::options().write(true).open(path).unwrap();
         f.seek(SeekFrom::Start(at)).unwrap();
-        f.write_all(b"!").unwrap();
+        f.write_all(&[byte]).unwrap();
         f.set_modified(was + std::time::Duration::from_secs(60))
             .unwrap();
     }

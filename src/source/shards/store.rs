@@ -73,6 +73,18 @@ pub trait ShardStore: Send + Sync {
         false
     }
 
+    /// Whether a format checks a shard of this store against the hashes its index gives
+    /// (MDS `xxh3_64`, `xxh64`, ...; a packed index's `xxh3_64`) when it opens it, before its
+    /// first sample is handed out (once per file: see the [module](super)'s section on
+    /// hashes). True (the default) for stores that hand out shards as they are: a directory
+    /// of the data set's own files, a buffer. False for a store that checks what it hands
+    /// out itself, before any byte of it is read: an object store's download cache checks
+    /// each shard against the same hashes as it arrives (or, with its checks turned off, was
+    /// told to check sizes only).
+    fn check_hashes_on_open(&self) -> bool {
+        true
+    }
+
     /// How many batches ahead a dataset of this store wants to hear of the samples it will
     /// read ([`Dataset::read_ahead_batches`](crate::Dataset::read_ahead_batches)): 0 (the
     /// default) for stores whose shards are at hand.
@@ -266,6 +278,14 @@ impl ShardBytes {
             Some(identity) => identity.check(&self.path),
             None => Ok(()),
         }
+    }
+
+    /// For a shard mapped from a local file ([`map_file`](ShardBytes::map_file)): a
+    /// fingerprint of what the file was when it was mapped (device, inode, size, modification
+    /// and status-change times), never 0, equal for two mappings of the same unchanged file;
+    /// `None` for a shard held any other way.
+    pub(crate) fn file_fingerprint(&self) -> Option<u64> {
+        self.identity.as_ref().map(FileIdentity::fingerprint)
     }
 
     /// Where the shard is (a path, or a URL as a path), for error messages.

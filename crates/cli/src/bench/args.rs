@@ -144,9 +144,12 @@ pub struct Args {
     /// ceiling when measured, the epochs marked.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// Check every record of a packed file against its stored checksum as it is read, every
-    /// row of a .npy array against a checksum taken when it is opened (a record whose bytes
-    /// changed is an error, never data); measures what verification costs.
+    /// Check the data set's bytes against its checksums as it is read (a record whose bytes
+    /// changed is an error, never data), and measure what that costs: every record of a
+    /// packed file against its stored checksum, every row of a .npy array against a checksum
+    /// taken when it is opened; a sharded data set's shards against its index's hashes each
+    /// time one is opened (by default a local shard is checked once, when first opened), and
+    /// each record of packed shards against its own checksum. An ImageFolder has no checksums.
     #[arg(long)]
     pub verify: bool,
     /// How DATASET (a packed file or a .npy array, and --labels) is read.

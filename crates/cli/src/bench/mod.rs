@@ -79,7 +79,7 @@ pub fn run(args: Args) -> Result<()> {
     );
     let sharded = match &args.dataset {
         Some(path) if crate::shards::is_input(path) => {
-            Some(crate::shards::open(path, &args.cache)?)
+            Some(crate::shards::open(path, &args.cache, args.verify)?)
         }
         _ => {
             if args.cache.cache_dir.is_some() || args.cache.cache_limit.is_some() {
@@ -100,13 +100,6 @@ pub fn run(args: Args) -> Result<()> {
     if sharded.is_some() {
         args.read
             .refuse_for("a sharded data set's shards are mapped by its store")?;
-    }
-    if sharded.is_some() && args.verify {
-        return Err(refuse(
-            "--verify",
-            "applies to packed record files; a sharded data set checks its shards against \
-             their index as they arrive",
-        ));
     }
     if sharded.is_none() && (args.shuffle_window.is_some() || args.shuffle_block.is_some()) {
         return Err(refuse(
@@ -483,7 +476,7 @@ fn run_images(args: &Args, path: &Path, trace: Option<&Trace>) -> Result<()> {
     // Images in the data set: O(1) for a packed file, a listing for a folder (as the run's
     // own), the index for shards.
     let records = if crate::shards::is_input(path) {
-        crate::shards::open(path, &Default::default())?.len()
+        crate::shards::open(path, &Default::default(), false)?.len()
     } else if path.is_dir() {
         gpufeed::source::ImageFolder::open(path)?.len()
     } else {

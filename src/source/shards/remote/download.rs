@@ -310,8 +310,10 @@ impl Download {
     /// this fetch failed finds why without fetching the shard again.
     fn fail(&self, kind: RemoteErrorKind, what: String) {
         let failure = Failure { kind, what };
-        if kind == RemoteErrorKind::Checksum
-            && let Some(inner) = self.inner.upgrade()
+        if matches!(
+            kind,
+            RemoteErrorKind::Checksum | RemoteErrorKind::SizeMismatch
+        ) && let Some(inner) = self.inner.upgrade()
         {
             inner.refuse(&self.name, &failure);
         }
@@ -411,10 +413,15 @@ impl Download {
                         e.to_string()
                     }
                     Ok(Ok(got)) if got.meta.size != self.size => {
+                        let said = if inner.expects(&self.name) {
+                            "the index says"
+                        } else {
+                            "the store said when it was listed"
+                        };
                         return Err(Failure {
-                            kind: RemoteErrorKind::Checksum,
+                            kind: RemoteErrorKind::SizeMismatch,
                             what: format!(
-                                "the object is {} bytes, {} were expected (from the index, or what the store said before)",
+                                "the store sent an object of {} bytes, {said} {}: it is not the object the data set describes (replaced since?)",
                                 got.meta.size, self.size
                             ),
                         });

@@ -28,9 +28,11 @@
 //!   and is refused again, without a fetch, for as long as the store lives. Every fetch that
 //!   failed is counted ([`StoreStats::checksum_failures`]). Readers of a shard with a check
 //!   therefore wait for the whole shard; a shard with none is read range by range as it
-//!   arrives. Every part's answer must be of the object's size, and of the ETag (`If-Match`)
-//!   the object had when listed or looked at, so that no shard is put together from two
-//!   versions of an object.
+//!   arrives. Every part's answer must be of the object's size (else
+//!   [`RemoteErrorKind::SizeMismatch`](crate::RemoteErrorKind), naming the size the index or
+//!   the listing says and the size the store gave), and of the ETag (`If-Match`) the object
+//!   had when listed or looked at, so that no shard is put together from two versions of an
+//!   object.
 //!
 //!   What is checked end to end (from the writer to the reader): packed shards, and MDS
 //!   shards whose index has `xxh3_64` or `xxh64` hashes. From the store to the reader only:
@@ -477,6 +479,12 @@ enum Entry {
 }
 
 impl Inner {
+    /// Whether the index says what shard `name` is (its size and checksum: see
+    /// [`RemoteStore::expect`]).
+    pub(crate) fn expects(&self, name: &str) -> bool {
+        lock(&self.expected).contains_key(name)
+    }
+
     pub(crate) fn url_of(&self, name: &str) -> PathBuf {
         PathBuf::from(format!("{}/{name}", self.base))
     }
@@ -720,9 +728,9 @@ impl Inner {
                     {
                         return Err(Error::Remote {
                             shard: url,
-                            kind: RemoteErrorKind::Checksum,
+                            kind: RemoteErrorKind::SizeMismatch,
                             what: format!(
-                                "the object is {bytes} bytes, the index says {}",
+                                "the store says the object is {bytes} bytes, the index says {}: it is not the object the index describes (replaced since?)",
                                 e.bytes
                             ),
                         });
@@ -906,6 +914,13 @@ impl ShardStore for RemoteStore {
     /// False: the files are the cache's own copies, which change (touched, evicted, fetched
     /// again) without their bytes changing; see the [module](self) documentation.
     fn files_may_change(&self) -> bool {
+        false
+    }
+
+    /// False: every shard is checked as it arrives, against the same hashes of the index,
+    /// before any byte of it is read (or, with `verify_checksums` off, by its size only, as
+    /// asked); its copy in the cache is then read as it is.
+    fn check_hashes_on_open(&self) -> bool {
         false
     }
 
