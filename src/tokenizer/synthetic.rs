@@ -1,7 +1,8 @@
-//! Small byte-level BPE tokenizer.json files made in code, for tests and fuzz targets (not
-//! part of the API): the 256 ByteLevel characters, merges that spell a list of words both
-//! left to right and right to left (so that merges compete on rank, and several merges make
-//! the same token), added tokens, and the GPT-2 or Llama 3 split.
+//! For tests and fuzz targets (not part of the API): small byte-level BPE tokenizer.json files
+//! made in code (the 256 ByteLevel characters, merges that spell a list of words both left to
+//! right and right to left, so that merges compete on rank and several merges make the same
+//! token; added tokens; the GPT-2 or Llama 3 split), and a text's pieces by the fast path's
+//! splits and by the `tokenizers` crate's pre-tokenizers, to compare.
 
 use serde_json::{Value, json};
 
@@ -161,4 +162,42 @@ pub fn byte_level(split: Split, ignore_merges: bool) -> Value {
             "merges": merges.iter().map(|(a, b)| json!([a, b])).collect::<Vec<_>>(),
         },
     })
+}
+
+/// The pieces of `text` by the fast path's `split`, as byte ranges.
+pub fn fast_pieces(split: Split, text: &str) -> Vec<(usize, usize)> {
+    let mut out = vec![];
+    let base = text.as_ptr() as usize;
+    split.split(text, |piece| {
+        let start = piece.as_ptr() as usize - base;
+        out.push((start, start + piece.len()));
+    });
+    out
+}
+
+/// The pieces of `text` by the `tokenizers` crate's pre-tokenizer for `split` (GPT-2's
+/// `ByteLevel`, or Llama 3's `Split`), as byte ranges.
+pub fn crate_pieces(split: Split, text: &str) -> Vec<(usize, usize)> {
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::split::{Split as CrateSplit, SplitPattern};
+    use tokenizers::{
+        OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior,
+    };
+    let mut pre = PreTokenizedString::from(text);
+    let done = match split {
+        Split::Gpt2 => ByteLevel::new(false, true, true).pre_tokenize(&mut pre),
+        Split::Llama3 => CrateSplit::new(
+            SplitPattern::Regex(LLAMA3_REGEX.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .and_then(|s| s.pre_tokenize(&mut pre)),
+    };
+    if let Err(e) = done {
+        panic!("the crate's pre-tokenizer failed: {e}");
+    }
+    pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        .into_iter()
+        .map(|(_, offsets, _)| offsets)
+        .collect()
 }

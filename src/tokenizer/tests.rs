@@ -149,48 +149,13 @@ fn the_cache_does_not_change_the_ids() {
     }
 }
 
-/// The crate's pieces of `text` for `split` (byte ranges), by its own pre-tokenizers.
-fn crate_pieces(split: Split, text: &str) -> Vec<(usize, usize)> {
-    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-    use tokenizers::pre_tokenizers::split::{Split as CrateSplit, SplitPattern};
-    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
-    let mut pre = PreTokenizedString::from(text);
-    match split {
-        Split::Gpt2 => ByteLevel::new(false, true, true)
-            .pre_tokenize(&mut pre)
-            .unwrap(),
-        Split::Llama3 => CrateSplit::new(
-            SplitPattern::Regex(fast::LLAMA3_REGEX.into()),
-            tokenizers::SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .unwrap()
-        .pre_tokenize(&mut pre)
-        .unwrap(),
-    }
-    pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
-        .into_iter()
-        .map(|(_, offsets, _)| offsets)
-        .collect()
-}
-
-fn fast_pieces(split: Split, text: &str) -> Vec<(usize, usize)> {
-    let mut out = vec![];
-    let base = text.as_ptr() as usize;
-    split.split(text, |piece| {
-        let start = piece.as_ptr() as usize - base;
-        out.push((start, start + piece.len()));
-    });
-    out
-}
-
 #[test]
 fn the_splits_equal_the_crate_s() {
     for split in [Split::Gpt2, Split::Llama3] {
         for text in EDGES.iter().map(|s| s.to_string()).chain(long_texts()) {
             assert_eq!(
-                fast_pieces(split, &text),
-                crate_pieces(split, &text),
+                synthetic::fast_pieces(split, &text),
+                synthetic::crate_pieces(split, &text),
                 "{split:?}: {text:?}"
             );
         }
@@ -219,7 +184,12 @@ proptest! {
     ) {
         let text: String = chars.into_iter().collect();
         for split in [Split::Gpt2, Split::Llama3] {
-            prop_assert_eq!(fast_pieces(split, &text), crate_pieces(split, &text), "{:?}", text);
+            prop_assert_eq!(
+                synthetic::fast_pieces(split, &text),
+                synthetic::crate_pieces(split, &text),
+                "{:?}",
+                text
+            );
         }
     }
 }
