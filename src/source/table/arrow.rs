@@ -142,7 +142,9 @@ struct ArrowFile {
     /// The mapping, as `Bytes` (samples' views) and as an Arrow `Buffer` (arrays' views).
     data: Bytes,
     buffer: Buffer,
-    decoder: FileDecoder,
+    /// One decoder per state of the dictionaries that batches are read with (one unless
+    /// the stream replaces a dictionary between batches).
+    decoders: Vec<FileDecoder>,
     rows: u64,
     batches: u64,
 }
@@ -151,6 +153,8 @@ struct ArrowFile {
 #[derive(Clone, Copy)]
 struct BatchRef {
     file: usize,
+    /// Its decoder among its file's.
+    decoder: usize,
     block: Block,
     rows: u64,
     /// Its first row within its file.
@@ -221,7 +225,9 @@ struct Walked {
     schema: SchemaRef,
     version: MetadataVersion,
     dictionaries: Vec<Block>,
-    batches: Vec<(Block, u64)>,
+    /// Each batch's message, rows, and the dictionary messages before it (a stream may
+    /// replace a dictionary between batches: each batch is read with those before it).
+    batches: Vec<(Block, u64, usize)>,
 }
 
 fn malformed(path: &Path, what: impl Into<String>) -> Error {
@@ -239,7 +245,15 @@ fn walk(path: &Path, data: &[u8]) -> Result<Walked> {
         data.get(at..at + 4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     };
-    let mut p = if data.starts_with(b"ARROW1") { 8 } else { 0 };
+    let mut p = 0;
+    if data.starts_with(b"ARROW1") {
+        // The file format: the magic, padded with zeros to the writer's alignment (8 to 64
+        // bytes), then a stream. No message starts with zero bytes.
+        p = 8;
+        while p < data.len().min(4096) && u32_at(p) == Some(0) {
+            p += 8;
+        }
+    }
     let mut schema = None;
     let mut dictionaries = Vec::new();
     let mut batches = Vec::new();
@@ -322,7 +336,7 @@ fn walk(path: &Path, data: &[u8]) -> Result<Walked> {
                         format!("the record batch at byte {p} has negative rows"),
                     )
                 })?;
-                batches.push((block, rows));
+                batches.push((block, rows, dictionaries.len()));
             }
             other => {
                 return Err(malformed(
@@ -375,26 +389,35 @@ impl ArrowDataset {
         let mut starts = vec![0u64];
         for (f, (path, w, identity, data)) in walked.into_iter().enumerate() {
             let buffer = Buffer::from(data.clone());
-            let mut decoder = FileDecoder::new(Arc::clone(&w.schema), w.version)
-                .with_projection(plan.roots.clone());
-            for block in &w.dictionaries {
-                let message = message_buffer(&buffer, block);
-                guard(&path, FORMAT, || {
-                    decoder.read_dictionary(block, &message).map_err(|e| {
-                        malformed(
-                            &path,
-                            format!("the dictionary at byte {}: {e}", block.offset()),
-                        )
-                    })
-                })?;
+            // A decoder for each number of dictionary messages that precedes a batch, holding
+            // those dictionaries.
+            let mut states: Vec<usize> = w.batches.iter().map(|b| b.2).collect();
+            states.dedup();
+            let mut decoders = Vec::with_capacity(states.len());
+            for &n in &states {
+                let mut decoder = FileDecoder::new(Arc::clone(&w.schema), w.version)
+                    .with_projection(plan.roots.clone());
+                for block in &w.dictionaries[..n] {
+                    let message = message_buffer(&buffer, block);
+                    guard(&path, FORMAT, || {
+                        decoder.read_dictionary(block, &message).map_err(|e| {
+                            malformed(
+                                &path,
+                                format!("the dictionary at byte {}: {e}", block.offset()),
+                            )
+                        })
+                    })?;
+                }
+                decoders.push(decoder);
             }
             let mut file_row = 0;
-            for &(block, rows) in &w.batches {
+            for &(block, rows, dicts) in &w.batches {
                 if rows == 0 {
                     continue;
                 }
                 batches.push(BatchRef {
                     file: f,
+                    decoder: states.partition_point(|&n| n < dicts),
                     block,
                     rows,
                     file_row,
@@ -407,7 +430,7 @@ impl ArrowDataset {
                 identity,
                 data,
                 buffer,
-                decoder,
+                decoders,
                 rows: file_row,
                 batches: w.batches.len() as u64,
             });
@@ -454,8 +477,7 @@ impl ArrowDataset {
         let at = b.block.offset();
         let columns = guard(&f.path, FORMAT, || {
             let message = message_buffer(&f.buffer, &b.block);
-            let batch = f
-                .decoder
+            let batch = f.decoders[b.decoder]
                 .read_record_batch(&b.block, &message)
                 .map_err(|e| malformed(&f.path, format!("the record batch at byte {at}: {e}")))?
                 .ok_or_else(|| {
@@ -562,5 +584,42 @@ impl std::fmt::Debug for ArrowDataset {
             .field("batches", &self.batches.len())
             .field("schema", &self.schema.to_string())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{ArrayRef, Float32Array, RecordBatch, StringArray};
+
+    #[test]
+    fn fields_are_views_of_the_mapping() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.arrow");
+        let x: ArrayRef = Arc::new(Float32Array::from_iter_values((0..100).map(|i| i as f32)));
+        let t: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..100).map(|i| format!("t{i}")),
+        ));
+        let batch = RecordBatch::try_from_iter([("x", x), ("t", t)]).unwrap();
+        let mut w = arrow_ipc::writer::StreamWriter::try_new(
+            std::fs::File::create(&p).unwrap(),
+            &batch.schema(),
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.finish().unwrap();
+        let d = open(&p, &TableOptions::default()).unwrap();
+        let map = d.files[0].data.as_ptr_range();
+        for i in [0u64, 57, 99] {
+            let s = d.get(i).unwrap();
+            for k in 0..2 {
+                let f = s.field(k).unwrap().as_ptr_range();
+                assert!(
+                    map.start <= f.start && f.end <= map.end,
+                    "row {i} field {k} is a copy"
+                );
+            }
+            assert_eq!(s.field(0).unwrap(), (i as f32).to_le_bytes());
+        }
     }
 }
