@@ -6,12 +6,9 @@ use gpufeed::source::ReadMode;
 use gpufeed::source::table::{TableOptions, arrow};
 use gpufeed::{Dataset, Error};
 
-use crate::table_common::{assert_rows, every_kind, write_arrow};
+use crate::table_common::{Expected, assert_rows, every_kind, write_arrow};
 
-fn concat(
-    mut a: Vec<(String, Vec<Vec<u8>>)>,
-    b: Vec<(String, Vec<Vec<u8>>)>,
-) -> Vec<(String, Vec<Vec<u8>>)> {
+fn concat(mut a: Expected, b: Expected) -> Expected {
     for (x, (_, more)) in a.iter_mut().zip(b) {
         x.1.extend(more);
     }

@@ -85,7 +85,12 @@ fn parquet_corrupt_pages_are_errors_or_values_never_panics() {
 fn parquet_files_of_different_schemas_are_named_both() {
     let dir = tempfile::tempdir().unwrap();
     let (a, _) = every_kind(0, 3, false);
-    write_parquet(&dir.path().join("a.parquet"), &[a.clone()], 8, 8);
+    write_parquet(
+        &dir.path().join("a.parquet"),
+        std::slice::from_ref(&a),
+        8,
+        8,
+    );
     write_parquet(
         &dir.path().join("b.parquet"),
         &[a.project(&[0, 1, 3]).unwrap()],
@@ -131,4 +136,38 @@ fn arrow_truncated_garbage_and_corrupt_streams() {
             names(&e, &q);
         }
     }
+}
+
+#[test]
+fn parquet_page_checksums_written_by_pyarrow_are_checked() {
+    use ::parquet::file::reader::{FileReader, SerializedFileReader};
+    // Written by pyarrow with `write_page_checksum=True`, uncompressed (the fuzz seeds).
+    let seed =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/parquet_file/plain_crc.parquet");
+    let good = std::fs::read(&seed).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("crc.parquet");
+    std::fs::write(&p, &good).unwrap();
+    let options = TableOptions {
+        columns: Some(vec!["id".into(), "text".into()]),
+        ..TableOptions::default()
+    };
+    let d = parquet::open(&p, &options).unwrap();
+    assert_eq!(d.get(11).unwrap().field(0).unwrap(), 11i64.to_le_bytes());
+    let reader = SerializedFileReader::new(std::fs::File::open(&p).unwrap()).unwrap();
+    let column = reader.metadata().row_group(0).column(0);
+    let end = (column.data_page_offset() + column.compressed_size()) as usize;
+    let mut bad = good.clone();
+    bad[end - 2] ^= 0xff; // inside the last page's values
+    std::fs::write(&p, &bad).unwrap();
+    let d = parquet::open(&p, &options).unwrap();
+    let e = d.get(0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt);
+    let msg = e.to_string();
+    assert!(
+        msg.contains("crc.parquet")
+            && msg.contains("row group 0")
+            && msg.to_lowercase().contains("crc"),
+        "{msg}"
+    );
 }

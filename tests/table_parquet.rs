@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use gpufeed::format::{Codec, FieldKind};
+use gpufeed::source::ReadMode;
 use gpufeed::source::table::{Fill, TableOptions, parquet};
 use gpufeed::{BatchStream, CopyFields, Dataset, Error, ErrorKind, Loader, LoaderState};
 use proptest::prelude::*;
@@ -251,7 +252,7 @@ fn unequal_file(sizes: &[u64]) -> (tempfile::TempDir, std::path::PathBuf, u64) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(12))]
+    #![proptest_config(ProptestConfig::with_cases(8))]
     #[test]
     fn windowed_epochs_are_exact_per_rank_and_resume_mid_chunk(
         sizes in proptest::collection::vec(1u64..60, 1..6),
@@ -346,4 +347,41 @@ fn unreadable_columns_are_listed_and_refused_when_named() {
     };
     let e = parquet::open(&p, &missing).unwrap_err();
     assert!(e.to_string().contains("no column `nope`"), "{e}");
+}
+
+#[test]
+fn pread_mode_reads_what_the_mapping_reads_with_workers_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.parquet");
+    let (batch, _) = every_kind(0, 400, false);
+    write_parquet(&p, &[batch], 90, 16);
+    let read = |mode| {
+        let options = TableOptions {
+            read_mode: mode,
+            chunk_rows: Some(20),
+            window: Some(3),
+            ..TableOptions::default()
+        };
+        let d = Arc::new(parquet::open(&p, &options).unwrap());
+        let mut loader = Loader::builder(d as Arc<dyn Dataset>)
+            .batch_size(16)
+            .shuffle(3)
+            .workers(4)
+            .transform(CopyFields::named(["id", "vec3", "third"]))
+            .build()
+            .unwrap();
+        loader
+            .by_ref()
+            .map(|b| {
+                let b = b.unwrap();
+                (
+                    b.field::<i64>("id").unwrap().to_vec(),
+                    b.field::<f32>("vec3").unwrap().to_vec(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let mapped = read(ReadMode::Map);
+    assert_eq!(read(ReadMode::Pread), mapped);
+    assert_eq!(mapped.iter().map(|b| b.0.len()).sum::<usize>(), 400);
 }

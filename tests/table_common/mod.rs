@@ -16,6 +16,9 @@ use arrow_array::{
 use arrow_schema::{DataType, Field};
 use gpufeed::Dataset;
 
+/// Each field's name and each row's expected bytes, in the readers' field order.
+pub type Expected = Vec<(String, Vec<Vec<u8>>)>;
+
 /// The PNG signature: what the image column's values start with, so that the field is
 /// tagged PNG.
 pub const PNG: &[u8] = b"\x89PNG\r\n\x1a\n";
@@ -23,11 +26,7 @@ pub const PNG: &[u8] = b"\x89PNG\r\n\x1a\n";
 /// A batch of `n` rows numbered from `start`, with a column of every kind; `views` adds
 /// `Utf8View` and `BinaryView` columns. Returns the batch and, per field the readers make
 /// (in order), each row's expected bytes.
-pub fn every_kind(
-    start: usize,
-    n: usize,
-    views: bool,
-) -> (RecordBatch, Vec<(String, Vec<Vec<u8>>)>) {
+pub fn every_kind(start: usize, n: usize, views: bool) -> (RecordBatch, Expected) {
     let v: Vec<usize> = (start..start + n).collect();
     let text = |v: usize| format!("row {v} {}", "é".repeat(v % 5));
     let mut cols: Vec<(&str, ArrayRef)> = vec![
@@ -189,9 +188,9 @@ pub fn every_kind(
             )),
         ));
     }
-    let batch = RecordBatch::try_from_iter(cols.into_iter().map(|(n, a)| (n, a))).unwrap();
+    let batch = RecordBatch::try_from_iter(cols).unwrap();
     let le = |x: &[Vec<u8>]| x.concat();
-    let mut expected: Vec<(String, Vec<Vec<u8>>)> = vec![
+    let mut expected: Expected = vec![
         (
             "id".into(),
             v.iter()

@@ -87,7 +87,72 @@ enum Reader {
     /// The file's mapping: pages are read in place.
     Map(Bytes),
     /// The file, read at offsets.
-    File(Arc<File>),
+    File(PreadFile),
+}
+
+/// A file read with `pread` at offsets, for the Parquet reader. Not `File`'s own
+/// `ChunkReader`: that seeks a descriptor whose offset all its clones share, which races when
+/// workers decode chunks of one file at once.
+#[derive(Clone)]
+struct PreadFile {
+    file: Arc<File>,
+    /// The file's size at open.
+    len: u64,
+}
+
+impl ::parquet::file::reader::Length for PreadFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+/// A reader of a [`PreadFile`] from a position on.
+struct PreadReader {
+    file: Arc<File>,
+    at: u64,
+    end: u64,
+}
+
+impl std::io::Read for PreadReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let room = usize::try_from(self.end.saturating_sub(self.at)).unwrap_or(usize::MAX);
+        let want = buf.len().min(room);
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+impl ChunkReader for PreadFile {
+    type T = std::io::BufReader<PreadReader>;
+
+    fn get_read(&self, start: u64) -> ::parquet::errors::Result<Self::T> {
+        Ok(std::io::BufReader::new(PreadReader {
+            file: Arc::clone(&self.file),
+            at: start,
+            end: self.len,
+        }))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> ::parquet::errors::Result<Bytes> {
+        use std::os::unix::fs::FileExt;
+        if start
+            .checked_add(length as u64)
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(::parquet::errors::ParquetError::EOF(format!(
+                "{length} bytes at {start} are past the file's {} bytes",
+                self.len
+            )));
+        }
+        let mut buf = vec![0u8; length];
+        self.file.read_exact_at(&mut buf, start)?;
+        Ok(Bytes::from(buf))
+    }
 }
 
 struct ParquetFile {
@@ -157,7 +222,7 @@ impl ParquetDataset {
                     let len = map.len() as u64;
                     (Reader::Map(Bytes::from_owner(MapOwner(map))), len)
                 }
-                FileData::Pread { file, len } => (Reader::File(file), len),
+                FileData::Pread { file, len } => (Reader::File(PreadFile { file, len }), len),
             };
             let meta = guard(p, FORMAT, || load_metadata(p, &reader))?;
             if let Some((first_path, .., first_meta, _)) = opened.first() {
@@ -279,12 +344,7 @@ impl ParquetDataset {
         guard(&f.path, FORMAT, || {
             let batches = match &f.reader {
                 Reader::Map(b) => read_chunk(b.clone(), f, c),
-                Reader::File(file) => {
-                    let file = file
-                        .try_clone()
-                        .map_err(|e| Error::io(&f.path, "open", e))?;
-                    read_chunk(file, f, c)
-                }
+                Reader::File(file) => read_chunk(file.clone(), f, c),
             }
             .map_err(|e| Error::Malformed {
                 path: f.path.clone(),
@@ -410,7 +470,7 @@ fn load_metadata(path: &Path, reader: &Reader) -> Result<ArrowReaderMetadata> {
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
     match reader {
         Reader::Map(b) => ArrowReaderMetadata::load(b, options),
-        Reader::File(f) => ArrowReaderMetadata::load(&**f, options),
+        Reader::File(f) => ArrowReaderMetadata::load(f, options),
     }
     .map_err(|e| Error::Malformed {
         path: path.to_path_buf(),
