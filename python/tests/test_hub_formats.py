@@ -258,3 +258,13 @@ def test_polars_and_duckdb_parquet(tmp_path):
     con.register("t", simple)
     con.execute(f"COPY t TO '{q}' (FORMAT PARQUET, ROW_GROUP_SIZE 64)")
     assert_reads_as_pyarrow(q, pq.read_table(q))
+
+
+def test_shuffle_reads_each_row_once_in_windows(tmp_path):
+    p = tmp_path / "s.parquet"
+    pq.write_table(table(1000), p, row_group_size=300)
+    ids = []
+    for batch in gpufeed.Loader(str(p), batch_size=64, shuffle=5, fields=["id"], output="numpy"):
+        ids.extend(batch["id"].tolist())
+    assert sorted(ids) == list(range(1000))
+    assert ids != sorted(ids)

@@ -7,7 +7,7 @@
 //! to 1 Mi rows, `datasets` 2 groups for 169 MB of text, others 500 rows). So each row group
 //! is split into *chunks* of at most [`TableOptions::chunk_rows`] rows (by default, chosen
 //! from the group's size in the footer so that a decoded chunk is about
-//! [`DEFAULT_CHUNK_BYTES`](super::DEFAULT_CHUNK_BYTES)), with prefix sums over files, groups
+//! [`DEFAULT_CHUNK_BYTES`]), with prefix sums over files, groups
 //! and chunks: unequal sizes are the rule. A chunk is the unit that is decoded (only the
 //! columns read, only its rows: pages before it are skipped, through the file's page index
 //! where it has one) and cached: decoded chunks are held for all workers together in one
