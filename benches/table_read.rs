@@ -30,25 +30,36 @@ fn dir() -> PathBuf {
 }
 
 fn text(i: usize) -> String {
-    // 40 to 140 bytes of words, as web text.
-    let words = [
-        "the", "data", "loader", "feeds", "a", "training", "loop", "quickly", "gpu", "batch",
-    ];
-    let n = 8 + i % 20;
-    (0..n)
-        .map(|k| words[(i * 7 + k * 3) % words.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
+    // 40 to 250 bytes of words from a vocabulary of 4,096, each row its own (as web text: a
+    // dictionary does not hold them).
+    let mut h = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = format!("{i}");
+    for _ in 0..8 + i % 25 {
+        h ^= h << 13;
+        h ^= h >> 7;
+        h ^= h << 17;
+        out.push_str(&format!(" w{:x}", h % 4096));
+    }
+    out
 }
 
-/// One row group of ROWS rows (as pyarrow writes up to 1 Mi rows), snappy.
+/// One row group of ROWS rows (as pyarrow writes up to 1 Mi rows), snappy; with a page index
+/// (arrow-rs's default) unless the name says `noindex` (pyarrow's default).
 fn write(path: &Path, batch: RecordBatch) {
+    use ::parquet::file::properties::{EnabledStatistics, WriterProperties};
     if path.exists() {
         return;
     }
-    let props = ::parquet::file::properties::WriterProperties::builder()
+    let noindex = path.to_string_lossy().contains("noindex");
+    let props = WriterProperties::builder()
         .set_max_row_group_row_count(Some(ROWS))
         .set_compression(::parquet::basic::Compression::SNAPPY)
+        .set_offset_index_disabled(noindex)
+        .set_statistics_enabled(if noindex {
+            EnabledStatistics::Chunk
+        } else {
+            EnabledStatistics::Page
+        })
         .build();
     let mut w = ::parquet::arrow::ArrowWriter::try_new(
         std::fs::File::create(path).unwrap(),
@@ -60,15 +71,9 @@ fn write(path: &Path, batch: RecordBatch) {
     w.close().unwrap();
 }
 
-fn files() -> (PathBuf, PathBuf, PathBuf) {
+fn files() -> Vec<(&'static str, PathBuf)> {
     let d = dir();
-    let text_path = d.join("text.parquet");
     let t: ArrayRef = Arc::new(StringArray::from_iter_values((0..ROWS).map(text)));
-    write(
-        &text_path,
-        RecordBatch::try_from_iter([("text", t)]).unwrap(),
-    );
-    let num_path = d.join("numbers.parquet");
     let id: ArrayRef = Arc::new(Int64Array::from_iter_values(0..ROWS as i64));
     let x: ArrayRef = Arc::new(Float32Array::from_iter_values(
         (0..ROWS).map(|i| i as f32 * 0.5),
@@ -76,11 +81,6 @@ fn files() -> (PathBuf, PathBuf, PathBuf) {
     let y: ArrayRef = Arc::new(Float64Array::from_iter_values(
         (0..ROWS).map(|i| i as f64 / 3.0),
     ));
-    write(
-        &num_path,
-        RecordBatch::try_from_iter([("id", id), ("x", x), ("y", y)]).unwrap(),
-    );
-    let list_path = d.join("tokens.parquet");
     let tokens: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
         (0..ROWS).map(|i| {
             Some(
@@ -90,22 +90,42 @@ fn files() -> (PathBuf, PathBuf, PathBuf) {
             )
         }),
     ));
-    write(
-        &list_path,
-        RecordBatch::try_from_iter([("tokens", tokens)]).unwrap(),
-    );
-    (text_path, num_path, list_path)
+    let out = vec![
+        ("text", d.join("text.parquet"), vec![("text", t.clone())]),
+        (
+            "int_float",
+            d.join("numbers.parquet"),
+            vec![("id", id), ("x", x), ("y", y)],
+        ),
+        (
+            "list",
+            d.join("tokens.parquet"),
+            vec![("tokens", tokens.clone())],
+        ),
+        (
+            "text_noindex",
+            d.join("text_noindex.parquet"),
+            vec![("text", t)],
+        ),
+        (
+            "list_noindex",
+            d.join("tokens_noindex.parquet"),
+            vec![("tokens", tokens)],
+        ),
+    ];
+    out.into_iter()
+        .map(|(name, path, cols)| {
+            write(&path, RecordBatch::try_from_iter(cols).unwrap());
+            (name, path)
+        })
+        .collect()
 }
 
 fn decode_rates(c: &mut Criterion) {
-    let (text_path, num_path, list_path) = files();
+    let files = files();
     let mut g = c.benchmark_group("parquet_chunk");
     g.sample_size(10);
-    for (name, path) in [
-        ("text", &text_path),
-        ("int_float", &num_path),
-        ("list", &list_path),
-    ] {
+    for (name, path) in &files {
         // A cache of one chunk: every get of another chunk decodes it.
         let options = TableOptions {
             chunk_rows: Some(CHUNK),
@@ -113,8 +133,11 @@ fn decode_rates(c: &mut Criterion) {
             ..TableOptions::default()
         };
         let d = parquet::open(path, &options).unwrap();
-        let bytes = d.describe().files[0].uncompressed_bytes.unwrap() / (ROWS as u64 / CHUNK);
-        g.throughput(Throughput::Bytes(bytes));
+        // Decoded bytes of a chunk: the records' bytes, what the samples read.
+        let bytes: u64 = (0..CHUNK)
+            .map(|i| d.get(i).unwrap().bytes().unwrap().len() as u64)
+            .sum();
+        g.throughput(Throughput::Elements(CHUNK * 2));
         for (which, chunk) in [("first", 0u64), ("late", ROWS as u64 / CHUNK - 1)] {
             let other = if chunk == 0 { 1 } else { 0 };
             g.bench_function(format!("{name}/{which}"), |b| {
@@ -126,8 +149,8 @@ fn decode_rates(c: &mut Criterion) {
             });
         }
         println!(
-            "{name}: {} bytes per chunk of {CHUNK} rows (uncompressed, footer), two chunks per iteration",
-            bytes
+            "{name}: {bytes} bytes of records per chunk of {CHUNK} rows, {} bytes uncompressed in the footer per chunk; two chunks per iteration",
+            d.describe().files[0].uncompressed_bytes.unwrap() / (ROWS as u64 / CHUNK)
         );
     }
     g.finish();
