@@ -168,7 +168,7 @@ pub struct ArrowDataset {
     /// Where each batch starts among the data set's rows (`batches + 1` entries).
     starts: Vec<u64>,
     /// Each batch's columns, made on first use.
-    decoded: Vec<OnceLock<Arc<Columns>>>,
+    decoded: Vec<OnceLock<Columns>>,
     plan: Plan,
     schema: Schema,
     splits: Option<(String, Vec<String>)>,
@@ -458,19 +458,21 @@ impl ArrowDataset {
             return Ok(());
         }
         let first = self.columns(0)?;
-        for k in images {
-            if let Some(v) = first.first_value(k) {
-                self.plan.sniff_image(k, &v);
-            }
+        let values: Vec<(usize, bytes::Bytes)> = images
+            .into_iter()
+            .filter_map(|k| first.first_value(k).map(|v| (k, v)))
+            .collect();
+        for (k, v) in values {
+            self.plan.sniff_image(k, &v);
         }
         self.schema = self.plan.schema(&self.files[0].path)?;
         Ok(())
     }
 
     /// Batch `k`'s columns, made on first use.
-    fn columns(&self, k: usize) -> Result<Arc<Columns>> {
+    fn columns(&self, k: usize) -> Result<&Columns> {
         if let Some(c) = self.decoded[k].get() {
-            return Ok(Arc::clone(c));
+            return Ok(c);
         }
         let b = self.batches[k];
         let f = &self.files[b.file];
@@ -504,9 +506,7 @@ impl ArrowDataset {
             })
         })?;
         // Another thread may have made it meanwhile: either will do.
-        Ok(Arc::clone(
-            self.decoded[k].get_or_init(|| Arc::new(columns)),
-        ))
+        Ok(self.decoded[k].get_or_init(|| columns))
     }
 
     /// What the data set holds, for `gpufeed inspect`.
