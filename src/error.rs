@@ -117,6 +117,17 @@ pub enum Error {
         what: String,
     },
 
+    /// A table (Parquet, Arrow) that gpufeed cannot read as it is: a column asked for whose
+    /// type cannot be batched (a map, a union, a decimal, a list of strings, ...), Arrow
+    /// buffers compressed in the file.
+    #[error("{path}: {what}")]
+    UnsupportedTable {
+        /// The file concerned.
+        path: PathBuf,
+        /// What cannot be read (naming the column), and what would do instead.
+        what: String,
+    },
+
     /// Inputs that must agree do not (shards with different schemas, a labels file of another
     /// length, a field name that does not exist, ...).
     #[error("{what}")]
@@ -364,7 +375,8 @@ pub enum ErrorKind {
     /// [`Error::MissingField`]).
     Corrupt,
     /// A file this version of gpufeed cannot read: a newer format version or an `.npy` array
-    /// it cannot read in place ([`Error::UnsupportedVersion`], [`Error::UnsupportedNpy`]).
+    /// it cannot read in place, a table's column that cannot be batched or buffers compressed in an Arrow file
+    /// ([`Error::UnsupportedVersion`], [`Error::UnsupportedNpy`], [`Error::UnsupportedTable`]).
     Unsupported,
     /// A file changed on disk after it was opened ([`Error::FileChanged`]).
     FileChanged,
@@ -415,9 +427,9 @@ impl Error {
             | Error::ChecksumMismatch { .. }
             | Error::BadMember { .. }
             | Error::MissingField { .. } => ErrorKind::Corrupt,
-            Error::UnsupportedVersion { .. } | Error::UnsupportedNpy { .. } => {
-                ErrorKind::Unsupported
-            }
+            Error::UnsupportedVersion { .. }
+            | Error::UnsupportedNpy { .. }
+            | Error::UnsupportedTable { .. } => ErrorKind::Unsupported,
             Error::FileChanged { .. } => ErrorKind::FileChanged,
             Error::Mismatch { .. } | Error::OutOfRange { .. } => ErrorKind::Mismatch,
             Error::InvalidConfig { .. } | Error::InvalidSchema { .. } | Error::Spawn { .. } => {
@@ -655,6 +667,13 @@ mod tests {
             ),
             (
                 Error::UnsupportedNpy {
+                    path: p.clone(),
+                    what: "x".into(),
+                },
+                ErrorKind::Unsupported,
+            ),
+            (
+                Error::UnsupportedTable {
                     path: p.clone(),
                     what: "x".into(),
                 },

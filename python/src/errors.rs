@@ -104,6 +104,11 @@ fn details(e: &Error) -> Details {
             path: path(p),
             ..Details::default()
         },
+        Error::UnsupportedTable { path: p, .. } => Details {
+            kind: "unsupported_table",
+            path: path(p),
+            ..Details::default()
+        },
         Error::Mismatch { .. } => Details {
             kind: "mismatch",
             ..Details::default()

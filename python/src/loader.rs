@@ -648,6 +648,16 @@ fn open_dataset(s: &Settings) -> Result<Opened, BuildError> {
             "path_or_paths",
             "no file given".into(),
         )),
+        // Tables (Parquet, datasets' Arrow files), by name and magic, with the default read
+        // options: a stand-in until the library's single front door recognises them.
+        [one] if source::table::parquet::is_parquet(one) => Ok((
+            Arc::new(source::table::parquet::open(one, &source::table::TableOptions::default())?),
+            None,
+        )),
+        [one] if source::table::arrow::is_arrow(one) => Ok((
+            Arc::new(source::table::arrow::open(one, &source::table::TableOptions::default())?),
+            None,
+        )),
         // A directory of shards (an index.json, or .tar files) and a URL (s3://...) are
         // sharded data sets; other directories are image folders.
         [dir] if dir.is_dir() && !source::shards::is_shard_dir(dir) => {

@@ -127,7 +127,9 @@ impl LoaderBuilder {
     /// then blocks of `block` consecutive samples within windows of `window` consecutive
     /// shards (see [`BlockShuffle`]). For data streamed by shard: only a window's shards are
     /// needed at a time, read in runs. Needs [`shuffle`](Self::shuffle) and a data set that
-    /// has shards ([`Dataset::shard_sizes`]).
+    /// has shards ([`Dataset::shard_sizes`]). A data set that must be read in windows
+    /// (Parquet: [`Dataset::windowed_shuffle`]) is shuffled so by [`shuffle`](Self::shuffle)
+    /// alone, with its own window and block unless these are set.
     pub fn shuffle_blocks(mut self, window: u64, block: u64) -> Self {
         self.blocks = Some((window, block));
         self
@@ -387,7 +389,10 @@ impl LoaderBuilder {
             ));
         }
         let remainder = Remainder::of(self.drop_last, self.evaluation)?;
-        let blocks = match self.blocks {
+        // A data set read in windows (Parquet) is never shuffled globally: a global shuffle
+        // would decode a chunk of rows per sample.
+        let windowed = self.shuffle.and(self.dataset.windowed_shuffle());
+        let blocks = match self.blocks.or(windowed) {
             None => None,
             Some(_) if self.shuffle.is_none() => {
                 return Err(Error::config(

@@ -54,6 +54,7 @@ mod image_folder;
 mod npy;
 mod packed;
 pub mod shards;
+pub mod table;
 pub mod tokens;
 mod zip;
 
@@ -95,6 +96,16 @@ pub trait Dataset: Send + Sync {
     /// best read a few at a time; `None` (the default) for one undivided data set. The
     /// loader's [`shuffle_blocks`](crate::LoaderBuilder::shuffle_blocks) needs it.
     fn shard_sizes(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// `Some((window, block))` for a data set that must be read in windows: one whose random
+    /// access is costly (a Parquet file decodes a chunk of rows to give one). When asked to
+    /// shuffle without [`shuffle_blocks`](crate::LoaderBuilder::shuffle_blocks), the loader
+    /// then shuffles in two levels, windows of `window` shards
+    /// ([`shard_sizes`](Dataset::shard_sizes)) and blocks of `block` samples, instead of
+    /// globally. `None` (the default): a global shuffle costs no more than reading in order.
+    fn windowed_shuffle(&self) -> Option<(u64, u64)> {
         None
     }
 
@@ -172,6 +183,9 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         (**self).shard_sizes()
     }
+    fn windowed_shuffle(&self) -> Option<(u64, u64)> {
+        (**self).windowed_shuffle()
+    }
     fn read_ahead_batches(&self) -> usize {
         (**self).read_ahead_batches()
     }
@@ -198,6 +212,9 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     }
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         (**self).shard_sizes()
+    }
+    fn windowed_shuffle(&self) -> Option<(u64, u64)> {
+        (**self).windowed_shuffle()
     }
     fn read_ahead_batches(&self) -> usize {
         (**self).read_ahead_batches()
@@ -250,6 +267,13 @@ enum SampleBytes<'a> {
     Zipped {
         parts: Vec<Sample<'a>>,
         fields: &'a [(usize, usize)],
+        record: OnceLock<Vec<u8>>,
+    },
+    /// One buffer per field, in schema order, each a reference-counted view of the buffer
+    /// that holds the field (a decoded column of a table, a file's mapping): no copy. The
+    /// record of the schema is laid out on first use of [`Sample::bytes`] only.
+    Fields {
+        fields: Vec<bytes::Bytes>,
         record: OnceLock<Vec<u8>>,
     },
 }
@@ -367,6 +391,37 @@ impl<'a> Sample<'a> {
         }
     }
 
+    /// A sample whose field `k` is `fields[k]` (in schema order), each a view of its own
+    /// buffer: a table's decoded columns, whose fields are not ranges of one buffer. Checked
+    /// here: one buffer per field, each tensor field's exactly its schema's size.
+    pub(crate) fn fields(fields: Vec<bytes::Bytes>, schema: &'a Schema) -> Result<Sample<'a>> {
+        if fields.len() != schema.fields().len() {
+            return Err(Error::mismatch(format!(
+                "{} fields for a schema of {} fields",
+                fields.len(),
+                schema.fields().len()
+            )));
+        }
+        for (k, (b, field)) in fields.iter().zip(schema.fields()).enumerate() {
+            if let Some(want) = schema.fixed_range(k).map(|r| r.len())
+                && b.len() != want
+            {
+                return Err(Error::mismatch(format!(
+                    "field `{}` has {} bytes, its schema says {want}",
+                    field.name,
+                    b.len()
+                )));
+            }
+        }
+        Ok(Sample {
+            bytes: SampleBytes::Fields {
+                fields,
+                record: OnceLock::new(),
+            },
+            schema,
+        })
+    }
+
     /// A sample that borrows its record bytes (laid out as `schema` says); checked here.
     /// For sources that keep their data in memory they own.
     pub fn borrowed(bytes: &'a [u8], schema: &'a Schema) -> Result<Sample<'a>> {
@@ -466,6 +521,7 @@ impl<'a> Sample<'a> {
                 let &(part, j) = fields.get(k)?;
                 parts.get(part)?.field(j)
             }
+            SampleBytes::Fields { fields, .. } => fields.get(k).map(|b| &b[..]),
             _ => self.schema.field_in(self.bytes().ok()?, k),
         }
     }
@@ -497,6 +553,14 @@ impl<'a> Sample<'a> {
                 ))
             })?;
             return parts[part].try_field(j);
+        }
+        if let SampleBytes::Fields { fields, .. } = &self.bytes {
+            return fields.get(k).map(|b| &b[..]).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "no field {k} in a sample of schema [{}]",
+                    self.schema
+                ))
+            });
         }
         let bytes = self.bytes()?;
         self.schema.field_in(bytes, k).ok_or_else(|| {
@@ -593,7 +657,7 @@ impl<'a> Sample<'a> {
             SampleBytes::Shared { data, .. } => Ok(data),
             SampleBytes::Read(b) => Ok(b.as_slice()),
             SampleBytes::Unread(u) => u.load(),
-            SampleBytes::Zipped { record, .. } => {
+            SampleBytes::Zipped { record, .. } | SampleBytes::Fields { record, .. } => {
                 if let Some(r) = record.get() {
                     return Ok(r);
                 }
@@ -603,7 +667,7 @@ impl<'a> Sample<'a> {
                 let mut out = Vec::new();
                 self.schema
                     .build_record(&values, &mut out)
-                    .map_err(|e| Error::mismatch(format!("zipped sample: {e}")))?;
+                    .map_err(|e| Error::mismatch(format!("sample of separate fields: {e}")))?;
                 Ok(record.get_or_init(|| out))
             }
         }
@@ -617,14 +681,16 @@ impl<'a> Sample<'a> {
             SampleBytes::Shared { data, .. } => data.len(),
             SampleBytes::Read(b) => b.as_slice().len(),
             SampleBytes::Unread(u) => u.len,
-            SampleBytes::Zipped { record, .. } => match record.get() {
-                Some(r) => r.len(),
-                None => self.schema.record_bytes(
-                    (0..self.schema.fields().len())
-                        .filter(|&k| self.schema.fixed_range(k).is_none())
-                        .map(|k| self.field(k).map_or(0, <[u8]>::len)),
-                ),
-            },
+            SampleBytes::Zipped { record, .. } | SampleBytes::Fields { record, .. } => {
+                match record.get() {
+                    Some(r) => r.len(),
+                    None => self.schema.record_bytes(
+                        (0..self.schema.fields().len())
+                            .filter(|&k| self.schema.fixed_range(k).is_none())
+                            .map(|k| self.field(k).map_or(0, <[u8]>::len)),
+                    ),
+                }
+            }
         }
     }
 
@@ -710,6 +776,7 @@ impl std::fmt::Debug for Sample<'_> {
             SampleBytes::Read(_) => "read",
             SampleBytes::Unread(_) => "unread",
             SampleBytes::Zipped { .. } => "zipped",
+            SampleBytes::Fields { .. } => "fields",
         };
         f.debug_struct("Sample")
             .field("bytes", &self.len())

@@ -1,0 +1,288 @@
+//! Data sets that are tables (rows of named columns), as the Hugging Face hub and `datasets`
+//! ship them: Parquet files ([`parquet`]) and Arrow IPC files (`datasets`' `save_to_disk`
+//! directories and cache files: [`arrow`]).
+//!
+//! Each format opens to a [`Dataset`](crate::source::Dataset) whose samples are rows, and whose
+//! fields are the table's columns mapped to gpufeed's fields by one set of rules
+//! (`columns.rs`): numbers and fixed-size lists of numbers to tensors, strings and binaries to
+//! bytes, variable-size lists of numbers to ragged fields, the `datasets` Image feature (a
+//! struct of `bytes` and `path`) to an image field, other structs to one field per child
+//! (`parent.child`). What they read is set by [`TableOptions`]; what a data set holds (schema,
+//! rows, row groups or record batches, compression, sizes, the columns that cannot be read) is
+//! its `describe()`, a [`TableSummary`] that `gpufeed inspect` prints.
+//!
+//! Which path is a table of which format is decided by the front door
+//! ([`source::open`](crate::source::open)); each format module offers the cheap test it uses
+//! (`is_parquet`, `is_arrow`) and an `open`.
+
+pub mod arrow;
+mod cache;
+mod columns;
+pub mod parquet;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+pub use cache::ChunkCacheStats;
+
+use crate::file::ReadMode;
+
+/// A value put in place of a null, for a column named in [`TableOptions::fill`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fill {
+    /// An integer, for integer, float and bool fields (0 or 1).
+    Int(i64),
+    /// A number, for float fields.
+    Float(f64),
+    /// Bytes, for bytes fields (strings, binaries, images; ragged fields take the elements'
+    /// little-endian bytes).
+    Bytes(Vec<u8>),
+}
+
+/// How a table (Parquet, Arrow) is read.
+#[derive(Clone, Debug, Default)]
+pub struct TableOptions {
+    /// The fields to read, by name (a column's name, or `parent.child` for a struct's child);
+    /// `None`: every column that maps to a field. Columns not read are never decoded.
+    pub columns: Option<Vec<String>>,
+    /// Values for nulls, by field name. A null in a field without one is an error naming
+    /// the file, the row and the column.
+    pub fill: BTreeMap<String, Fill>,
+    /// How files are reached: mapped (the default) or read at offsets.
+    pub read_mode: ReadMode,
+    /// Parquet: rows per chunk, the unit that is decoded and cached (row groups larger than
+    /// this are split). `None`: chosen per row group from its size in the footer, so that a
+    /// decoded chunk is about [`DEFAULT_CHUNK_BYTES`].
+    pub chunk_rows: Option<u64>,
+    /// Parquet: chunks whose rows are shuffled together (the window of the two-level
+    /// shuffle the loader uses when asked to shuffle). `None`: [`DEFAULT_WINDOW`].
+    pub window: Option<u64>,
+    /// Parquet: the bytes of decoded chunks kept for all workers together. `None`: two
+    /// windows of chunks of [`DEFAULT_CHUNK_BYTES`].
+    pub cache_bytes: Option<u64>,
+    /// Arrow: the split of a `DatasetDict` directory to read (`train`, `test`, ...), when the
+    /// path names the dictionary's directory and not a split's.
+    pub split: Option<String>,
+}
+
+/// The decoded size a Parquet chunk aims at when [`TableOptions::chunk_rows`] is not set.
+pub const DEFAULT_CHUNK_BYTES: u64 = 4 << 20;
+
+/// Chunks per shuffle window when [`TableOptions::window`] is not set.
+pub const DEFAULT_WINDOW: u64 = 8;
+
+/// What a table data set holds, for `gpufeed inspect`: plain data, printed by the command.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableSummary {
+    /// `parquet` or `arrow`.
+    pub format: &'static str,
+    /// Rows of all files together.
+    pub rows: u64,
+    /// The columns, in the files' order, each with the field it becomes or why it cannot.
+    pub columns: Vec<ColumnSummary>,
+    /// The files, in the data set's order.
+    pub files: Vec<FileSummary>,
+    /// Parquet: the chunks rows are decoded in (row groups split); Arrow: record batches.
+    pub chunks: u64,
+    /// Arrow, a `DatasetDict`: the split read and every split there is.
+    pub splits: Option<(String, Vec<String>)>,
+}
+
+/// One column of a [`TableSummary`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ColumnSummary {
+    /// The column's name (`parent.child` for a struct's child).
+    pub name: String,
+    /// Its Arrow type, as Arrow prints it.
+    pub arrow_type: String,
+    /// The field it becomes (`text: utf8 bytes`, `image: jpeg bytes`), or `None` when it
+    /// cannot be read.
+    pub field: Option<String>,
+    /// Why it cannot be read, when it cannot; `None` when it can.
+    pub unreadable: Option<String>,
+    /// True when the options leave it out.
+    pub skipped: bool,
+}
+
+/// One file of a [`TableSummary`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileSummary {
+    /// The file.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Its rows.
+    pub rows: u64,
+    /// Parquet: its row groups; Arrow: its record batches.
+    pub groups: u64,
+    /// Parquet: the codecs of its column chunks (`SNAPPY`, `ZSTD(…)`, `UNCOMPRESSED`); Arrow:
+    /// `uncompressed`.
+    pub compression: Vec<String>,
+    /// Parquet: the bytes its column chunks take decompressed, as its footer says.
+    pub uncompressed_bytes: Option<u64>,
+}
+
+/// Runs `f`, turning a panic of the Arrow or Parquet code under it into `Malformed` for
+/// `path`: those crates can panic on malformed input in places, and bad input gets a typed
+/// error here, never a panic.
+pub(crate) fn guard<T>(
+    path: &std::path::Path,
+    format: &'static str,
+    f: impl FnOnce() -> crate::error::Result<T>,
+) -> crate::error::Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "the reader failed".to_owned());
+            Err(crate::error::Error::Malformed {
+                path: path.to_path_buf(),
+                format,
+                what: format!("the file cannot be decoded ({what})"),
+            })
+        }
+    }
+}
+
+/// An error unless `b`'s columns are `a`'s: the two files and the first difference.
+pub(crate) fn same_columns(
+    a_path: &std::path::Path,
+    a: &arrow_schema::Schema,
+    b_path: &std::path::Path,
+    b: &arrow_schema::Schema,
+) -> crate::error::Result<()> {
+    use crate::error::Error;
+    let (fa, fb) = (a.fields(), b.fields());
+    let differ = |what: String| {
+        Err(Error::mismatch(format!(
+            "{} and {} have different schemas: {what}; open them as separate data sets",
+            a_path.display(),
+            b_path.display()
+        )))
+    };
+    for (x, y) in fa.iter().zip(fb.iter()) {
+        if x.name() != y.name() {
+            return differ(format!(
+                "column `{}` where the first has `{}`",
+                y.name(),
+                x.name()
+            ));
+        }
+        if x.data_type() != y.data_type() {
+            return differ(format!(
+                "column `{}` is {} in the first, {} in the second",
+                x.name(),
+                x.data_type(),
+                y.data_type()
+            ));
+        }
+    }
+    if fa.len() != fb.len() {
+        return differ(format!("{} columns against {}", fa.len(), fb.len()));
+    }
+    Ok(())
+}
+
+/// A file's mapping as the owner of a `Bytes`.
+pub(crate) struct MapOwner(pub(crate) std::sync::Arc<memmap2::Mmap>);
+
+impl AsRef<[u8]> for MapOwner {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The files a table data set's path names, in order: the file itself; a directory's files
+/// whose name ends with one of `extensions` (directly inside it, sorted by name, as the hub's
+/// `data/train-00000-of-00042.parquet`); or a pattern whose file name holds `*` or `?`
+/// (`data/train-*.parquet`), its matches sorted by name. An error when none is found.
+pub(crate) fn files_of(
+    path: &std::path::Path,
+    extensions: &[&str],
+    format: &str,
+) -> crate::error::Result<Vec<PathBuf>> {
+    use crate::error::Error;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let (dir, pattern) = if name.contains(['*', '?']) {
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        (dir, Some(name.to_owned()))
+    } else if path.is_dir() {
+        (path.to_path_buf(), None)
+    } else {
+        return Ok(vec![path.to_path_buf()]);
+    };
+    let entries = std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, "list", e))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(&dir, "list", e))?;
+        let Some(n) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let wanted = match &pattern {
+            Some(p) => wildcard(p.as_bytes(), n.as_bytes()),
+            None => extensions.iter().any(|x| n.ends_with(x)),
+        };
+        if wanted && entry.path().is_file() {
+            files.push(entry.path());
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::mismatch(format!(
+            "{}: no {format} file ({}) there",
+            path.display(),
+            extensions.join(", ")
+        )));
+    }
+    Ok(files)
+}
+
+/// True when `name` matches `pattern`, whose `*` matches any run of bytes and `?` any one.
+fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == name[n]) {
+            p += 1;
+            n += 1;
+        } else if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, n));
+            p += 1;
+        } else if let Some((sp, sn)) = star {
+            p = sp + 1;
+            n = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wildcard;
+
+    #[test]
+    fn wildcards_match_as_a_shell_does() {
+        assert!(wildcard(
+            b"train-*.parquet",
+            b"train-00000-of-00002.parquet"
+        ));
+        assert!(!wildcard(
+            b"train-*.parquet",
+            b"test-00000-of-00002.parquet"
+        ));
+        assert!(wildcard(b"data-?.arrow", b"data-1.arrow"));
+        assert!(!wildcard(b"data-?.arrow", b"data-10.arrow"));
+        assert!(wildcard(b"*", b"x"));
+        assert!(wildcard(b"a*b*c", b"aXbYbc"));
+        assert!(!wildcard(b"a*b*c", b"aXbYb"));
+    }
+}
