@@ -54,6 +54,17 @@ pub enum Error {
         what: String,
     },
 
+    /// A name that is no data set gpufeed reads: nothing by that name, not a regular file or
+    /// a directory, an empty file, or a file or directory of no known format. `what` says
+    /// which, and what each format is recognised by.
+    #[error("{path}: {what}")]
+    Unrecognised {
+        /// The name concerned.
+        path: PathBuf,
+        /// What it is, and what gpufeed looked for.
+        what: String,
+    },
+
     /// A file was written by a newer major version of the format than this reader knows.
     #[error(
         "{path}: format version {major}.{minor} is newer than this reader supports ({supported}.x); upgrade gpufeed"
@@ -375,8 +386,9 @@ pub enum ErrorKind {
     /// [`Error::MissingField`]).
     Corrupt,
     /// A file this version of gpufeed cannot read: a newer format version or an `.npy` array
-    /// it cannot read in place, a table's column that cannot be batched or buffers compressed in an Arrow file
-    /// ([`Error::UnsupportedVersion`], [`Error::UnsupportedNpy`], [`Error::UnsupportedTable`]).
+    /// it cannot read in place, a table's column that cannot be batched or buffers compressed
+    /// in an Arrow file, or a name of no format it reads ([`Error::UnsupportedVersion`],
+    /// [`Error::UnsupportedNpy`], [`Error::UnsupportedTable`], [`Error::Unrecognised`]).
     Unsupported,
     /// A file changed on disk after it was opened ([`Error::FileChanged`]).
     FileChanged,
@@ -429,7 +441,8 @@ impl Error {
             | Error::MissingField { .. } => ErrorKind::Corrupt,
             Error::UnsupportedVersion { .. }
             | Error::UnsupportedNpy { .. }
-            | Error::UnsupportedTable { .. } => ErrorKind::Unsupported,
+            | Error::UnsupportedTable { .. }
+            | Error::Unrecognised { .. } => ErrorKind::Unsupported,
             Error::FileChanged { .. } => ErrorKind::FileChanged,
             Error::Mismatch { .. } | Error::OutOfRange { .. } => ErrorKind::Mismatch,
             Error::InvalidConfig { .. } | Error::InvalidSchema { .. } | Error::Spawn { .. } => {

@@ -10,7 +10,9 @@
 //!   shard opened on first use, a bounded number open at once;
 //! - [`tokens`]: documents of token ids for language models (Megatron's `.bin`/`.idx`,
 //!   nanoGPT's `train.bin`, a field of any dataset), read in place;
-//! - [`open`]: whichever of these a path names.
+//! - [`open`](open()): the front door: whichever of these a name names (a file, a directory, a
+//!   pattern, a URL), found by one table of formats ([`detect`]), as a [`Source`]: the samples
+//!   and what `gpufeed inspect` says of them ([`Description`]).
 //!
 //! A source never copies a sample: [`Dataset::get`] returns a view into its mapping, and the
 //! loader copies it once, into its slot of the batch buffer. Sources are `Send + Sync` and are
@@ -30,7 +32,7 @@
 //! - keep data files unchanged while they are open, and replace them only by renaming a new
 //!   file into place; or
 //! - open with [`ReadMode::Pread`] (for [`RecordFile`], [`ReadOptions::mode`]; for [`NpyArray`],
-//!   [`NpyArray::open_with`]; for any path, [`open_with`]), which reads with `pread` and never
+//!   [`NpyArray::open_with`]; for any name, [`OpenOptions::read`]), which reads with `pread` and never
 //!   maps: on a network file system, or for files that may be truncated, a short read is a
 //!   typed [`Error::FileChanged`] instead of a signal;
 //! - turn on [`ReadOptions::verify_checksums`] to check every record read: a packed record
@@ -50,8 +52,10 @@
 //! downloaded into a cache are not checked.
 
 mod concat;
+mod describe;
 mod image_folder;
 mod npy;
+mod open;
 mod packed;
 pub mod shards;
 pub mod table;
@@ -64,14 +68,16 @@ use std::sync::{Arc, OnceLock};
 
 pub use crate::file::ReadMode;
 pub use concat::Concat;
+pub use describe::{Description, Fact, Format, fields_json, fields_text};
 pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
+pub use open::{OpenOptions, Seen, detect, open, open_all};
 pub use zip::Zip;
 
 use crate::file::RecordBuf;
 
 use crate::error::{Error, Result};
-use crate::format::{DType, FieldKind, ReadOptions, RecordFile, Schema};
+use crate::format::{DType, FieldKind, Schema};
 use crate::layout::{Element, cast_slice};
 
 /// A map-style dataset: a length, a schema, and samples by index.
@@ -227,6 +233,71 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     }
     fn fingerprint(&self) -> Result<Option<u64>> {
         (**self).fingerprint()
+    }
+}
+
+/// A data set as [`open`](open()) returns it: its samples (a [`Dataset`]) and what it is.
+///
+/// Every format implements it: what `gpufeed inspect` prints ([`Source::describe`], cheap: no
+/// pass over the data), a check of every sample ([`Source::verify`], `inspect --verify`), and
+/// for formats read by shard, their sharded face (shard names, the store's counts).
+pub trait Source: Dataset {
+    /// The format.
+    fn format(&self) -> Format;
+
+    /// What it holds: the facts `gpufeed inspect` prints. Cheap: reads headers and indexes,
+    /// no pass over the data.
+    fn describe(&self) -> Result<Description>;
+
+    /// Checks every sample (and every checksum where the format has them), calling
+    /// `progress(done, total)` as it goes; the first fault is the error. The default reads
+    /// every sample through [`Dataset::get`] and each of its fields.
+    fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        let n = self.len();
+        for i in 0..n {
+            let sample = self.get(i)?;
+            for k in 0..self.schema().fields().len() {
+                sample.try_field(k)?;
+            }
+            progress(i + 1, n);
+        }
+        Ok(())
+    }
+
+    /// The sharded face of a format read by shard (shard names, where a sample is, what its
+    /// store fetched); `None` (the default) for others.
+    fn sharded(&self) -> Option<&dyn shards::ShardedSource> {
+        None
+    }
+}
+
+impl<S: Source + ?Sized> Source for Box<S> {
+    fn format(&self) -> Format {
+        (**self).format()
+    }
+    fn describe(&self) -> Result<Description> {
+        (**self).describe()
+    }
+    fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        (**self).verify(progress)
+    }
+    fn sharded(&self) -> Option<&dyn shards::ShardedSource> {
+        (**self).sharded()
+    }
+}
+
+impl<S: Source + ?Sized> Source for Arc<S> {
+    fn format(&self) -> Format {
+        (**self).format()
+    }
+    fn describe(&self) -> Result<Description> {
+        (**self).describe()
+    }
+    fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        (**self).verify(progress)
+    }
+    fn sharded(&self) -> Option<&dyn shards::ShardedSource> {
+        (**self).sharded()
     }
 }
 
@@ -788,65 +859,6 @@ impl std::fmt::Debug for Sample<'_> {
 
 /// Any source a path can name, behind one type.
 pub type AnySource = Box<dyn Dataset>;
-
-/// Opens `path` as a dataset: a shard directory, `.tar` file or brace pattern of them (see
-/// [`shards::open`]), a `.npy` array (by its magic bytes) or a packed record file.
-pub fn open(path: impl AsRef<Path>) -> Result<AnySource> {
-    open_with(path, ReadOptions::default())
-}
-
-/// Opens `path` as [`open`] does, reading it as `options` say: [`ReadOptions::mode`] and
-/// [`ReadOptions::verify_checksums`] for either kind of file (a `.npy` array takes its
-/// checksums at open: see [`NpyArray`]'s section on verification).
-pub fn open_with(path: impl AsRef<Path>, options: ReadOptions) -> Result<AnySource> {
-    let path = path.as_ref();
-    if let Some(spec) = path.to_str()
-        && shards::is_shard_spec(spec)
-    {
-        let sharded: Box<dyn Dataset> = shards::open(spec)?;
-        return Ok(sharded);
-    }
-    let mut magic = [0u8; 8];
-    {
-        use std::io::Read;
-        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
-        let mut got = 0;
-        while got < magic.len() {
-            match f.read(&mut magic[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(path, "read", e)),
-            }
-        }
-    }
-    if magic.starts_with(npy::NPY_MAGIC) {
-        Ok(Box::new(NpyArray::open_with(
-            path,
-            NpyArray::FIELD,
-            options,
-        )?))
-    } else {
-        Ok(Box::new(RecordFile::open_with(path, options)?))
-    }
-}
-
-/// Opens many files (shards) as one dataset; all must have the same schema.
-pub fn open_shards<P: AsRef<Path>>(paths: &[P]) -> Result<Concat<AnySource>> {
-    open_shards_with(paths, ReadOptions::default())
-}
-
-/// Opens many files (shards) as one dataset, each as [`open_with`] does with `options`.
-pub fn open_shards_with<P: AsRef<Path>>(
-    paths: &[P],
-    options: ReadOptions,
-) -> Result<Concat<AnySource>> {
-    let parts = paths
-        .iter()
-        .map(|p| open_with(p, options))
-        .collect::<Result<Vec<_>>>()?;
-    Concat::new(parts)
-}
 
 #[cfg(test)]
 mod tests {

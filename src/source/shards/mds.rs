@@ -808,6 +808,10 @@ impl ShardFormat for MdsShards {
         "MDS"
     }
 
+    fn format(&self) -> crate::source::Format {
+        crate::source::Format::Mds
+    }
+
     fn compression(&self) -> Option<String> {
         MdsShards::compression(self).map(str::to_owned)
     }

@@ -1,0 +1,335 @@
+//! The front door: what a user names (a file, a directory, a pattern, a URL) and how to read
+//! it, to the data set it is. The command, its bench and the Python package open data through
+//! [`open`] and nothing else.
+//!
+//! What a name is, is decided once, by [`detect`], from one table: each row is a [`Format`],
+//! what it looks for, and how it is opened. A row looks only at what [`Seen`] gathered once
+//! (the kind of name, a file's first bytes, a directory's entries), so the order of the rows
+//! is the whole of the rule; the first row that recognises the name wins. When no row does,
+//! the error lists what every row looked for.
+//!
+//! | format | recognised by |
+//! |---|---|
+//! | object store URL | `scheme://...` (`s3`, `gs`, `az`, `http(s)`, `file`): its `index.json`, else its `.tar` objects |
+//! | WebDataset tar shards | a brace pattern or `::` list, a `.tar` file, a directory of `.tar` files |
+//! | packed shards / MDS | a directory with an `index.json` (told apart by its content) |
+//! | Megatron tokens | `PREFIX`, `PREFIX.idx` or `PREFIX.bin` with an index that starts `MMIDIDX` (read by the token loader) |
+//! | `.npy` array | a file that starts `\x93NUMPY` |
+//! | packed record file | a file that starts `GPUFEED\0` |
+//! | ImageFolder | a directory of class directories |
+//!
+//! A new format is a module that opens it and one row here.
+
+use std::path::{Path, PathBuf};
+
+use super::describe::Format;
+use super::shards::webdataset::WebDatasetOptions;
+use super::shards;
+use super::{ImageFolder, NpyArray, Source, npy};
+use crate::error::{Error, Result};
+use crate::format::{ReadOptions, RecordFile};
+use crate::source::tokens::{IndexedTokens, MEGATRON_MAGIC};
+
+/// How to read what [`open`] opens. The default maps files, verifies nothing beyond what every
+/// open checks, and takes the object store's settings from the environment.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// How single files are read (a mapping or `pread`) and whether every record's checksum
+    /// is checked as it is read.
+    pub read: ReadOptions,
+    /// Settings of sharded data sets (open shards, checks, declared fields, the cache of
+    /// decompressed and downloaded shards) and, for WebDataset, its key rules.
+    /// [`ReadOptions::verify_checksums`] turns on [`ShardOptions::verify`] too.
+    pub shards: WebDatasetOptions,
+    /// The object store's settings for a URL; `None`: from the environment
+    /// (`RemoteOptions::from_env`, with the `remote` feature).
+    #[cfg(feature = "remote")]
+    pub remote: Option<shards::remote::RemoteOptions>,
+}
+
+impl OpenOptions {
+    /// Options that read files as `read` says.
+    pub fn read(read: impl Into<ReadOptions>) -> OpenOptions {
+        OpenOptions {
+            read: read.into(),
+            ..OpenOptions::default()
+        }
+    }
+
+    /// The sharded formats' settings, with [`ReadOptions::verify_checksums`] carried over.
+    fn shard_options(&self) -> WebDatasetOptions {
+        let mut o = self.shards.clone();
+        o.shards.verify |= self.read.verify_checksums;
+        o
+    }
+}
+
+/// What was seen of a name, once, for the rows of the table to look at.
+#[derive(Debug)]
+pub struct Seen {
+    /// The name as given.
+    pub name: String,
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// `scheme://...`.
+    Url,
+    /// A brace pattern (`{000..009}`) or a `::` list.
+    Pattern,
+    /// A directory and the names of its entries (files and directories apart).
+    Dir {
+        files: Vec<String>,
+        dirs: Vec<String>,
+    },
+    /// A regular file and its first bytes.
+    File { head: Vec<u8> },
+    /// Something else that exists (a FIFO, a device): never opened.
+    Special,
+    /// Nothing by this name.
+    Missing,
+}
+
+impl Seen {
+    /// Looks at `name`: its kind, a file's first 16 bytes, a directory's entries.
+    pub fn of(name: &str) -> Result<Seen> {
+        let kind = if shards::is_store_url(name) {
+            Kind::Url
+        } else if name.contains("::") || name.contains('{') {
+            Kind::Pattern
+        } else {
+            let path = Path::new(name);
+            match std::fs::metadata(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Kind::Missing,
+                Err(e) => return Err(Error::io(path, "look at", e)),
+                Ok(m) if m.is_dir() => {
+                    let (mut files, mut dirs) = (Vec::new(), Vec::new());
+                    let entries = std::fs::read_dir(path).map_err(|e| Error::io(path, "list", e))?;
+                    for entry in entries {
+                        let entry = entry.map_err(|e| Error::io(path, "list", e))?;
+                        let name = entry.file_name().to_string_lossy().into_owned();
+                        // Follows links, as opening them will.
+                        match std::fs::metadata(entry.path()) {
+                            Ok(m) if m.is_dir() => dirs.push(name),
+                            Ok(m) if m.is_file() => files.push(name),
+                            _ => {}
+                        }
+                    }
+                    files.sort();
+                    dirs.sort();
+                    Kind::Dir { files, dirs }
+                }
+                Ok(m) if m.is_file() => Kind::File {
+                    head: head(path, 16)?,
+                },
+                Ok(_) => Kind::Special,
+            }
+        };
+        Ok(Seen {
+            name: name.to_owned(),
+            kind,
+        })
+    }
+
+    fn path(&self) -> &Path {
+        Path::new(&self.name)
+    }
+
+    fn file_starts_with(&self, magic: &[u8]) -> bool {
+        matches!(&self.kind, Kind::File { head } if head.starts_with(magic))
+    }
+
+    fn dir_has_file(&self, name: &str) -> bool {
+        matches!(&self.kind, Kind::Dir { files, .. } if files.iter().any(|f| f == name))
+    }
+
+    fn dir_has_files_ending(&self, suffix: &str) -> bool {
+        matches!(&self.kind, Kind::Dir { files, .. } if files.iter().any(|f| f.ends_with(suffix)))
+    }
+}
+
+/// The first `n` bytes of the file at `path` (fewer if it is shorter).
+fn head(path: &Path, n: usize) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let mut out = Vec::with_capacity(n);
+    f.take(n as u64)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::io(path, "read", e))?;
+    Ok(out)
+}
+
+/// One row of the table: a format, what it looks for (for the error when nothing matches),
+/// whether a name is of it, and how it is opened.
+struct Row {
+    format: Format,
+    looks_for: &'static str,
+    recognise: fn(&Seen) -> bool,
+    open: fn(&Seen, &OpenOptions) -> Result<Box<dyn Source>>,
+}
+
+/// The table, in the order the rows are tried.
+const ROWS: &[Row] = &[
+    Row {
+        format: Format::WebDataset,
+        looks_for: "an object store URL (s3://, gs://, az://, http(s)://, file://)",
+        recognise: |s| matches!(s.kind, Kind::Url),
+        open: |s, o| sharded(shards::open_with(&s.name, &store_options(o))?),
+    },
+    Row {
+        format: Format::WebDataset,
+        looks_for: "a brace pattern or `::` list of .tar shards",
+        recognise: |s| matches!(s.kind, Kind::Pattern),
+        open: |s, o| sharded(shards::open_with(&s.name, &o.shard_options())?),
+    },
+    Row {
+        format: Format::PackedShards,
+        looks_for: "a directory with an index.json (packed shards or MDS)",
+        recognise: |s| s.dir_has_file("index.json"),
+        open: |s, o| sharded(shards::open_with(&s.name, &o.shard_options())?),
+    },
+    Row {
+        format: Format::WebDataset,
+        looks_for: "a .tar file, or a directory of them",
+        recognise: |s| {
+            (matches!(s.kind, Kind::File { .. }) && s.name.ends_with(".tar"))
+                || s.dir_has_files_ending(".tar")
+        },
+        open: |s, o| sharded(shards::open_with(&s.name, &o.shard_options())?),
+    },
+    Row {
+        format: Format::MegatronTokens,
+        looks_for: "a Megatron indexed dataset (PREFIX.idx starting MMIDIDX, with PREFIX.bin)",
+        recognise: |s| megatron_index(s).is_some(),
+        open: |s, _| {
+            Err(Error::config(
+                "path",
+                format!(
+                    "{} is a Megatron indexed dataset of tokens: read it with the token loader \
+                     (gpufeed bench --tokens {}; Python gpufeed.TokenLoader)",
+                    s.name, s.name
+                ),
+            ))
+        },
+    },
+    Row {
+        format: Format::Npy,
+        looks_for: "a .npy array (a file starting \\x93NUMPY)",
+        recognise: |s| s.file_starts_with(npy::NPY_MAGIC),
+        open: |s, o| Ok(Box::new(NpyArray::open_with(s.path(), NpyArray::FIELD, o.read)?)),
+    },
+    Row {
+        format: Format::Packed,
+        looks_for: "a packed record file (a file starting GPUFEED)",
+        recognise: |s| s.file_starts_with(&crate::format::MAGIC),
+        open: |s, o| Ok(Box::new(RecordFile::open_with(s.path(), o.read)?)),
+    },
+    Row {
+        format: Format::ImageFolder,
+        looks_for: "an ImageFolder (a directory of class directories of JPEG/PNG files)",
+        recognise: |s| matches!(&s.kind, Kind::Dir { dirs, .. } if !dirs.is_empty()),
+        open: |s, o| {
+            if o.read.verify_checksums {
+                return Err(Error::config(
+                    "verify_checksums",
+                    format!(
+                        "{} is an ImageFolder, whose images have no checksums to verify",
+                        s.name
+                    ),
+                ));
+            }
+            Ok(Box::new(ImageFolder::open(s.path())?))
+        },
+    },
+];
+
+/// The URL's store settings: the sharded options, with the cache settings of `options.remote`
+/// when given.
+fn store_options(options: &OpenOptions) -> WebDatasetOptions {
+    options.shard_options()
+}
+
+fn sharded(d: Box<dyn shards::ShardedSource>) -> Result<Box<dyn Source>> {
+    Ok(d)
+}
+
+/// The prefix of the Megatron dataset `seen` names (`PREFIX`, `PREFIX.idx` or `PREFIX.bin`),
+/// when its index starts with Megatron's magic.
+fn megatron_index(seen: &Seen) -> Option<PathBuf> {
+    let path = seen.path();
+    let prefix = IndexedTokens::prefix_of(path).or_else(|| {
+        // An index without its .bin is still Megatron's: opening it says what is missing.
+        (path.extension().is_some_and(|e| e == "idx")).then(|| path.with_extension(""))
+    })?;
+    let idx = PathBuf::from(format!("{}.idx", prefix.display()));
+    let magic = head(&idx, MEGATRON_MAGIC.len()).ok()?;
+    (magic == MEGATRON_MAGIC).then_some(prefix)
+}
+
+/// What `name` is: the format of the first row of the table that recognises it.
+///
+/// An error when no row does: nothing by that name, something that is not a file or a
+/// directory, an empty file, or a file or directory of no format here; it says what each
+/// format is recognised by.
+pub fn detect(name: &str) -> Result<Format> {
+    let seen = Seen::of(name)?;
+    row_of(&seen).map(|r| r.format)
+}
+
+fn row_of(seen: &Seen) -> Result<&'static Row> {
+    if let Some(row) = ROWS.iter().find(|r| (r.recognise)(seen)) {
+        return Ok(row);
+    }
+    let looked_for: Vec<&str> = ROWS.iter().map(|r| r.looks_for).collect();
+    let list = looked_for.join("; ");
+    let path = seen.path().to_path_buf();
+    let what = match &seen.kind {
+        Kind::Missing => "there is nothing by this name".to_owned(),
+        Kind::Special => "not a regular file or a directory".to_owned(),
+        Kind::File { head } if head.is_empty() => "an empty file".to_owned(),
+        Kind::File { .. } => "a file of no format gpufeed reads".to_owned(),
+        Kind::Dir { .. } => "a directory of no format gpufeed reads".to_owned(),
+        Kind::Url | Kind::Pattern => "no format gpufeed reads".to_owned(),
+    };
+    Err(Error::Unrecognised {
+        path,
+        what: format!("{what}; gpufeed reads {list}"),
+    })
+}
+
+/// Opens the data set `name` names, read as `options` say: see the [module docs](self) for
+/// what is recognised, and [`Source`] for what an opened data set tells.
+///
+/// ```no_run
+/// use gpufeed::source::{OpenOptions, open};
+/// # fn main() -> gpufeed::Result<()> {
+/// let train = open("data/train", &OpenOptions::default())?; // a directory of shards, say
+/// println!("{} samples of {}", train.len(), train.format());
+/// # Ok(())
+/// # }
+/// ```
+pub fn open(name: impl AsRef<Path>, options: &OpenOptions) -> Result<Box<dyn Source>> {
+    let path = name.as_ref();
+    let name = path
+        .to_str()
+        .ok_or_else(|| Error::user(format!("{}: not a UTF-8 path", path.display())))?;
+    let seen = Seen::of(name)?;
+    let row = row_of(&seen)?;
+    (row.open)(&seen, options)
+}
+
+/// Opens several names as one data set of one schema (each as [`open`] does).
+pub fn open_all<P: AsRef<Path>>(names: &[P], options: &OpenOptions) -> Result<Box<dyn Source>> {
+    match names {
+        [] => Err(Error::config("paths", "no data set was named")),
+        [one] => open(one, options),
+        many => {
+            let parts = many
+                .iter()
+                .map(|p| open(p, options))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Box::new(super::Concat::new(parts)?))
+        }
+    }
+}
