@@ -13,7 +13,7 @@
 //! | object store URL | `scheme://...` (`s3`, `gs`, `az`, `http(s)`, `file`): its `index.json`, else its `.tar` objects |
 //! | WebDataset tar shards | a brace pattern or `::` list, a `.tar` file, a directory of `.tar` files |
 //! | packed shards / MDS | a directory with an `index.json` (told apart by its content) |
-//! | Megatron tokens | `PREFIX`, `PREFIX.idx` or `PREFIX.bin` with an index that starts `MMIDIDX` (read by the token loader) |
+//! | Megatron tokens | `PREFIX`, `PREFIX.idx` or `PREFIX.bin` whose `PREFIX.idx` is there (read by the token loader) |
 //! | `.npy` array | a file that starts `\x93NUMPY` |
 //! | packed record file | a file that starts `GPUFEED\0` |
 //! | ImageFolder | a directory of class directories |
@@ -27,28 +27,33 @@ use super::shards::webdataset::WebDatasetOptions;
 use super::shards;
 use super::{ImageFolder, NpyArray, Source, npy};
 use crate::error::{Error, Result};
-use crate::format::{ReadOptions, RecordFile};
-use crate::source::tokens::{IndexedTokens, MEGATRON_MAGIC};
+use crate::format::{ReadMode, ReadOptions, RecordFile};
+use crate::source::tokens::IndexedTokens;
 
-/// How to read what [`open`] opens. The default maps files, verifies nothing beyond what every
-/// open checks, and takes the object store's settings from the environment.
+/// How to read what [`open`] opens. The default maps files, checks what every open checks,
+/// and takes the cache's and the object store's settings from the environment.
 #[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
     /// How single files are read (a mapping or `pread`) and whether every record's checksum
-    /// is checked as it is read.
+    /// is checked as it is read; `verify_checksums` also turns on
+    /// [`ShardOptions::verify`](super::shards::ShardOptions::verify)
+    /// (every shard checked against its index whenever it is opened).
+    ///
+    /// Formats read whole or mapped by their store (ImageFolder, shards) refuse
+    /// [`ReadMode::Pread`] rather than ignore it.
     pub read: ReadOptions,
-    /// Settings of sharded data sets (open shards, checks, declared fields, the cache of
-    /// decompressed and downloaded shards) and, for WebDataset, its key rules.
-    /// [`ReadOptions::verify_checksums`] turns on [`ShardOptions::verify`] too.
+    /// Settings of sharded data sets (open shards, checks, declared fields) and, for
+    /// WebDataset, its key rules.
     pub shards: WebDatasetOptions,
-    /// The object store's settings for a URL; `None`: from the environment
-    /// (`RemoteOptions::from_env`, with the `remote` feature).
-    #[cfg(feature = "remote")]
-    pub remote: Option<shards::remote::RemoteOptions>,
+    /// Where compressed shards and files are decompressed to and downloaded shards are kept;
+    /// `None`: `$GPUFEED_CACHE_DIR`, else the default cache directory.
+    pub cache_dir: Option<PathBuf>,
+    /// The most bytes that cache holds; `None`: `$GPUFEED_CACHE_LIMIT`, else the default.
+    pub cache_limit: Option<u64>,
 }
 
 impl OpenOptions {
-    /// Options that read files as `read` says.
+    /// Options that read files as `read` says (a [`ReadMode`] or [`ReadOptions`]).
     pub fn read(read: impl Into<ReadOptions>) -> OpenOptions {
         OpenOptions {
             read: read.into(),
@@ -56,12 +61,55 @@ impl OpenOptions {
         }
     }
 
-    /// The sharded formats' settings, with [`ReadOptions::verify_checksums`] carried over.
+    /// The sharded formats' settings: `shards`, with the checks and the cache asked for here.
     fn shard_options(&self) -> WebDatasetOptions {
         let mut o = self.shards.clone();
         o.shards.verify |= self.read.verify_checksums;
+        if self.cache_dir.is_some() {
+            o.shards.cache_dir.clone_from(&self.cache_dir);
+        }
+        if self.cache_limit.is_some() {
+            o.shards.cache_limit = self.cache_limit;
+        }
         o
     }
+
+    /// Refuses `pread` for a format that never reads through it: `what` says how it is read.
+    fn refuse_pread(&self, what: &str) -> Result<()> {
+        match self.read.mode {
+            ReadMode::Map => Ok(()),
+            ReadMode::Pread => Err(Error::config(
+                "read_mode",
+                format!("pread applies to files gpufeed reads itself; {what}"),
+            )),
+        }
+    }
+}
+
+/// Opens the object store URL `url` with the store's settings from the environment and the
+/// cache asked for in `o`.
+#[cfg(feature = "remote")]
+fn open_url(url: &str, o: &OpenOptions) -> Result<Box<dyn Source>> {
+    let mut remote = shards::remote::RemoteOptions::from_env()?;
+    if let Some(dir) = &o.cache_dir {
+        remote.cache_dir = Some(dir.clone());
+    }
+    if let Some(limit) = o.cache_limit {
+        remote.cache_limit = limit;
+    }
+    sharded(shards::remote::open_url_with(url, &o.shard_options(), remote)?)
+}
+
+#[cfg(not(feature = "remote"))]
+fn open_url(url: &str, _: &OpenOptions) -> Result<Box<dyn Source>> {
+    Err(Error::Remote {
+        shard: url.into(),
+        kind: crate::error::RemoteErrorKind::Config,
+        what: format!(
+            "this build of gpufeed reads no object store: {}",
+            shards::NO_STORE_ADVICE
+        ),
+    })
 }
 
 /// What was seen of a name, once, for the rows of the table to look at.
@@ -175,19 +223,28 @@ const ROWS: &[Row] = &[
         format: Format::WebDataset,
         looks_for: "an object store URL (s3://, gs://, az://, http(s)://, file://)",
         recognise: |s| matches!(s.kind, Kind::Url),
-        open: |s, o| sharded(shards::open_with(&s.name, &store_options(o))?),
+        open: |s, o| {
+            o.refuse_pread("an object store's shards are downloaded whole and mapped")?;
+            open_url(&s.name, o)
+        },
     },
     Row {
         format: Format::WebDataset,
         looks_for: "a brace pattern or `::` list of .tar shards",
         recognise: |s| matches!(s.kind, Kind::Pattern),
-        open: |s, o| sharded(shards::open_with(&s.name, &o.shard_options())?),
+        open: |s, o| {
+            o.refuse_pread("a sharded data set's shards are mapped by its store")?;
+            sharded(shards::open_pattern(&s.name, &o.shard_options())?)
+        },
     },
     Row {
         format: Format::PackedShards,
         looks_for: "a directory with an index.json (packed shards or MDS)",
         recognise: |s| s.dir_has_file("index.json"),
-        open: |s, o| sharded(shards::open_with(&s.name, &o.shard_options())?),
+        open: |s, o| {
+            o.refuse_pread("a sharded data set's shards are mapped by its store")?;
+            sharded(shards::open_index_dir(s.path(), &o.shard_options())?)
+        },
     },
     Row {
         format: Format::WebDataset,
@@ -196,11 +253,18 @@ const ROWS: &[Row] = &[
             (matches!(s.kind, Kind::File { .. }) && s.name.ends_with(".tar"))
                 || s.dir_has_files_ending(".tar")
         },
-        open: |s, o| sharded(shards::open_with(&s.name, &o.shard_options())?),
+        open: |s, o| {
+            o.refuse_pread("a sharded data set's shards are mapped by its store")?;
+            let options = o.shard_options();
+            sharded(match s.kind {
+                Kind::Dir { .. } => shards::open_tar_dir(s.path(), &options)?,
+                _ => shards::open_tars_named(vec![s.path().to_path_buf()], &options)?,
+            })
+        },
     },
     Row {
         format: Format::MegatronTokens,
-        looks_for: "a Megatron indexed dataset (PREFIX.idx starting MMIDIDX, with PREFIX.bin)",
+        looks_for: "a Megatron indexed dataset (PREFIX.idx and PREFIX.bin)",
         recognise: |s| megatron_index(s).is_some(),
         open: |s, _| {
             Err(Error::config(
@@ -230,6 +294,7 @@ const ROWS: &[Row] = &[
         looks_for: "an ImageFolder (a directory of class directories of JPEG/PNG files)",
         recognise: |s| matches!(&s.kind, Kind::Dir { dirs, .. } if !dirs.is_empty()),
         open: |s, o| {
+            o.refuse_pread("an ImageFolder's images are read whole, never mapped")?;
             if o.read.verify_checksums {
                 return Err(Error::config(
                     "verify_checksums",
@@ -244,27 +309,17 @@ const ROWS: &[Row] = &[
     },
 ];
 
-/// The URL's store settings: the sharded options, with the cache settings of `options.remote`
-/// when given.
-fn store_options(options: &OpenOptions) -> WebDatasetOptions {
-    options.shard_options()
-}
-
 fn sharded(d: Box<dyn shards::ShardedSource>) -> Result<Box<dyn Source>> {
     Ok(d)
 }
 
 /// The prefix of the Megatron dataset `seen` names (`PREFIX`, `PREFIX.idx` or `PREFIX.bin`),
-/// when its index starts with Megatron's magic.
+/// by the rule of [`IndexedTokens::prefix_of`]: its index's name.
 fn megatron_index(seen: &Seen) -> Option<PathBuf> {
-    let path = seen.path();
-    let prefix = IndexedTokens::prefix_of(path).or_else(|| {
-        // An index without its .bin is still Megatron's: opening it says what is missing.
-        (path.extension().is_some_and(|e| e == "idx")).then(|| path.with_extension(""))
-    })?;
-    let idx = PathBuf::from(format!("{}.idx", prefix.display()));
-    let magic = head(&idx, MEGATRON_MAGIC.len()).ok()?;
-    (magic == MEGATRON_MAGIC).then_some(prefix)
+    match seen.kind {
+        Kind::File { .. } | Kind::Missing => IndexedTokens::prefix_of(seen.path()),
+        _ => None,
+    }
 }
 
 /// What `name` is: the format of the first row of the table that recognises it.
@@ -272,9 +327,17 @@ fn megatron_index(seen: &Seen) -> Option<PathBuf> {
 /// An error when no row does: nothing by that name, something that is not a file or a
 /// directory, an empty file, or a file or directory of no format here; it says what each
 /// format is recognised by.
-pub fn detect(name: &str) -> Result<Format> {
-    let seen = Seen::of(name)?;
+pub fn detect(name: impl AsRef<Path>) -> Result<Format> {
+    let seen = Seen::of(utf8(name.as_ref())?)?;
     row_of(&seen).map(|r| r.format)
+}
+
+/// A name as text: every format's rules (patterns, URLs, extensions) are about text.
+fn utf8(path: &Path) -> Result<&str> {
+    path.to_str().ok_or_else(|| Error::Unrecognised {
+        path: path.to_path_buf(),
+        what: "not a UTF-8 path: gpufeed reads names it can match against patterns".into(),
+    })
 }
 
 fn row_of(seen: &Seen) -> Result<&'static Row> {
@@ -310,11 +373,7 @@ fn row_of(seen: &Seen) -> Result<&'static Row> {
 /// # }
 /// ```
 pub fn open(name: impl AsRef<Path>, options: &OpenOptions) -> Result<Box<dyn Source>> {
-    let path = name.as_ref();
-    let name = path
-        .to_str()
-        .ok_or_else(|| Error::user(format!("{}: not a UTF-8 path", path.display())))?;
-    let seen = Seen::of(name)?;
+    let seen = Seen::of(utf8(name.as_ref())?)?;
     let row = row_of(&seen)?;
     (row.open)(&seen, options)
 }

@@ -8,7 +8,7 @@ mod inspect;
 mod messages;
 mod pack;
 mod read_mode;
-mod shards;
+mod open;
 
 use std::io::Write;
 

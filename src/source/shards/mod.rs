@@ -13,7 +13,8 @@
 //! - [`ShardedSource`]: what a streaming order needs of any sharded dataset (shard names, the
 //!   mapping from a global index to its shard; the sizes are [`Dataset::shard_sizes`], which
 //!   the loader's `shuffle_blocks` reads), as a trait object;
-//! - [`open`](open()): whichever of these a path or pattern names.
+//! - [`open_index_dir`], [`open_tar_dir`], [`open_pattern`]: these by how they are named
+//!   (the front door, [`source::open`](crate::source::open()), says which).
 //!
 //! Opening a dataset reads its index only: no shard is opened or mapped until a sample of it is
 //! asked for (a dataset of 10,000 shards opens in the time it takes to parse its index). The
@@ -87,7 +88,9 @@ use std::sync::Arc;
 
 pub use decode::FieldDecode;
 pub use lru::OpenShardStats;
-pub use open::{NO_STORE_ADVICE, is_shard_dir, is_shard_spec, is_store_url, open, open_with};
+pub use open::{
+    NO_STORE_ADVICE, is_store_url, open_index_dir, open_pattern, open_tar_dir, open_tars_named,
+};
 pub use store::{
     LocalDir, MemoryStore, ShardArrival, ShardBytes, ShardStat, ShardStore, StoreStats,
 };

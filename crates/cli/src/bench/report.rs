@@ -101,7 +101,7 @@ pub struct Report {
     /// The two-level shuffle's window (shards) and block (samples), for a sharded data set.
     pub shuffle_blocks: Option<(u64, u64)>,
     /// What the store of a data set read from a URL fetched, retried and cached.
-    pub store: Option<crate::shards::StoreReport>,
+    pub store: Option<crate::open::StoreReport>,
     /// The variable-size fields batched as values plus offsets (records runs that have them).
     pub ragged: Option<RaggedReport>,
     /// True when Ctrl-C stopped the run: the figures are those of what ran (the last epoch
