@@ -29,7 +29,10 @@ fn reads_streams_and_files_with_every_column_kind() {
     ] {
         let p = dir.path().join(name);
         write_arrow(&p, &batches, file);
-        assert!(arrow::is_arrow(&p));
+        assert_eq!(
+            gpufeed::source::detect(&p).unwrap(),
+            gpufeed::source::Format::Arrow
+        );
         let d = arrow::open(&p, &TableOptions::default()).unwrap();
         assert_rows(&d, want);
         let image = &d.schema().fields()[d.schema().index_of("image").unwrap()];
@@ -64,7 +67,10 @@ fn save_to_disk(dir: &std::path::Path, parts: &[(usize, usize)]) {
 fn a_save_to_disk_directory_reads_its_files_in_state_order() {
     let dir = tempfile::tempdir().unwrap();
     save_to_disk(dir.path(), &[(10, 5), (0, 10)]);
-    assert!(arrow::is_arrow(dir.path()));
+    assert_eq!(
+        gpufeed::source::detect(dir.path()).unwrap(),
+        gpufeed::source::Format::Arrow
+    );
     let d = arrow::open(dir.path(), &TableOptions::default()).unwrap();
     let want = concat(every_kind(0, 10, false).1, every_kind(10, 5, false).1);
     assert_rows(&d, &want);

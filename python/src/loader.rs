@@ -335,8 +335,8 @@ pub struct LoaderCore {
     evaluation: bool,
     indices: bool,
     images: Option<Arc<ImageStats>>,
-    /// The data set, when it is a sharded one: its store's and open shards' figures.
-    shards: Option<Arc<dyn Source>>,
+    /// The data set as opened: its own figures (a table's chunk cache, a sharded set's store).
+    source: Option<Arc<dyn Source>>,
     /// The device's ordinal for device loaders.
     device: Option<usize>,
     /// The process that built the loader: a forked child has none of its threads.
@@ -623,10 +623,12 @@ type Opened = (Arc<dyn Dataset>, Option<Arc<dyn Source>>);
 /// several of one schema), read as `read_mode=` and `verify=` say; an ImageFolder only with
 /// `images=` (its samples are encoded images).
 fn open_dataset(s: &Settings) -> Result<Opened, BuildError> {
-    let options = source::OpenOptions::read(ReadOptions {
+    let mut options = source::OpenOptions::read(ReadOptions {
         mode: s.read_mode.unwrap_or_default(),
         verify_checksums: s.verify,
     });
+    // A table decodes only the columns batched.
+    options.table.columns.clone_from(&s.fields);
     if s.paths.is_empty() {
         return Err(BuildError::Argument(
             "path_or_paths",
@@ -643,8 +645,7 @@ fn open_dataset(s: &Settings) -> Result<Opened, BuildError> {
             ),
         ));
     }
-    let sharded = opened.sharded().is_some().then(|| Arc::clone(&opened));
-    Ok((opened, sharded))
+    Ok((Arc::clone(&opened) as Arc<dyn Dataset>, Some(opened)))
 }
 
 /// The fields named in the arguments must exist: say so naming the argument, with the
@@ -734,7 +735,7 @@ fn check_reserved(s: &Settings, loader: &Loader) -> Result<(), BuildError> {
 struct Built {
     loader: Box<dyn Feed>,
     images: Option<Arc<ImageStats>>,
-    shards: Option<Arc<dyn Source>>,
+    source: Option<Arc<dyn Source>>,
 }
 
 fn build(mut s: Settings) -> Result<Built, BuildError> {
@@ -743,7 +744,7 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
     if let Some(i) = &s.images {
         i.transform(on_device)?;
     }
-    let (dataset, shards) = open_dataset(&s)?;
+    let (dataset, opened) = open_dataset(&s)?;
     if let Some(i) = s.images.as_mut() {
         i.take_fields_of(dataset.schema());
     }
@@ -834,7 +835,7 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
             Ok(Built {
                 loader: Box::new(loader),
                 images: stats,
-                shards,
+                source: opened,
             })
         }
         #[cfg(feature = "cuda")]
@@ -858,7 +859,7 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
             Ok(Built {
                 loader: Box::new(loader),
                 images: stats,
-                shards,
+                source: opened,
             })
         }
         #[cfg(not(feature = "cuda"))]
@@ -1071,8 +1072,8 @@ pub(crate) struct Around {
     pub ragged_list: bool,
     /// The image pipeline's figures, with `images=`.
     pub images: Option<Arc<ImageStats>>,
-    /// The data set, when it is a sharded one (`stats()["store"]`, `["shards"]`).
-    pub shards: Option<Arc<dyn Source>>,
+    /// The data set as opened (`stats()["cache"]`, `["store"]`, `["shards"]`).
+    pub source: Option<Arc<dyn Source>>,
     /// The device's ordinal for device loaders.
     pub device: Option<usize>,
     /// The arguments left to gpufeed's defaults (see `errors::Defaults`).
@@ -1125,7 +1126,7 @@ impl LoaderCore {
             evaluation: a.evaluation,
             indices: a.indices,
             images: a.images,
-            shards: a.shards,
+            source: a.source,
             device: a.device,
             pid: std::process::id(),
             defaults: a.defaults,
@@ -1208,7 +1209,7 @@ impl LoaderCore {
                 indices,
                 ragged_list,
                 images: b.images,
-                shards: b.shards,
+                source: b.source,
                 device,
                 defaults,
                 trace: timeline,
@@ -1499,12 +1500,27 @@ impl LoaderCore {
         Ok(d)
     }
 
-    /// A sharded data set's figures into `d`: `shards`, what its set of open shards did, and
-    /// `store`, what its store fetched and cached (from a URL; the command's `store:` line,
-    /// which `text` then ends with too). Both None for other data sets, `store` for local
-    /// shards.
+    /// The data set's own figures into `d`: `cache`, what a table's shared cache of decoded
+    /// chunks did (Parquet; None for others); for a sharded data set, `shards`, what its set
+    /// of open shards did, and `store`, what its store fetched and cached (from a URL; the
+    /// command's `store:` line, which `text` then ends with too). Both None for other data
+    /// sets, `store` for local shards.
     fn shard_figures(&self, py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<()> {
-        let Some(sharded) = self.shards.as_ref().and_then(|s| s.sharded()) else {
+        match self.source.as_ref().and_then(|s| s.chunk_cache()) {
+            Some(c) => {
+                let cache = PyDict::new(py);
+                cache.set_item("hits", c.hits)?;
+                cache.set_item("decodes", c.misses)?;
+                cache.set_item("evictions", c.evictions)?;
+                cache.set_item("chunks", c.chunks)?;
+                cache.set_item("bytes", c.bytes)?;
+                cache.set_item("peak_bytes", c.peak_bytes)?;
+                cache.set_item("limit_bytes", c.limit_bytes)?;
+                d.set_item("cache", cache)?;
+            }
+            None => d.set_item("cache", py.None())?,
+        }
+        let Some(sharded) = self.source.as_ref().and_then(|s| s.sharded()) else {
             d.set_item("shards", py.None())?;
             d.set_item("store", py.None())?;
             return Ok(());

@@ -13,9 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use gpufeed::format::{
-    Field, FieldKind, PackSummary, RecordWriter, Schema, pack_raw_records,
-};
+use gpufeed::format::{Field, FieldKind, PackSummary, RecordWriter, Schema, pack_raw_records};
 use gpufeed::source::{ImageFolder, pack_image_folder};
 use gpufeed::{Dataset, Error, NpyArray};
 use pyo3::prelude::*;
@@ -356,19 +354,21 @@ fn fields_list<'py>(py: Python<'py>, schema: &Schema) -> PyResult<Bound<'py, PyL
 #[pyo3(signature = (path, *, verify=false))]
 pub fn inspect<'py>(py: Python<'py>, path: PathBuf, verify: bool) -> PyResult<Bound<'py, PyDict>> {
     let caught = py.detach(|| {
-        catch(|| -> gpufeed::Result<(gpufeed::source::Description, Option<Value>)> {
-            let data = gpufeed::source::open(&path, &Default::default())?;
-            let mut d = data.describe()?;
-            d.location = path.display().to_string();
-            if verify {
-                data.verify(&mut |_, _| {})?;
-            }
-            let store = data
-                .sharded()
-                .and_then(|s| s.store_stats())
-                .and_then(|s| serde_json::to_value(s).ok());
-            Ok((d, store))
-        })
+        catch(
+            || -> gpufeed::Result<(gpufeed::source::Description, Option<Value>)> {
+                let data = gpufeed::source::open(&path, &Default::default())?;
+                let mut d = data.describe()?;
+                d.location = path.display().to_string();
+                if verify {
+                    data.verify(&mut |_, _| {})?;
+                }
+                let store = data
+                    .sharded()
+                    .and_then(|s| s.store_stats())
+                    .and_then(|s| serde_json::to_value(s).ok());
+                Ok((d, store))
+            },
+        )
     });
     let (description, store) = errors::lift(py, caught)?;
     let json = description.to_json();

@@ -158,7 +158,9 @@ impl Description {
 
     /// The fact under JSON key `key`, if there is one.
     pub fn get(&self, key: &str) -> Option<&Fact> {
-        self.facts.iter().find(|f| !f.key.is_empty() && f.key == key)
+        self.facts
+            .iter()
+            .find(|f| !f.key.is_empty() && f.key == key)
     }
 
     /// The description as one JSON object: `path`, `format`, `records`, `fields`, then every
@@ -247,11 +249,19 @@ mod tests {
         let schema = Schema::new(vec![Field::tensor("x", DType::U8, &[2])]).unwrap();
         let d = Description::new("data/x.gfd", Format::Packed, 3, schema)
             .count("file_bytes", "file bytes", 1024)
-            .fact("sizes", "sizes", serde_json::json!({"min": 1}), "1 to 2\nexact");
+            .fact(
+                "sizes",
+                "sizes",
+                serde_json::json!({"min": 1}),
+                "1 to 2\nexact",
+            );
         let text = d.to_text();
         assert!(text.starts_with("data set:      data/x.gfd\nformat:        packed record file\n"));
         assert!(text.contains("file bytes:    1024\n"), "{text}");
-        assert!(text.contains("sizes:         1 to 2\n               exact\n"), "{text}");
+        assert!(
+            text.contains("sizes:         1 to 2\n               exact\n"),
+            "{text}"
+        );
         let json = d.to_json();
         assert_eq!(json["records"], 3);
         assert_eq!(json["file_bytes"], 1024);

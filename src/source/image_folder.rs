@@ -242,7 +242,12 @@ impl Source for ImageFolder {
             n,
             self.schema.clone(),
         )
-        .fact("classes", "classes", self.classes.clone(), shown.join(", "))
+        .fact(
+            "classes",
+            "classes",
+            self.classes.clone(),
+            format!("{} classes: {}", self.classes.len(), shown.join(", ")),
+        )
         .fact(
             "images_per_class",
             "images",

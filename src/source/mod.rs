@@ -269,11 +269,20 @@ pub trait Source: Dataset {
     fn sharded(&self) -> Option<&dyn shards::ShardedSource> {
         None
     }
+
+    /// What the shared cache of decoded chunks did, for a format that decodes its rows in
+    /// chunks (Parquet); `None` (the default) for others.
+    fn chunk_cache(&self) -> Option<table::ChunkCacheStats> {
+        None
+    }
 }
 
 impl<S: Source + ?Sized> Source for Box<S> {
     fn format(&self) -> Format {
         (**self).format()
+    }
+    fn chunk_cache(&self) -> Option<table::ChunkCacheStats> {
+        (**self).chunk_cache()
     }
     fn describe(&self) -> Result<Description> {
         (**self).describe()
@@ -289,6 +298,9 @@ impl<S: Source + ?Sized> Source for Box<S> {
 impl<S: Source + ?Sized> Source for Arc<S> {
     fn format(&self) -> Format {
         (**self).format()
+    }
+    fn chunk_cache(&self) -> Option<table::ChunkCacheStats> {
+        (**self).chunk_cache()
     }
     fn describe(&self) -> Result<Description> {
         (**self).describe()

@@ -14,6 +14,8 @@
 //! | WebDataset tar shards | a brace pattern or `::` list, a `.tar` file, a directory of `.tar` files |
 //! | packed shards / MDS | a directory with an `index.json` (told apart by its content) |
 //! | Megatron tokens | `PREFIX`, `PREFIX.idx` or `PREFIX.bin` whose `PREFIX.idx` is there (read by the token loader) |
+//! | Arrow (Hugging Face `datasets`) | a directory with `state.json`, `dataset_info.json` or `dataset_dict.json`; `.arrow` files; a file that starts `ARROW1` or an IPC stream's marker |
+//! | Parquet | `.parquet` files (one, a directory of them, a `*` pattern), or a file that starts `PAR1` |
 //! | `.npy` array | a file that starts `\x93NUMPY` |
 //! | packed record file | a file that starts `GPUFEED\0` |
 //! | ImageFolder | a directory of class directories |
@@ -23,8 +25,9 @@
 use std::path::{Path, PathBuf};
 
 use super::describe::Format;
-use super::shards::webdataset::WebDatasetOptions;
 use super::shards;
+use super::shards::webdataset::WebDatasetOptions;
+use super::table::{self, TableOptions};
 use super::{ImageFolder, NpyArray, Source, npy};
 use crate::error::{Error, Result};
 use crate::format::{ReadMode, ReadOptions, RecordFile};
@@ -50,6 +53,9 @@ pub struct OpenOptions {
     pub cache_dir: Option<PathBuf>,
     /// The most bytes that cache holds; `None`: `$GPUFEED_CACHE_LIMIT`, else the default.
     pub cache_limit: Option<u64>,
+    /// How tables (Parquet, Arrow, JSON lines) are read: the columns, fill values for nulls,
+    /// chunks and window, the split of a `DatasetDict`. Its read mode is [`OpenOptions::read`]'s.
+    pub table: TableOptions,
 }
 
 impl OpenOptions {
@@ -72,6 +78,14 @@ impl OpenOptions {
             o.shards.cache_limit = self.cache_limit;
         }
         o
+    }
+
+    /// The tables' settings, read as `read` says.
+    fn table_options(&self) -> TableOptions {
+        TableOptions {
+            read_mode: self.read.mode,
+            ..self.table.clone()
+        }
     }
 
     /// Refuses `pread` for a format that never reads through it: `what` says how it is read.
@@ -97,7 +111,11 @@ fn open_url(url: &str, o: &OpenOptions) -> Result<Box<dyn Source>> {
     if let Some(limit) = o.cache_limit {
         remote.cache_limit = limit;
     }
-    sharded(shards::remote::open_url_with(url, &o.shard_options(), remote)?)
+    sharded(shards::remote::open_url_with(
+        url,
+        &o.shard_options(),
+        remote,
+    )?)
 }
 
 #[cfg(not(feature = "remote"))]
@@ -126,6 +144,8 @@ enum Kind {
     Url,
     /// A brace pattern (`{000..009}`) or a `::` list.
     Pattern,
+    /// A file name with `*` or `?` (`data/train-*.parquet`).
+    Glob,
     /// A directory and the names of its entries (files and directories apart).
     Dir {
         files: Vec<String>,
@@ -146,6 +166,12 @@ impl Seen {
             Kind::Url
         } else if name.contains("::") || name.contains('{') {
             Kind::Pattern
+        } else if Path::new(name)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.contains(['*', '?']))
+        {
+            Kind::Glob
         } else {
             let path = Path::new(name);
             match std::fs::metadata(path) {
@@ -153,7 +179,8 @@ impl Seen {
                 Err(e) => return Err(Error::io(path, "look at", e)),
                 Ok(m) if m.is_dir() => {
                     let (mut files, mut dirs) = (Vec::new(), Vec::new());
-                    let entries = std::fs::read_dir(path).map_err(|e| Error::io(path, "list", e))?;
+                    let entries =
+                        std::fs::read_dir(path).map_err(|e| Error::io(path, "list", e))?;
                     for entry in entries {
                         let entry = entry.map_err(|e| Error::io(path, "list", e))?;
                         let name = entry.file_name().to_string_lossy().into_owned();
@@ -186,6 +213,15 @@ impl Seen {
 
     fn file_starts_with(&self, magic: &[u8]) -> bool {
         matches!(&self.kind, Kind::File { head } if head.starts_with(magic))
+    }
+
+    /// A file, a directory's files or a glob's name ending with `suffix`.
+    fn names_end_with(&self, suffix: &str) -> bool {
+        match &self.kind {
+            Kind::File { .. } | Kind::Glob => self.name.ends_with(suffix),
+            Kind::Dir { files, .. } => files.iter().any(|f| f.ends_with(suffix)),
+            _ => false,
+        }
     }
 
     fn dir_has_file(&self, name: &str) -> bool {
@@ -263,6 +299,31 @@ const ROWS: &[Row] = &[
         },
     },
     Row {
+        format: Format::Arrow,
+        looks_for: "a Hugging Face datasets directory (state.json, dataset_info.json or \
+                    dataset_dict.json), .arrow files, or a file starting ARROW1",
+        recognise: |s| {
+            ["state.json", "dataset_info.json", "dataset_dict.json"]
+                .iter()
+                .any(|f| s.dir_has_file(f))
+                || s.names_end_with(".arrow")
+                || s.file_starts_with(b"ARROW1")
+                || s.file_starts_with(&table::arrow::CONTINUATION.to_le_bytes())
+        },
+        open: |s, o| Ok(Box::new(table::arrow::open(s.path(), &o.table_options())?)),
+    },
+    Row {
+        format: Format::Parquet,
+        looks_for: "Parquet files (.parquet, or a file starting PAR1; a directory or a * pattern of them)",
+        recognise: |s| s.names_end_with(".parquet") || s.file_starts_with(b"PAR1"),
+        open: |s, o| {
+            Ok(Box::new(table::parquet::open(
+                s.path(),
+                &o.table_options(),
+            )?))
+        },
+    },
+    Row {
         format: Format::MegatronTokens,
         looks_for: "a Megatron indexed dataset (PREFIX.idx and PREFIX.bin)",
         recognise: |s| megatron_index(s).is_some(),
@@ -281,7 +342,13 @@ const ROWS: &[Row] = &[
         format: Format::Npy,
         looks_for: "a .npy array (a file starting \\x93NUMPY)",
         recognise: |s| s.file_starts_with(npy::NPY_MAGIC),
-        open: |s, o| Ok(Box::new(NpyArray::open_with(s.path(), NpyArray::FIELD, o.read)?)),
+        open: |s, o| {
+            Ok(Box::new(NpyArray::open_with(
+                s.path(),
+                NpyArray::FIELD,
+                o.read,
+            )?))
+        },
     },
     Row {
         format: Format::Packed,
@@ -353,7 +420,7 @@ fn row_of(seen: &Seen) -> Result<&'static Row> {
         Kind::File { head } if head.is_empty() => "an empty file".to_owned(),
         Kind::File { .. } => "a file of no format gpufeed reads".to_owned(),
         Kind::Dir { .. } => "a directory of no format gpufeed reads".to_owned(),
-        Kind::Url | Kind::Pattern => "no format gpufeed reads".to_owned(),
+        Kind::Url | Kind::Pattern | Kind::Glob => "no format gpufeed reads".to_owned(),
     };
     Err(Error::Unrecognised {
         path,

@@ -124,27 +124,35 @@ impl Source for RecordFile {
             format!("min and max from {looked_at} of {n} records, evenly spaced")
         };
         let (major, minor) = self.version();
-        Ok(
-            Description::new(self.path().display().to_string(), Format::Packed, n, self.schema.clone())
-                .fact("version", "version", format!("{major}.{minor}"), format!("{major}.{minor}"))
-                .fact(
-                    "record_align",
-                    "record align",
-                    self.record_align(),
-                    format!("{} bytes", self.record_align()),
-                )
-                .count("file_bytes", "file bytes", self.file_bytes())
-                .count("data_bytes", "data bytes", self.data_bytes())
-                .fact(
-                    "record_bytes",
-                    "record bytes",
-                    serde_json::json!({
-                        "min": min, "mean": mean, "max": max,
-                        "exact": exact, "sampled_records": looked_at,
-                    }),
-                    format!("min {min}, mean {mean:.1}, max {max} ({how}; padding included)"),
-                ),
+        Ok(Description::new(
+            self.path().display().to_string(),
+            Format::Packed,
+            n,
+            self.schema.clone(),
         )
+        .fact(
+            "version",
+            "version",
+            format!("{major}.{minor}"),
+            format!("{major}.{minor}"),
+        )
+        .fact(
+            "record_align",
+            "record align",
+            self.record_align(),
+            format!("{} bytes", self.record_align()),
+        )
+        .count("file_bytes", "file bytes", self.file_bytes())
+        .count("data_bytes", "data bytes", self.data_bytes())
+        .fact(
+            "record_bytes",
+            "record bytes",
+            serde_json::json!({
+                "min": min, "mean": mean, "max": max,
+                "exact": exact, "sampled_records": looked_at,
+            }),
+            format!("min {min}, mean {mean:.1}, max {max} ({how}; padding included)"),
+        ))
     }
 
     /// Every record's offsets, schema and checksum.

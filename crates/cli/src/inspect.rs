@@ -107,9 +107,7 @@ fn verified(format: Format) -> &'static str {
         Format::Packed => "every record (offsets, schema, checksum)",
         Format::Npy => "header and size (a .npy file has no checksums)",
         Format::ImageFolder => "every image read, its header checked",
-        f if f.is_sharded() => {
-            "every shard (checksums where the index has them, every sample)"
-        }
+        f if f.is_sharded() => "every shard (checksums where the index has them, every sample)",
         _ => "every sample read (and checksums where the format has them)",
     }
 }

@@ -611,6 +611,7 @@ impl<F: ShardFormat> Source for ShardedDataset<F> {
                 last.map_or("", String::as_str)
             ),
         )
+        .count("samples", "", self.len())
         .fact("first_shard", "", first.cloned(), "")
         .fact("last_shard", "", last.cloned(), "")
         .fact(

@@ -36,38 +36,7 @@ use crate::source::{Dataset, Sample};
 const FORMAT: &str = "Arrow IPC";
 
 /// The marker before each message of the IPC format (since Arrow 0.15).
-const CONTINUATION: u32 = 0xFFFF_FFFF;
-
-/// True when `path` looks like an Arrow data set: a `datasets` directory (`state.json`,
-/// `dataset_info.json` or `dataset_dict.json`), a directory of `.arrow` files, a file ending in
-/// `.arrow`, or one that starts with `ARROW1` or an IPC stream's continuation marker. Reads at
-/// most 8 bytes.
-pub fn is_arrow(path: &Path) -> bool {
-    if path.is_dir() {
-        return ["state.json", "dataset_info.json", "dataset_dict.json"]
-            .iter()
-            .any(|f| path.join(f).is_file())
-            || std::fs::read_dir(path).is_ok_and(|mut d| {
-                d.any(|e| {
-                    e.is_ok_and(|e| {
-                        e.file_name()
-                            .to_str()
-                            .is_some_and(|n| n.ends_with(".arrow"))
-                    })
-                })
-            });
-    }
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    if name.ends_with(".arrow") {
-        return true;
-    }
-    let mut magic = [0u8; 8];
-    std::fs::File::open(path).is_ok_and(|mut f| {
-        use std::io::Read;
-        f.read_exact(&mut magic).is_ok()
-            && (magic.starts_with(b"ARROW1") || magic[..4] == CONTINUATION.to_le_bytes())
-    })
-}
+pub(crate) const CONTINUATION: u32 = 0xFFFF_FFFF;
 
 /// The splits of a `DatasetDict` directory, in its `dataset_dict.json`'s order; `None` when
 /// `dir` is not one.
@@ -621,5 +590,15 @@ mod tests {
             }
             assert_eq!(s.field(0).unwrap(), (i as f32).to_le_bytes());
         }
+    }
+}
+
+impl crate::source::Source for ArrowDataset {
+    fn format(&self) -> crate::source::Format {
+        crate::source::Format::Arrow
+    }
+
+    fn describe(&self) -> Result<crate::source::Description> {
+        Ok(ArrowDataset::describe(self).description(crate::source::Format::Arrow, &self.schema))
     }
 }

@@ -12,8 +12,8 @@
 //! its `describe()`, a [`TableSummary`] that `gpufeed inspect` prints.
 //!
 //! Which path is a table of which format is decided by the front door
-//! ([`source::open`](crate::source::open)); each format module offers the cheap test it uses
-//! (`is_parquet`, `is_arrow`) and an `open`.
+//! ([`source::open`](crate::source::open())), by one row of its table each; each format module
+//! offers its `open`.
 
 pub mod arrow;
 mod cache;
@@ -26,6 +26,8 @@ use std::path::PathBuf;
 pub use cache::ChunkCacheStats;
 
 use crate::file::ReadMode;
+use crate::format::Schema;
+use crate::source::{Description, Format};
 
 /// A value put in place of a null, for a column named in [`TableOptions::fill`].
 #[derive(Clone, Debug, PartialEq)]
@@ -284,5 +286,101 @@ mod tests {
         assert!(wildcard(b"*", b"x"));
         assert!(wildcard(b"a*b*c", b"aXbYbc"));
         assert!(!wildcard(b"a*b*c", b"aXbYb"));
+    }
+}
+
+impl TableSummary {
+    /// The summary as `gpufeed inspect` prints it: files, chunks, compression and sizes, and
+    /// each column with its Arrow type and the field it becomes (or why it cannot).
+    pub fn description(&self, format: Format, schema: &Schema) -> Description {
+        let bytes: u64 = self.files.iter().map(|f| f.bytes).sum();
+        let uncompressed: Option<u64> = self.files.iter().map(|f| f.uncompressed_bytes).sum();
+        let groups: u64 = self.files.iter().map(|f| f.groups).sum();
+        let mut compression: Vec<String> = Vec::new();
+        for c in self.files.iter().flat_map(|f| &f.compression) {
+            if !compression.contains(c) {
+                compression.push(c.clone());
+            }
+        }
+        let files: Vec<serde_json::Value> = self
+            .files
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "path": f.path.display().to_string(), "bytes": f.bytes, "rows": f.rows,
+                    "groups": f.groups, "compression": f.compression,
+                    "uncompressed_bytes": f.uncompressed_bytes,
+                })
+            })
+            .collect();
+        let (first, last) = (self.files.first(), self.files.last());
+        let name =
+            |f: Option<&FileSummary>| f.map_or(String::new(), |f| f.path.display().to_string());
+        let columns: Vec<serde_json::Value> = self
+            .columns
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "name": c.name, "arrow_type": c.arrow_type, "field": c.field,
+                    "unreadable": c.unreadable, "skipped": c.skipped,
+                })
+            })
+            .collect();
+        let column_text: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| match (&c.field, &c.unreadable) {
+                (_, Some(why)) => format!("{} ({}): not read: {why}", c.name, c.arrow_type),
+                (Some(field), None) if c.skipped => {
+                    format!("{} ({}) -> {field}, left out", c.name, c.arrow_type)
+                }
+                (Some(field), None) => format!("{} ({}) -> {field}", c.name, c.arrow_type),
+                (None, None) => format!("{} ({})", c.name, c.arrow_type),
+            })
+            .collect();
+        let (groups_key, groups_label, chunks_label) = match format {
+            Format::Parquet => ("row_groups", "row groups", "chunks"),
+            _ => ("record_batches", "record batches", ""),
+        };
+        let mut d = Description::new("", format, self.rows, schema.clone())
+            .fact(
+                "files",
+                "files",
+                files,
+                if self.files.len() == 1 {
+                    format!("1 ({})", name(first))
+                } else {
+                    format!("{} ({} .. {})", self.files.len(), name(first), name(last))
+                },
+            )
+            .count("file_bytes", "file bytes", bytes)
+            .count(groups_key, groups_label, groups)
+            .fact(
+                "chunks",
+                chunks_label,
+                self.chunks,
+                format!(
+                    "{} (the unit decoded and cached, row groups split)",
+                    self.chunks
+                ),
+            )
+            .fact(
+                "compression",
+                "compression",
+                compression.clone(),
+                compression.join(", "),
+            );
+        if let Some(u) = uncompressed {
+            d = d.count("uncompressed_bytes", "uncompressed", u);
+        }
+        if let Some((split, all)) = &self.splits {
+            d = d.fact(
+                "split",
+                "split",
+                split.clone(),
+                format!("{split} (of {})", all.join(", ")),
+            );
+        }
+        d.fact("columns", "columns", columns, column_text.join("\n"))
     }
 }

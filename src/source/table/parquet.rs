@@ -55,32 +55,6 @@ use crate::source::{Dataset, Sample};
 
 const FORMAT: &str = "parquet";
 
-/// True when `path` looks like a Parquet data set: a file ending in `.parquet` or starting
-/// with Parquet's magic `PAR1`, a directory holding `.parquet` files, or a pattern of them.
-/// Reads at most 4 bytes.
-pub fn is_parquet(path: &Path) -> bool {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    if name.ends_with(".parquet") {
-        return true;
-    }
-    if path.is_dir() {
-        return std::fs::read_dir(path).is_ok_and(|mut d| {
-            d.any(|e| {
-                e.is_ok_and(|e| {
-                    e.file_name()
-                        .to_str()
-                        .is_some_and(|n| n.ends_with(".parquet"))
-                })
-            })
-        });
-    }
-    let mut magic = [0u8; 4];
-    File::open(path).is_ok_and(|mut f| {
-        use std::io::Read;
-        f.read_exact(&mut magic).is_ok() && &magic == b"PAR1"
-    })
-}
-
 /// How a file's bytes reach the Parquet reader.
 #[derive(Clone)]
 enum Reader {
@@ -532,5 +506,22 @@ impl std::fmt::Debug for ParquetDataset {
             .field("chunks", &self.chunks.len())
             .field("schema", &self.schema.to_string())
             .finish()
+    }
+}
+
+impl crate::source::Source for ParquetDataset {
+    fn format(&self) -> crate::source::Format {
+        crate::source::Format::Parquet
+    }
+
+    fn describe(&self) -> Result<crate::source::Description> {
+        Ok(
+            ParquetDataset::describe(self)
+                .description(crate::source::Format::Parquet, &self.schema),
+        )
+    }
+
+    fn chunk_cache(&self) -> Option<super::ChunkCacheStats> {
+        Some(self.cache_stats())
     }
 }

@@ -79,12 +79,16 @@ pub fn run(args: Args) -> Result<()> {
     );
     // The data set named, opened once through the library's front door: its sizes are checked
     // before anything is written or started.
-    let options = crate::open::options(&args.read, &args.cache, args.verify)?;
+    let mut options = crate::open::options(&args.read, &args.cache, args.verify)?;
+    // A table decodes only the columns batched.
+    options.table.columns.clone_from(&args.fields);
     let opened = match &args.dataset {
         Some(path) => Some(crate::open::open(path, &options)?),
         None => None,
     };
-    let sharded = opened.as_ref().and_then(|s| s.sharded().map(|_| Arc::clone(s)));
+    let sharded = opened
+        .as_ref()
+        .and_then(|s| s.sharded().map(|_| Arc::clone(s)));
     if let (Some(labels), Some(source)) = (&args.labels, &opened)
         && !matches!(source.format(), Format::Packed | Format::Npy)
     {
@@ -97,17 +101,27 @@ pub fn run(args: Args) -> Result<()> {
             ),
         ));
     }
+    // Data read by shard or chunk is shuffled in two levels: windows of --shuffle-window
+    // shards (or chunks), blocks of --shuffle-block samples; by default, a sharded data set's
+    // windows of 8 shards and blocks of 64 samples, a table's own window (Parquet).
     let windowed = opened.as_ref().is_some_and(|s| s.shard_sizes().is_some());
     if !windowed && (args.shuffle_window.is_some() || args.shuffle_block.is_some()) {
         return Err(refuse(
             "--shuffle-window",
-            "--shuffle-window and --shuffle-block apply to data sets read in windows of shards",
+            "--shuffle-window and --shuffle-block apply to data sets read in windows of shards \
+             or chunks (shard directories, Parquet)",
         ));
     }
-    let blocks = (
-        args.shuffle_window.unwrap_or(8),
-        args.shuffle_block.unwrap_or(64),
-    );
+    let own = opened.as_ref().and_then(|s| s.windowed_shuffle());
+    let blocks = match (args.shuffle_window, args.shuffle_block, own) {
+        (None, None, Some(own)) => Some(own),
+        (None, None, None) if sharded.is_some() => Some((8, 64)),
+        (None, None, None) => None,
+        (w, b, own) => Some((
+            w.or(own.map(|o| o.0)).unwrap_or(8),
+            b.or(own.map(|o| o.1)).unwrap_or(64),
+        )),
+    };
     let named = args.fields.is_some();
     let data = match (&args.dataset, opened) {
         (Some(path), Some(source)) => Some(with_labels(
@@ -168,7 +182,10 @@ pub fn run(args: Args) -> Result<()> {
         None => crate::open::open(&path, &options)?,
     };
     // Files read in place are read once first, as PyTorch's baseline reads its file.
-    if matches!(gpufeed::source::detect(&path), Ok(Format::Packed | Format::Npy)) {
+    if matches!(
+        gpufeed::source::detect(&path),
+        Ok(Format::Packed | Format::Npy)
+    ) {
         warm_page_cache(&path)?;
         if let Some(labels) = &args.labels {
             warm_page_cache(labels)?;
@@ -198,8 +215,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
-        if windowed {
-            builder = builder.shuffle_blocks(blocks.0, blocks.1);
+        if let Some((window, block)) = blocks {
+            builder = builder.shuffle_blocks(window, block);
         }
     }
 
@@ -272,9 +289,7 @@ pub fn run(args: Args) -> Result<()> {
     report.epochs = epoch_rates.len() as u64;
     report.steady_bytes_per_sec = gpufeed_bench::steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
-    if windowed {
-        report.shuffle_blocks = (!args.no_shuffle).then_some(blocks);
-    }
+    report.shuffle_blocks = blocks.filter(|_| !args.no_shuffle);
     let store = sharded.as_ref().and_then(|s| s.sharded());
     if let Some(d) = store {
         report.shards = Some(d.shard_names().len());

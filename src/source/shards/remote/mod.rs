@@ -1034,7 +1034,7 @@ pub fn open_url_with(
                     &index_url,
                     &text,
                     shards,
-                )?))
+                )?));
             }
             super::open::IndexKind::Mds => {
                 let mut index = MdsShards::read_index(&index_url, &text)?;
