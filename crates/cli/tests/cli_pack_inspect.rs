@@ -432,7 +432,7 @@ fn inspect_reads_an_image_folder_and_says_what_it_reads_otherwise() {
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{e}");
     for what in [
-        "packed files",
+        "packed record file",
         ".npy",
         "index.json",
         "MDS",
