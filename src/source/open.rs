@@ -257,7 +257,7 @@ struct Row {
 const ROWS: &[Row] = &[
     Row {
         format: Format::WebDataset,
-        looks_for: "an object store URL (s3://, gs://, az://, http(s)://, file://)",
+        looks_for: "shards at an object store URL (s3://, gs://, az://, http(s)://, file://)",
         recognise: |s| matches!(s.kind, Kind::Url),
         open: |s, o| {
             o.refuse_pread("an object store's shards are downloaded whole and mapped")?;
@@ -266,7 +266,7 @@ const ROWS: &[Row] = &[
     },
     Row {
         format: Format::WebDataset,
-        looks_for: "a brace pattern or `::` list of .tar shards",
+        looks_for: "WebDataset .tar shards named by a brace pattern or a `::` list",
         recognise: |s| matches!(s.kind, Kind::Pattern),
         open: |s, o| {
             o.refuse_pread("a sharded data set's shards are mapped by its store")?;
@@ -275,7 +275,7 @@ const ROWS: &[Row] = &[
     },
     Row {
         format: Format::PackedShards,
-        looks_for: "a directory with an index.json (packed shards or MDS)",
+        looks_for: "packed shards or MDS shards (a directory with an index.json)",
         recognise: |s| s.dir_has_file("index.json"),
         open: |s, o| {
             o.refuse_pread("a sharded data set's shards are mapped by its store")?;
@@ -284,7 +284,7 @@ const ROWS: &[Row] = &[
     },
     Row {
         format: Format::WebDataset,
-        looks_for: "a .tar file, or a directory of them",
+        looks_for: "WebDataset .tar shards (a .tar file, or a directory of them)",
         recognise: |s| {
             (matches!(s.kind, Kind::File { .. }) && s.name.ends_with(".tar"))
                 || s.dir_has_files_ending(".tar")
@@ -300,8 +300,8 @@ const ROWS: &[Row] = &[
     },
     Row {
         format: Format::Arrow,
-        looks_for: "a Hugging Face datasets directory (state.json, dataset_info.json or \
-                    dataset_dict.json), .arrow files, or a file starting ARROW1",
+        looks_for: "Arrow files of Hugging Face datasets (a directory with state.json, \
+                    dataset_info.json or dataset_dict.json; .arrow files; a file starting ARROW1)",
         recognise: |s| {
             ["state.json", "dataset_info.json", "dataset_dict.json"]
                 .iter()
@@ -325,7 +325,7 @@ const ROWS: &[Row] = &[
     },
     Row {
         format: Format::MegatronTokens,
-        looks_for: "a Megatron indexed dataset (PREFIX.idx and PREFIX.bin)",
+        looks_for: "a Megatron indexed dataset of tokens (PREFIX.idx and PREFIX.bin)",
         recognise: |s| megatron_index(s).is_some(),
         open: |s, _| {
             Err(Error::config(
@@ -415,7 +415,14 @@ fn row_of(seen: &Seen) -> Result<&'static Row> {
     let list = looked_for.join("; ");
     let path = seen.path().to_path_buf();
     let what = match &seen.kind {
-        Kind::Missing => "there is nothing by this name".to_owned(),
+        Kind::Missing => {
+            // What the operating system says of a name that is not there, as opening it would.
+            return Err(Error::io(
+                &path,
+                "open",
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            ));
+        }
         Kind::Special => "not a regular file or a directory".to_owned(),
         Kind::File { head } if head.is_empty() => "an empty file".to_owned(),
         Kind::File { .. } => "a file of no format gpufeed reads".to_owned(),
