@@ -25,7 +25,8 @@ pub fn python_argument(setting: &str) -> String {
             "shard".into()
         }
         "dataset" | "shards" | "sources" => "path_or_paths".into(),
-        "transform" => "fields".into(),
+        "transform" | "columns" => "fields".into(),
+        "verify_checksums" => "verify".into(),
         "size" | "scale" | "ratio" | "flip" | "resize" | "dtype" | "normalize" | "layout"
         | "max_pixels" => format!("images['{setting}']"),
         other => other.into(),

@@ -420,7 +420,7 @@ fn row_of(seen: &Seen) -> Result<&'static Row> {
             return Err(Error::io(
                 &path,
                 "open",
-                std::io::Error::from(std::io::ErrorKind::NotFound),
+                std::io::Error::from_raw_os_error(libc::ENOENT),
             ));
         }
         Kind::Special => "not a regular file or a directory".to_owned(),
