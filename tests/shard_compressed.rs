@@ -5,8 +5,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use gpufeed::source::shards::mds::MdsDataset;
 use gpufeed::source::shards::ShardOptions;
+use gpufeed::source::shards::mds::MdsDataset;
 use gpufeed::{CopyFields, Dataset, Error, Loader};
 
 use crate::shard_decode::write_mds;

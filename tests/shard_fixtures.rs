@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gpufeed::format::{Codec, DType, FieldKind};
+use gpufeed::source::shards::ShardOptions;
 use gpufeed::source::shards::mds::{MdsDataset, decode_ndarray};
 use gpufeed::source::shards::webdataset::{
     MissingFieldPolicy, TarIndex, UnkeyedPolicy, WebDataset, WebDatasetOptions,
 };
-use gpufeed::source::shards::ShardOptions;
 use gpufeed::{Dataset, Error};
 use serde_json::Value;
 

@@ -1,6 +1,6 @@
 //! Where samples come from: every source is a map-style [`Dataset`] of zero-copy [`Sample`]s.
 //!
-//! - [`RecordFile`]: a packed record file;
+//! - [`RecordFile`](crate::format::RecordFile): a packed record file;
 //! - [`NpyArray`]: a `.npy` array, memory-mapped in place, one row a sample;
 //! - [`ImageFolder`]: a directory of class subdirectories of JPEG/PNG files (torchvision's);
 //! - [`Concat`]: several sources of one schema as one dataset (a few files, all opened);
@@ -20,7 +20,7 @@
 //!
 //! # Mappings, and files that change while they are read
 //!
-//! [`RecordFile`] and [`NpyArray`] read their file through a shared memory mapping by default
+//! [`RecordFile`](crate::format::RecordFile) and [`NpyArray`] read their file through a shared memory mapping by default
 //! ([`ReadMode::Map`]): fast, but the file must not change while it is open. Truncating it
 //! (`np.save` to the same path, for one) kills the process with `SIGBUS` at the next read past
 //! its new end; bytes written in place are read as they change, silently. Replacing it (write a
@@ -31,11 +31,11 @@
 //!
 //! - keep data files unchanged while they are open, and replace them only by renaming a new
 //!   file into place; or
-//! - open with [`ReadMode::Pread`] (for [`RecordFile`], [`ReadOptions::mode`]; for [`NpyArray`],
+//! - open with [`ReadMode::Pread`] (for [`RecordFile`](crate::format::RecordFile), [`ReadOptions::mode`](crate::format::ReadOptions::mode); for [`NpyArray`],
 //!   [`NpyArray::open_with`]; for any name, [`OpenOptions::read`]), which reads with `pread` and never
 //!   maps: on a network file system, or for files that may be truncated, a short read is a
 //!   typed [`Error::FileChanged`] instead of a signal;
-//! - turn on [`ReadOptions::verify_checksums`] to check every record read: a packed record
+//! - turn on [`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums) to check every record read: a packed record
 //!   against the checksum its writer stored ([`Error::ChecksumMismatch`]), a `.npy` row against
 //!   the checksum the array took when it was opened ([`Error::FileChanged`]; one pass over the
 //!   file at open), so that bytes rewritten in place are an error and not data, even within

@@ -8,17 +8,7 @@
 //! is the whole of the rule; the first row that recognises the name wins. When no row does,
 //! the error lists what every row looked for.
 //!
-//! | format | recognised by |
-//! |---|---|
-//! | object store URL | `scheme://...` (`s3`, `gs`, `az`, `http(s)`, `file`): its `index.json`, else its `.tar` objects |
-//! | WebDataset tar shards | a brace pattern or `::` list, a `.tar` file, a directory of `.tar` files |
-//! | packed shards / MDS | a directory with an `index.json` (told apart by its content) |
-//! | Megatron tokens | `PREFIX`, `PREFIX.idx` or `PREFIX.bin` whose `PREFIX.idx` is there (read by the token loader) |
-//! | Arrow (Hugging Face `datasets`) | a directory with `state.json`, `dataset_info.json` or `dataset_dict.json`; `.arrow` files; a file that starts `ARROW1` or an IPC stream's marker |
-//! | Parquet | `.parquet` files (one, a directory of them, a `*` pattern), or a file that starts `PAR1` |
-//! | `.npy` array | a file that starts `\x93NUMPY` |
-//! | packed record file | a file that starts `GPUFEED\0` |
-//! | ImageFolder | a directory of class directories |
+//! The rows, in order, are listed in [`detect`]'s documentation.
 //!
 //! A new format is a module that opens it and one row here.
 
@@ -389,7 +379,21 @@ fn megatron_index(seen: &Seen) -> Option<PathBuf> {
     }
 }
 
-/// What `name` is: the format of the first row of the table that recognises it.
+/// What `name` is: the format of the first row of the table that recognises it. The rows,
+/// in the order they are tried:
+///
+/// | format | recognised by |
+/// |---|---|
+/// | object store URL | `scheme://...` (`s3`, `gs`, `az`, `http(s)`, `file`): its `index.json`, else its `.tar` objects |
+/// | WebDataset tar shards | a brace pattern or `::` list, a `.tar` file, a directory of `.tar` files |
+/// | packed shards / MDS | a directory with an `index.json` (told apart by its content) |
+/// | Megatron tokens | `PREFIX`, `PREFIX.idx` or `PREFIX.bin` whose `PREFIX.idx` is there (read by the token loader) |
+/// | Arrow (Hugging Face `datasets`) | a directory with `state.json`, `dataset_info.json` or `dataset_dict.json`; `.arrow` files; a file that starts `ARROW1` or an IPC stream's marker |
+/// | Parquet | `.parquet` files (one, a directory of them, a `*` pattern), or a file that starts `PAR1` |
+/// | `.npy` array | a file that starts `\x93NUMPY` |
+/// | packed record file | a file that starts `GPUFEED\0` |
+/// | ImageFolder | a directory of class directories |
+///
 ///
 /// An error when no row does: nothing by that name, something that is not a file or a
 /// directory, an empty file, or a file or directory of no format here; it says what each
@@ -435,8 +439,8 @@ fn row_of(seen: &Seen) -> Result<&'static Row> {
     })
 }
 
-/// Opens the data set `name` names, read as `options` say: see the [module docs](self) for
-/// what is recognised, and [`Source`] for what an opened data set tells.
+/// Opens the data set `name` names, read as `options` say: see [`detect`] for what is
+/// recognised, and [`Source`] for what an opened data set tells.
 ///
 /// ```no_run
 /// use gpufeed::source::{OpenOptions, open};

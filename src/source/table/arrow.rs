@@ -556,6 +556,16 @@ impl std::fmt::Debug for ArrowDataset {
     }
 }
 
+impl crate::source::Source for ArrowDataset {
+    fn format(&self) -> crate::source::Format {
+        crate::source::Format::Arrow
+    }
+
+    fn describe(&self) -> Result<crate::source::Description> {
+        Ok(ArrowDataset::describe(self).description(crate::source::Format::Arrow, &self.schema))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -590,15 +600,5 @@ mod tests {
             }
             assert_eq!(s.field(0).unwrap(), (i as f32).to_le_bytes());
         }
-    }
-}
-
-impl crate::source::Source for ArrowDataset {
-    fn format(&self) -> crate::source::Format {
-        crate::source::Format::Arrow
-    }
-
-    fn describe(&self) -> Result<crate::source::Description> {
-        Ok(ArrowDataset::describe(self).description(crate::source::Format::Arrow, &self.schema))
     }
 }

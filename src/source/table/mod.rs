@@ -267,28 +267,6 @@ fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
     pattern[p..].iter().all(|&c| c == b'*')
 }
 
-#[cfg(test)]
-mod tests {
-    use super::wildcard;
-
-    #[test]
-    fn wildcards_match_as_a_shell_does() {
-        assert!(wildcard(
-            b"train-*.parquet",
-            b"train-00000-of-00002.parquet"
-        ));
-        assert!(!wildcard(
-            b"train-*.parquet",
-            b"test-00000-of-00002.parquet"
-        ));
-        assert!(wildcard(b"data-?.arrow", b"data-1.arrow"));
-        assert!(!wildcard(b"data-?.arrow", b"data-10.arrow"));
-        assert!(wildcard(b"*", b"x"));
-        assert!(wildcard(b"a*b*c", b"aXbYbc"));
-        assert!(!wildcard(b"a*b*c", b"aXbYb"));
-    }
-}
-
 impl TableSummary {
     /// The summary as `gpufeed inspect` prints it: files, chunks, compression and sizes, and
     /// each column with its Arrow type and the field it becomes (or why it cannot).
@@ -382,5 +360,27 @@ impl TableSummary {
             );
         }
         d.fact("columns", "columns", columns, column_text.join("\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wildcard;
+
+    #[test]
+    fn wildcards_match_as_a_shell_does() {
+        assert!(wildcard(
+            b"train-*.parquet",
+            b"train-00000-of-00002.parquet"
+        ));
+        assert!(!wildcard(
+            b"train-*.parquet",
+            b"test-00000-of-00002.parquet"
+        ));
+        assert!(wildcard(b"data-?.arrow", b"data-1.arrow"));
+        assert!(!wildcard(b"data-?.arrow", b"data-10.arrow"));
+        assert!(wildcard(b"*", b"x"));
+        assert!(wildcard(b"a*b*c", b"aXbYbc"));
+        assert!(!wildcard(b"a*b*c", b"aXbYb"));
     }
 }

@@ -1029,12 +1029,12 @@ pub fn open_url_with(
                     );
                 }
                 let shards = mapped_within_cache(&store, &options.shards);
-                return Ok(Box::new(PackedShards::from_index(
+                Ok(Box::new(PackedShards::from_index(
                     Arc::new(store),
                     &index_url,
                     &text,
                     shards,
-                )?));
+                )?))
             }
             super::open::IndexKind::Mds => {
                 let mut index = MdsShards::read_index(&index_url, &text)?;
@@ -1073,11 +1073,11 @@ pub fn open_url_with(
                     cache_limit: Some(store.options().cache_limit),
                     ..mapped_within_cache(&store, &options.shards)
                 };
-                return Ok(Box::new(MdsDataset::from_read_index(
+                Ok(Box::new(MdsDataset::from_read_index(
                     index,
                     Arc::new(store),
                     shards,
-                )?));
+                )?))
             }
         },
         Err(Error::Remote {
