@@ -71,7 +71,7 @@ pub use concat::Concat;
 pub use describe::{Description, Fact, Format, fields_json, fields_text};
 pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
-pub use open::{OpenOptions, Seen, detect, open, open_all};
+pub use open::{OpenOptions, detect, open, open_all};
 pub use zip::Zip;
 
 use crate::file::RecordBuf;

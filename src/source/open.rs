@@ -3,7 +3,7 @@
 //! [`open`] and nothing else.
 //!
 //! What a name is, is decided once, by [`detect`], from one table: each row is a [`Format`],
-//! what it looks for, and how it is opened. A row looks only at what [`Seen`] gathered once
+//! what it looks for, and how it is opened. A row looks only at what was seen of the name, once
 //! (the kind of name, a file's first bytes, a directory's entries), so the order of the rows
 //! is the whole of the rule; the first row that recognises the name wins. When no row does,
 //! the error lists what every row looked for.
@@ -122,9 +122,9 @@ fn open_url(url: &str, _: &OpenOptions) -> Result<Box<dyn Source>> {
 
 /// What was seen of a name, once, for the rows of the table to look at.
 #[derive(Debug)]
-pub struct Seen {
+pub(crate) struct Seen {
     /// The name as given.
-    pub name: String,
+    pub(crate) name: String,
     kind: Kind,
 }
 
@@ -151,7 +151,7 @@ enum Kind {
 
 impl Seen {
     /// Looks at `name`: its kind, a file's first 16 bytes, a directory's entries.
-    pub fn of(name: &str) -> Result<Seen> {
+    pub(crate) fn of(name: &str) -> Result<Seen> {
         let kind = if shards::is_store_url(name) {
             Kind::Url
         } else if name.contains("::") || name.contains('{') {
