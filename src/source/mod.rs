@@ -8,6 +8,7 @@
 //!   (`images.npy` and `labels.npy`, say), sharded where they are;
 //! - [`shards`]: sharded datasets (packed shards, WebDataset tar shards, MosaicML MDS), each
 //!   shard opened on first use, a bounded number open at once;
+//! - [`table`]: tables as the Hugging Face hub ships them (JSON lines), read as they are;
 //! - [`tokens`]: documents of token ids for language models (Megatron's `.bin`/`.idx`,
 //!   nanoGPT's `train.bin`, a field of any dataset), read in place;
 //! - [`open`]: whichever of these a path names.
@@ -54,6 +55,7 @@ mod image_folder;
 mod npy;
 mod packed;
 pub mod shards;
+pub mod table;
 pub mod tokens;
 mod zip;
 

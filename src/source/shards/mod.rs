@@ -45,7 +45,7 @@
 //! [`ShardStore::files_may_change`].
 
 pub mod cache;
-mod compressed;
+pub(crate) mod compressed;
 pub mod decode;
 mod lru;
 pub mod mds;

@@ -1,0 +1,11 @@
+//! Data sets that are tables, rows of named fields, as the Hugging Face hub and `datasets`
+//! ship them: here, JSON lines ([`JsonLines`]: `.jsonl`, `.jsonl.gz`, `.jsonl.zst`, and
+//! `.json` files of one object per line).
+
+mod files;
+mod jsonl;
+
+pub use jsonl::{
+    JsonLines, JsonLinesFieldSummary, JsonLinesFileSummary, JsonLinesOptions, JsonLinesSummary,
+    is_json_lines,
+};
