@@ -1273,12 +1273,18 @@ impl<'a> Cursor<'a> {
 
     fn expected(&self, what: &str) -> Fault {
         match self.peek() {
-            None => self.fault(format!("the line ends where {what} was expected")),
+            // At the end of the line's text, before its newline (as Python's json counts
+            // within one line).
+            None => Fault {
+                at: self.b.iter().rposition(|&c| !is_ws(c)).map_or(0, |p| p + 1),
+                what: format!("the line ends where {what} was expected"),
+            },
+            Some(c) if c.is_ascii_graphic() => {
+                self.fault(format!("expected {what}, found `{}`", c as char))
+            }
             Some(c) => self.fault(format!(
                 "expected {what}, found `{}`",
-                quoted(
-                    &self.b[self.at..(self.at + 1).max(self.at + utf8_len(c)).min(self.b.len())]
-                )
+                quoted(&self.b[self.at..(self.at + utf8_len(c)).min(self.b.len())])
             )),
         }
     }
@@ -1366,15 +1372,21 @@ impl<'a> Cursor<'a> {
             Some(b'1'..=b'9') => {
                 digits(self);
             }
-            _ => return Err(self.expected("a value")),
+            _ => {
+                self.at = start;
+                return Err(self.expected("a value"));
+            }
         }
         let mut int = true;
+        let point = self.at;
         if self.eat(b'.') {
             int = false;
             if digits(self) == 0 {
-                return Err(self.expected("a digit after a decimal point"));
+                self.at = point;
+                return Err(self.fault("a decimal point without a digit after it"));
             }
         }
+        let exponent = self.at;
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.at += 1;
             int = false;
@@ -1382,7 +1394,8 @@ impl<'a> Cursor<'a> {
                 self.at += 1;
             }
             if digits(self) == 0 {
-                return Err(self.expected("a digit in an exponent"));
+                self.at = exponent;
+                return Err(self.fault("an exponent without a digit"));
             }
         }
         Ok(Number {
@@ -1447,8 +1460,13 @@ impl<'a> Cursor<'a> {
         let rest = &self.b[self.at..];
         match rest.first() {
             Some(b'"') => {
-                let end = memchr::memchr(b'"', &rest[1..]).map_or(rest.len(), |e| e + 2);
-                format!("a string ({})", quoted(&rest[..end.min(40)]))
+                let end = memchr::memchr(b'"', &rest[1..]).map_or(rest.len(), |e| e + 1);
+                let text = &rest[1..end];
+                let cut = if text.len() > 40 { "..." } else { "" };
+                format!(
+                    "a string (\"{}{cut}\")",
+                    quoted(&text[..text.len().min(40)])
+                )
             }
             Some(b'{') => "an object".into(),
             Some(b'[') => "a list".into(),
