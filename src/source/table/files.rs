@@ -18,8 +18,9 @@ pub(crate) fn is_pattern(text: &str) -> bool {
 }
 
 /// The files `target` names, sorted: itself if it is a file; the files directly in it that
-/// `wanted` accepts (by file name) if it is a directory; the files matching it if it is a
-/// pattern. `what` names the files in errors (`JSON lines files`). Nothing found is an
+/// `wanted` accepts (by file name) if it is a directory; the files matching it that `wanted`
+/// accepts if it is a pattern (`data/*` names a directory's data files, not its README).
+/// `what` names the files in errors (`JSON lines files`). Nothing found is an
 /// [`Error::InvalidConfig`] of `path` saying what was looked for; a path that is not there,
 /// an [`Error::Io`].
 pub(crate) fn dataset_files(
@@ -30,12 +31,12 @@ pub(crate) fn dataset_files(
     let text = target.to_string_lossy();
     if is_pattern(&text) && !target.exists() {
         let mut found = glob(target)?;
-        found.retain(|p| p.is_file());
+        found.retain(|p| p.is_file() && p.file_name().and_then(|n| n.to_str()).is_some_and(wanted));
         found.sort();
         if found.is_empty() {
             return Err(Error::config(
                 "path",
-                format!("the pattern `{text}` matches no file"),
+                format!("the pattern `{text}` matches no {what}"),
             ));
         }
         return Ok(found);
@@ -234,10 +235,12 @@ mod tests {
         assert_eq!(names(listed), [".hidden.jsonl", "a.jsonl", "b.jsonl"]);
         let globbed = dataset_files(&dir.path().join("*.jsonl"), &wanted, "x").unwrap();
         assert_eq!(names(globbed), ["a.jsonl", "b.jsonl"]);
+        let every = dataset_files(&dir.path().join("*"), &wanted, "x").unwrap();
+        assert_eq!(names(every), ["a.jsonl", "b.jsonl"], "not c.txt");
         let one = dataset_files(&dir.path().join("c.txt"), &wanted, "x").unwrap();
         assert_eq!(names(one), ["c.txt"]);
         let e = dataset_files(&dir.path().join("*.parquet"), &wanted, "x").unwrap_err();
-        assert!(e.to_string().contains("matches no file"), "{e}");
+        assert!(e.to_string().contains("matches no x"), "{e}");
         let empty = tempfile::tempdir().unwrap();
         let e = dataset_files(empty.path(), &wanted, "JSON lines files").unwrap_err();
         assert!(e.to_string().contains("holds no JSON lines files"), "{e}");

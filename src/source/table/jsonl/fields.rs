@@ -6,9 +6,7 @@
 use std::collections::HashMap;
 
 use super::JsonLinesOptions;
-use super::parse::{
-    Cursor, Fault, MAX_DEPTH, Step, Wrong, align, check_utf8, list, tensor, unescape,
-};
+use super::parse::{Cursor, Fault, MAX_DEPTH, Step, Wrong, align, list, tensor, unescape};
 use crate::error::{Error, Result};
 use crate::format::{Codec, DType};
 use crate::source::FieldSpan;
@@ -370,8 +368,6 @@ pub(super) enum Got {
 pub(super) struct Plan {
     pub(super) fields: Vec<PlannedField>,
     tree: Node,
-    /// The decoded bytes a line usually needs.
-    pub(super) decoded_hint: usize,
 }
 
 /// A field chosen to be read: its name, its keys from the top, how it is read, and whether
@@ -610,10 +606,6 @@ impl Plan {
                     ),
                 )
             })?;
-            if let Kind::Tensor { dtype, shape } = &kind {
-                let n: u64 = shape.iter().product();
-                plan.decoded_hint += dtype.size() * (n as usize + 1);
-            }
             plan.fields.push(PlannedField {
                 name,
                 decode: c.decode,
@@ -643,7 +635,6 @@ impl Plan {
     /// Field `k`'s fill value, from its JSON `text`.
     fn fill(&self, k: usize, text: &str) -> std::result::Result<Fill, String> {
         let b = text.as_bytes();
-        check_utf8(b).map_err(|f| f.what)?;
         let mut c = Cursor::new(b);
         c.ws();
         let mut decoded = Vec::new();
@@ -670,7 +661,6 @@ impl Plan {
         got: &mut [Got],
         decoded: &mut Vec<u8>,
     ) -> Step<()> {
-        check_utf8(line)?;
         let mut c = Cursor::new(line);
         c.ws();
         if c.peek() != Some(b'{') {
@@ -749,11 +739,10 @@ impl Plan {
         depth: usize,
     ) -> Step<Got> {
         let field = &self.fields[k];
-        let at = c.at;
-        let start_at = at;
+        let start_at = c.at;
         if c.peek() == Some(b'n') {
             c.literal(b"null")?;
-            return Ok(Got::Null(at));
+            return Ok(Got::Null(start_at));
         }
         let start = decoded.len();
         let read = match &field.kind {
@@ -765,13 +754,15 @@ impl Plan {
                     if !escaped {
                         return Ok(Got::At(FieldSpan::Shared(raw)));
                     }
+                    // Escapes only shorten a string: its raw length is room enough.
+                    decoded.reserve(raw.len());
                     unescape(&c.b[raw.clone()], raw.start, decoded)?;
                     return Ok(Got::At(FieldSpan::Decoded(start..decoded.len())));
                 }
             }
             Kind::Json => {
                 c.skip(depth)?;
-                return Ok(Got::At(FieldSpan::Shared(at..c.at)));
+                return Ok(Got::At(FieldSpan::Shared(start_at..c.at)));
             }
             Kind::Tensor { dtype, shape } => {
                 align(decoded, dtype.size());

@@ -56,7 +56,7 @@
 //! matches each key against the fields asked for, reads their values and checks the syntax of
 //! the others without keeping them. A string without escapes (and a `json` field's text) is
 //! handed out in place, in the mapping; numbers, lists and strings with escapes are decoded
-//! into the sample's own bytes ([`FieldSpan::Decoded`]).
+//! into the sample's own bytes.
 //!
 //! Files are mapped ([`ReadMode::Map`]) or read with `pread` ([`ReadMode::Pread`]), as
 //! [`ReadOptions::mode`] says, with the contract of every mapped source (see the
@@ -73,10 +73,17 @@
 //! others wait, found again by later opens (by the compressed file's path, size and
 //! modification time) until the cache evicts it. The copy is gpufeed's own, written whole and
 //! never in place, so it is mapped whatever the read mode. Errors name the compressed file.
+//!
+//! # Parts
+//!
+//! This module: the options, the files a target names, the data set and its summary;
+//! `index`: the index of lines and its file; `parse`: the reading of one line's bytes;
+//! `fields`: which fields are read and how, and the walk of a line that reads them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use rayon::prelude::*;
@@ -88,7 +95,7 @@ mod parse;
 
 use fields::{Got, Inference, Plan};
 use index::{BOM, LineIndex, decode_index, encode_index, scan_lines, scan_read, sidecar_path};
-use parse::{Cursor, align, char_column, check_utf8, is_ws};
+use parse::{Cursor, align, char_column, is_ws};
 
 use super::files::dataset_files;
 use crate::error::{Error, Result};
@@ -102,6 +109,11 @@ use crate::source::{Dataset, FieldSpan, Sample};
 
 /// The format's name in messages.
 const FORMAT: &str = "JSON lines";
+
+/// The most bytes of decoded values a line is given room for before it reads them (the most
+/// any line has needed so far, within this): more than a line needs costs an allocation of
+/// that size for every line.
+const MOST_DECODED_HINT: usize = 4096;
 
 /// Lines read to infer the fields unless told otherwise.
 pub const DEFAULT_INFER_LINES: usize = 1000;
@@ -289,6 +301,9 @@ pub struct JsonLines {
     /// Lines the fields were inferred from.
     inferred_from: u64,
     mode: ReadMode,
+    /// The decoded bytes a line is given room for (see [`MOST_DECODED_HINT`]), shared by the
+    /// threads that read: written only when a line needs more.
+    decoded_hint: AtomicUsize,
 }
 
 impl std::fmt::Debug for JsonLines {
@@ -414,6 +429,7 @@ impl JsonLines {
             left_out: Vec::new(),
             inferred_from: 0,
             mode: options.read.mode,
+            decoded_hint: AtomicUsize::new(0),
         };
         let (inference, read) = data.infer(options.infer_lines)?;
         data.inferred_from = read;
@@ -440,13 +456,14 @@ impl JsonLines {
                 }
                 let (line, start) = file.line(i)?;
                 let mut c = Cursor::new(&line);
-                let step = check_utf8(&line).and_then(|()| {
-                    c.ws();
-                    let mut path = Vec::new();
-                    inference.observe_object(&mut c, &mut path, 0)?;
-                    c.ws();
-                    c.end()
-                });
+                c.ws();
+                let mut path = Vec::new();
+                let step = inference
+                    .observe_object(&mut c, &mut path, 0)
+                    .and_then(|()| {
+                        c.ws();
+                        c.end()
+                    });
                 if let Err(fault) = step {
                     return Err(self.bad_line(f, start, &line, Some(fault.at), fault.what));
                 }
@@ -581,9 +598,14 @@ impl JsonLines {
         let file = &self.files[f];
         let (line, start) = file.line(i)?;
         let mut got = vec![Got::Missing; self.plan.fields.len()];
-        let mut decoded = Vec::with_capacity(self.plan.decoded_hint);
+        let hint = self.decoded_hint.load(Ordering::Relaxed);
+        let mut decoded = Vec::with_capacity(hint);
         if let Err(fault) = self.plan.read_line(&line, &mut got, &mut decoded) {
             return Err(self.bad_line(f, start, &line, Some(fault.at), fault.what));
+        }
+        if decoded.len() > hint && hint < MOST_DECODED_HINT {
+            self.decoded_hint
+                .fetch_max(decoded.len().min(MOST_DECODED_HINT), Ordering::Relaxed);
         }
         let mut spans = Vec::with_capacity(got.len());
         for (k, g) in got.into_iter().enumerate() {
