@@ -1,9 +1,9 @@
 //! Data sets that are tables, rows of named fields, as the Hugging Face hub and `datasets`
-//! ship them: here, JSON lines ([`JsonLines`]: `.jsonl`, `.jsonl.gz`, `.jsonl.zst`, and
-//! `.json` files of one object per line).
+//! ship them: here, JSON lines ([`jsonl`]: `.jsonl`, `.jsonl.gz`, `.jsonl.zst`, and `.json`
+//! files of one object per line).
 
 mod files;
-mod jsonl;
+pub mod jsonl;
 
 pub use jsonl::{
     JsonLines, JsonLinesFieldSummary, JsonLinesFileSummary, JsonLinesOptions, JsonLinesSummary,

@@ -370,6 +370,9 @@ pub(super) struct Plan {
     tree: Node,
 }
 
+/// Keys the first lines show that no field reads, each with why.
+pub(super) type LeftOut = Vec<(String, String)>;
+
 /// A field chosen to be read: its name, its keys from the top, how it is read, and whether
 /// that was declared.
 struct Chosen {
@@ -415,7 +418,7 @@ fn select(
     inference: &Inference,
     lines: u64,
     options: &JsonLinesOptions,
-) -> Result<(Vec<Chosen>, Vec<(String, String)>)> {
+) -> Result<(Vec<Chosen>, LeftOut)> {
     let mut chosen = Vec::new();
     let mut left_out = Vec::new();
     match &options.fields {
@@ -523,7 +526,7 @@ fn select_all(
     lines: u64,
     options: &JsonLinesOptions,
     chosen: &mut Vec<Chosen>,
-    left_out: &mut Vec<(String, String)>,
+    left_out: &mut LeftOut,
 ) {
     // Objects declared as one field (`json`): their keys are not fields.
     let declared_objects: Vec<&String> = options
@@ -585,7 +588,7 @@ impl Plan {
         inference: &Inference,
         lines: u64,
         options: &JsonLinesOptions,
-    ) -> Result<(Plan, Vec<(String, String)>)> {
+    ) -> Result<(Plan, LeftOut)> {
         let (chosen, left_out) = select(inference, lines, options)?;
         let mut plan = Plan::default();
         for c in chosen {

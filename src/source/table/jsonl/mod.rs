@@ -93,7 +93,7 @@ mod fields;
 mod index;
 mod parse;
 
-use fields::{Got, Inference, Plan};
+use fields::{Got, Inference, LeftOut, Plan};
 use index::{BOM, LineIndex, decode_index, encode_index, scan_lines, scan_read, sidecar_path};
 use parse::{Cursor, align, char_column, is_ws};
 
@@ -297,7 +297,7 @@ pub struct JsonLines {
     plan: Plan,
     schema: Schema,
     /// Keys the first lines show that no field reads, and why.
-    left_out: Vec<(String, String)>,
+    left_out: LeftOut,
     /// Lines the fields were inferred from.
     inferred_from: u64,
     mode: ReadMode,
