@@ -538,6 +538,32 @@ fn a_directory_or_a_pattern_of_files_is_one_data_set_in_the_order_of_their_names
 }
 
 #[test]
+fn a_json_file_is_json_lines_when_its_first_line_is_one_object() {
+    use gpufeed::source::table::is_json_lines;
+    let dir = tempfile::tempdir().unwrap();
+    let long = format!("{{\"t\": \"{}\"}}\n{{\"t\": \"x\"}}\n", "a".repeat(100_000));
+    for (name, text, lines) in [
+        ("lines.json", "\n{\"a\": 1}\n{\"a\": 2}\n", true),
+        ("one.json", "{\"a\": 1}", true),
+        ("long.json", long.as_str(), true),
+        ("array.json", "[{\"a\": 1}, {\"a\": 2}]\n", false),
+        ("pretty.json", "{\n  \"a\": 1\n}\n", false),
+        ("empty.json", "", false),
+        ("any.jsonl", "not even JSON", true),
+        ("data.txt", "{\"a\": 1}\n", false),
+    ] {
+        let p = write(dir.path(), name, text);
+        assert_eq!(is_json_lines(&p), lines, "{name}");
+    }
+    let gz = dir.path().join("lines.json.gz");
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
+    e.write_all(b"{\"a\": 1}\n").unwrap();
+    std::fs::write(&gz, e.finish().unwrap()).unwrap();
+    assert!(is_json_lines(&gz));
+    assert!(!is_json_lines(&dir.path().join("missing.jsonl")));
+}
+
+#[test]
 fn a_compressed_file_is_decompressed_once_into_the_cache() {
     let dir = tempfile::tempdir().unwrap();
     let text: String = (0..100).map(|i| format!("{{\"i\": {i}}}\n")).collect();

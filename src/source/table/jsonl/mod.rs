@@ -237,17 +237,24 @@ fn first_line_is_object(path: &Path, compression: Option<Compression>) -> bool {
     if read.is_err() && head.is_empty() {
         return false;
     }
+    // The first 64 KiB hold all of the file, or lines up to a cut.
+    let whole = (head.len() as u64) < MOST;
     let head = head.strip_prefix(BOM).unwrap_or(&head);
-    head.split(|&c| c == b'\n')
-        .find(|l| l.iter().any(|c| !is_ws(*c)))
-        .is_some_and(|line| {
-            let mut c = Cursor::new(line);
-            c.ws();
-            c.peek() == Some(b'{') && c.skip(0).is_ok() && {
-                c.ws();
-                c.done()
-            }
-        })
+    let mut lines = head.split(|&c| c == b'\n');
+    let Some(line) = lines.find(|l| l.iter().any(|c| !is_ws(*c))) else {
+        return false;
+    };
+    let mut c = Cursor::new(line);
+    c.ws();
+    if c.peek() != Some(b'{') {
+        return false;
+    }
+    // A first line longer than what was read: an object so far is all that can be known.
+    let cut = !whole && lines.next().is_none();
+    cut || (c.skip(0).is_ok() && {
+        c.ws();
+        c.done()
+    })
 }
 
 /// The files `target` names: itself, the JSON lines files of a directory (`.jsonl` and
