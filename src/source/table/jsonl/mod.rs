@@ -104,7 +104,7 @@ use crate::format::{Codec, ReadOptions, Schema};
 use crate::source::shards::FieldDecode;
 use crate::source::shards::cache::{DEFAULT_LIMIT, default_root, settings_from_env};
 use crate::source::shards::compressed::{CompressedShard, Compression, Decompressor, NoHashes};
-use crate::source::shards::{LocalDir, write_atomically};
+use crate::source::shards::{LocalDir, ShardBytes, write_atomically};
 use crate::source::{Dataset, FieldSpan, Sample};
 
 /// The format's name in messages.
@@ -218,27 +218,27 @@ pub fn is_json_lines(path: &Path) -> bool {
 /// True if the first line that is not blank in the first 64 KiB of `path` (decompressed) is
 /// one whole JSON object.
 fn first_line_is_object(path: &Path, compression: Option<Compression>) -> bool {
-    use std::io::Read;
     const MOST: u64 = 64 << 10;
-    let Ok(file) = std::fs::File::open(path) else {
+    let Ok(file) = ShardBytes::map_file(path) else {
         return false;
     };
-    let mut head = Vec::new();
-    let read = match compression {
-        None => file.take(MOST).read_to_end(&mut head),
-        Some(Compression::Gzip) => flate2::read::MultiGzDecoder::new(file)
-            .take(MOST)
-            .read_to_end(&mut head),
-        Some(Compression::Zstd) => match zstd::stream::read::Decoder::new(file) {
-            Ok(d) => d.take(MOST).read_to_end(&mut head),
-            Err(_) => return false,
-        },
-    };
-    if read.is_err() && head.is_empty() {
+    let Ok(bytes) = file.all() else {
         return false;
-    }
+    };
     // The first 64 KiB hold all of the file, or lines up to a cut.
-    let whole = (head.len() as u64) < MOST;
+    let (head, whole) = match compression {
+        None => {
+            let n = bytes.len().min(MOST as usize);
+            (bytes[..n].to_vec(), n == bytes.len())
+        }
+        // Decompressed as far as the first 64 KiB of output (the pages of the mapping
+        // beyond what that takes are never read).
+        Some(c) => {
+            let mut head = Vec::new();
+            let whole = c.decompress(bytes, &mut head, MOST).is_ok();
+            (head, whole)
+        }
+    };
     let head = head.strip_prefix(BOM).unwrap_or(&head);
     let mut lines = head.split(|&c| c == b'\n');
     let Some(line) = lines.find(|l| l.iter().any(|c| !is_ws(*c))) else {
