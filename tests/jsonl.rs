@@ -721,3 +721,61 @@ fn the_loader_batches_text_numbers_and_lists() {
     }
     assert_eq!(seen, 100);
 }
+
+#[test]
+fn the_front_door_opens_json_lines_with_the_tables_options_and_describes_them() {
+    use gpufeed::source::table::{Fill, TableOptions};
+    use gpufeed::source::{Format, OpenOptions, detect, open};
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "train.jsonl",
+        "{\"text\": \"a\", \"label\": 1, \"extra\": true}\n{\"text\": \"b\", \"label\": null}\n",
+    );
+    let pattern = dir.path().join("*.jsonl");
+    for name in [p.as_path(), dir.path(), pattern.as_path()] {
+        assert_eq!(
+            detect(name).unwrap(),
+            Format::JsonLines,
+            "{}",
+            name.display()
+        );
+    }
+    let options = OpenOptions {
+        cache_dir: Some(dir.path().join("cache")),
+        table: TableOptions {
+            columns: Some(vec!["text".into(), "label".into()]),
+            fill: [("label".to_string(), Fill::Int(-1))].into(),
+            ..TableOptions::default()
+        },
+        ..OpenOptions::default()
+    };
+    let d = open(&p, &options).unwrap();
+    assert_eq!(d.format(), Format::JsonLines);
+    assert_eq!(d.len(), 2);
+    let s = d.get(1).unwrap();
+    assert_eq!(s.field_named("text"), Some(&b"b"[..]));
+    assert_eq!(*s.field_as::<i64>("label").unwrap(), [-1]);
+    let described = d.describe().unwrap();
+    let json = described.to_json();
+    assert_eq!(json["format"], "jsonl");
+    assert_eq!(json["records"], 2);
+    assert_eq!(json["files"].as_array().unwrap().len(), 1);
+    let keys = described.get("keys").unwrap();
+    assert!(
+        keys.text.contains("label -> int (inferred; null: -1)"),
+        "{}",
+        keys.text
+    );
+    // Without the fill value the null is an error naming the line; checksums are refused.
+    let e = open(&p, &OpenOptions::default())
+        .unwrap()
+        .get(1)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("line 2"), "{e}");
+    let mut verify = OpenOptions::default();
+    verify.read.verify_checksums = true;
+    let e = open(&p, &verify).err().unwrap().to_string();
+    assert!(e.contains("no checksums"), "{e}");
+}

@@ -8,7 +8,10 @@
 //!   (`images.npy` and `labels.npy`, say), sharded where they are;
 //! - [`shards`]: sharded datasets (packed shards, WebDataset tar shards, MosaicML MDS), each
 //!   shard opened on first use, a bounded number open at once;
-//! - [`table`]: tables as the Hugging Face hub ships them (JSON lines), read as they are;
+//! - [`table`]: tables as the Hugging Face hub ships them (Parquet, Arrow IPC, JSON lines),
+//!   read as they are;
+//! - [`TextColumn`]: the text of one field of any of these, row by row: documents for a
+//!   tokenizer;
 //! - [`tokens`]: documents of token ids for language models (Megatron's `.bin`/`.idx`,
 //!   nanoGPT's `train.bin`, a field of any dataset), read in place;
 //! - [`open`](open()): the front door: whichever of these a name names (a file, a directory, a
@@ -60,6 +63,7 @@ mod open;
 mod packed;
 pub mod shards;
 pub mod table;
+mod text;
 pub mod tokens;
 mod zip;
 
@@ -73,6 +77,7 @@ pub use describe::{Description, Fact, Format, fields_json, fields_text};
 pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
 pub use open::{OpenOptions, detect, open, open_all};
+pub use text::{Text, TextColumn};
 pub use zip::Zip;
 
 use crate::file::RecordBuf;

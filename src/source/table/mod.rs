@@ -49,7 +49,7 @@ pub enum Fill {
     Bytes(Vec<u8>),
 }
 
-/// How a table (Parquet, Arrow) is read.
+/// How a table (Parquet, Arrow, JSON lines) is read.
 #[derive(Clone, Debug, Default)]
 pub struct TableOptions {
     /// The fields to read, by name (a column's name, or `parent.child` for a struct's child);
@@ -73,6 +73,12 @@ pub struct TableOptions {
     /// Arrow: the split of a `DatasetDict` directory to read (`train`, `test`, ...), when the
     /// path names the dictionary's directory and not a split's.
     pub split: Option<String>,
+    /// JSON lines: fields' types declared by name, over what the first lines suggest
+    /// ([`JsonLinesOptions::decode`]).
+    pub decode: BTreeMap<String, crate::source::shards::FieldDecode>,
+    /// JSON lines: where each file's index of lines may be kept between opens
+    /// ([`JsonLinesOptions::index_dir`]); `None`: built at every open.
+    pub index_dir: Option<std::path::PathBuf>,
 }
 
 /// The decoded size a Parquet chunk aims at when [`TableOptions::chunk_rows`] is not set.

@@ -862,6 +862,68 @@ fn decompressed(
     bytes.share(0..bytes.len())
 }
 
+impl crate::source::Source for JsonLines {
+    fn format(&self) -> crate::source::Format {
+        crate::source::Format::JsonLines
+    }
+
+    fn describe(&self) -> Result<crate::source::Description> {
+        Ok(JsonLines::describe(self).description(&self.schema))
+    }
+}
+
+impl JsonLinesSummary {
+    /// The summary as `gpufeed inspect` prints it: the files and their sizes (on disk and
+    /// decompressed), the index of lines, and each field with how it is read (or each key
+    /// left out, and why).
+    pub fn description(&self, schema: &Schema) -> crate::source::Description {
+        use crate::source::{Description, Format};
+        let files = serde_json::to_value(&self.files).unwrap_or_default();
+        let (first, last) = (self.files.first(), self.files.last());
+        let name = |f: Option<&JsonLinesFileSummary>| {
+            f.map_or(String::new(), |f| f.path.display().to_string())
+        };
+        let file_text = if self.files.len() == 1 {
+            format!("1 ({})", name(first))
+        } else {
+            format!("{} ({} .. {})", self.files.len(), name(first), name(last))
+        };
+        let field_text: Vec<String> = self
+            .fields
+            .iter()
+            .map(|f| match (&f.decode, &f.left_out) {
+                (_, Some(why)) => format!("{}: left out: {why}", f.name),
+                (Some(decode), None) => {
+                    let how = if f.declared { "declared" } else { "inferred" };
+                    match &f.fill {
+                        Some(fill) => format!("{} -> {decode} ({how}; null: {fill})", f.name),
+                        None => format!("{} -> {decode} ({how})", f.name),
+                    }
+                }
+                (None, None) => f.name.clone(),
+            })
+            .collect();
+        let json_fields = serde_json::to_value(&self.fields).unwrap_or_default();
+        Description::new("", Format::JsonLines, self.lines, schema.clone())
+            .fact("files", "files", files, file_text)
+            .count("file_bytes", "file bytes", self.file_bytes)
+            .count("bytes", "decompressed", self.bytes)
+            .count("index_bytes", "index bytes", self.index_bytes)
+            .count(
+                "inferred_from_lines",
+                "inferred from",
+                self.inferred_from_lines,
+            )
+            .fact(
+                "read_mode",
+                "read mode",
+                self.read_mode.clone(),
+                self.read_mode.clone(),
+            )
+            .fact("keys", "keys", json_fields, field_text.join("\n"))
+    }
+}
+
 /// What a [`JsonLines`] data set is ([`JsonLines::describe`]), as plain data.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
