@@ -289,10 +289,14 @@ impl Plan {
                         });
                     }
                     let names: Vec<&str> = all.iter().map(|(f, _)| f.name.as_str()).collect();
-                    return Err(Error::mismatch(format!(
-                        "{}: no column `{name}` (its columns: {names:?})",
-                        path.display()
-                    )));
+                    return Err(Error::config(
+                        "fields",
+                        format!(
+                            "{}: no column `{name}` (its columns: {})",
+                            path.display(),
+                            names.join(", ")
+                        ),
+                    ));
                 }
                 chosen.sort_unstable();
                 chosen

@@ -511,7 +511,8 @@ fn select_named(
             return Err(Error::config(
                 "fields",
                 format!(
-                    "no field `{name}` in the first {lines} lines (their fields: {names:?}); declare its type to read it from later lines"
+                    "no field `{name}` in the first {lines} lines (their fields: {}); declare its type to read it from later lines",
+                    names.join(", ")
                 ),
             ));
         }
