@@ -409,3 +409,30 @@ fn pread_mode_reads_what_the_mapping_reads_with_workers_at_once() {
     assert_eq!(read(ReadMode::Pread), mapped);
     assert_eq!(mapped.iter().map(|b| b.0.len()).sum::<usize>(), 400);
 }
+
+#[test]
+fn the_chunk_cache_counts_in_the_loaders_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.parquet");
+    write_parquet(&p, &[ids(0, 100)], 50, 10);
+    let build = |cache_bytes| {
+        let options = TableOptions {
+            cache_bytes: Some(cache_bytes),
+            ..TableOptions::default()
+        };
+        let d = Arc::new(parquet::open(&p, &options).unwrap());
+        assert_eq!(d.held_bytes(), cache_bytes);
+        Loader::builder(d as Arc<dyn Dataset>)
+            .batch_size(10)
+            .pool_budget(1 << 20)
+            .transform(CopyFields::named(["id"]))
+            .build()
+    };
+    assert!(build(1 << 20).is_ok());
+    // A budget that fits the machine alone, but not beside a cache as large as the machine.
+    let e = build(u64::MAX / 4).err().unwrap().to_string();
+    assert!(
+        e.contains("pool_budget") && e.contains("decoded rows"),
+        "{e}"
+    );
+}

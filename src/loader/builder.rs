@@ -452,6 +452,8 @@ impl LoaderBuilder {
                 ),
             ));
         }
+        // A cache of decoded rows the data set keeps (Parquet's chunks) is memory too.
+        let held = self.dataset.held_bytes();
         let budget = match self.budget {
             Some(b) => b,
             None => {
@@ -460,9 +462,12 @@ impl LoaderBuilder {
                     .and_then(|n| n.checked_mul(batch_bytes))
                     .unwrap_or(u64::MAX);
                 // A loader that chooses its settings keeps to a quarter of the machine's
-                // memory (at least one batch and two held) unless given a budget.
+                // memory (at least one batch and two held), what the data set holds
+                // included, unless given a budget.
                 match memory {
-                    Some(m) if self.tunes() => default.min((m / 4).max(3 * batch_bytes)),
+                    Some(m) if self.tunes() => {
+                        default.min((m / 4).saturating_sub(held).max(3 * batch_bytes))
+                    }
                     _ => default,
                 }
             }
@@ -474,7 +479,7 @@ impl LoaderBuilder {
             ));
         }
         if let Some(memory) = memory
-            && budget > memory
+            && budget.saturating_add(held) > memory
         {
             // Name what the user set: the budget, or the prefetch it was computed from.
             let (setting, why) = match self.budget {
@@ -490,10 +495,18 @@ impl LoaderBuilder {
                     ),
                 ),
             };
+            let beside = if held > 0 {
+                format!(
+                    ", beside the {} the data set keeps of decoded rows",
+                    human_bytes(held)
+                )
+            } else {
+                String::new()
+            };
             return Err(Error::config(
                 setting,
                 format!(
-                    "{why} is more than this machine's memory ({})",
+                    "{why} is more than this machine's memory ({}){beside}",
                     human_bytes(memory)
                 ),
             ));

@@ -111,6 +111,10 @@ impl<D: Dataset> Dataset for Concat<D> {
     fn fingerprint(&self) -> Result<Option<u64>> {
         super::combined_fingerprint(&self.parts)
     }
+
+    fn held_bytes(&self) -> u64 {
+        self.parts.iter().map(Dataset::held_bytes).sum()
+    }
 }
 
 impl<D: Source> Source for Concat<D> {

@@ -171,6 +171,16 @@ pub trait Dataset: Send + Sync {
     fn fingerprint(&self) -> Result<Option<u64>> {
         Ok(None)
     }
+
+    /// The most bytes this data set keeps in memory of its own to serve [`get`](Dataset::get),
+    /// beyond mappings and the samples in flight: a cache of decoded rows at its limit (a
+    /// Parquet data set's [`cache_bytes`](table::TableOptions::cache_bytes)). The loader counts
+    /// them in its memory: the default pool budget leaves room for them, and a budget that
+    /// does not fit beside them is refused. 0 (the default) for data sets that decode nothing
+    /// ahead. Wrappers add up what they wrap.
+    fn held_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// The fingerprint of data sets taken together, in order: `None` if one of them has none.
@@ -210,6 +220,9 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     fn fingerprint(&self) -> Result<Option<u64>> {
         (**self).fingerprint()
     }
+    fn held_bytes(&self) -> u64 {
+        (**self).held_bytes()
+    }
 }
 
 impl<D: Dataset + ?Sized> Dataset for Box<D> {
@@ -239,6 +252,9 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     }
     fn fingerprint(&self) -> Result<Option<u64>> {
         (**self).fingerprint()
+    }
+    fn held_bytes(&self) -> u64 {
+        (**self).held_bytes()
     }
 }
 

@@ -101,6 +101,14 @@ fn bench_reads_parquet_and_json_lines_fields_by_name_and_names_the_flag_for_a_wr
         assert!(o.status.success(), "{}: {}", data.display(), stderr(&o));
         let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         assert_eq!(report["samples"], rows, "{report}");
+        if data == &p {
+            // Every row read through the shared cache of decoded chunks, each chunk decoded.
+            let cache = &report["chunk_cache"];
+            assert!(cache["misses"].as_u64().unwrap() >= 4, "{report}");
+            assert!(cache["limit_bytes"].as_u64().unwrap() > 0, "{report}");
+        } else {
+            assert!(report["chunk_cache"].is_null(), "{report}");
+        }
         let o = gpufeed(&["bench", s(data), "--fields", "nope", "--epochs", "1"]);
         assert!(!o.status.success());
         let e = stderr(&o);

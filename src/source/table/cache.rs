@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use crate::error::Result;
 
 /// What the cache of decoded chunks did, for `stats()`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ChunkCacheStats {
     /// Rows asked for whose chunk was held.
     pub hits: u64,

@@ -491,6 +491,10 @@ impl Dataset for ParquetDataset {
         Some((self.window, 1))
     }
 
+    fn held_bytes(&self) -> u64 {
+        self.cache_stats().limit_bytes
+    }
+
     fn check_unchanged(&self) -> Result<()> {
         self.files
             .iter()

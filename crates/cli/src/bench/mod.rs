@@ -89,6 +89,9 @@ pub fn run(args: Args) -> Result<()> {
     let sharded = opened
         .as_ref()
         .and_then(|s| s.sharded().map(|_| Arc::clone(s)));
+    let chunked = opened
+        .as_ref()
+        .and_then(|s| s.chunk_cache().map(|_| Arc::clone(s)));
     if let (Some(labels), Some(source)) = (&args.labels, &opened)
         && !matches!(source.format(), Format::Packed | Format::Npy)
     {
@@ -295,6 +298,7 @@ pub fn run(args: Args) -> Result<()> {
         report.shards = Some(d.shard_names().len());
         report.store = d.store_stats().map(crate::open::StoreReport::from);
     }
+    report.chunk_cache = chunked.as_ref().and_then(|s| s.chunk_cache());
     // From a URL, the gather would read the local cache the run filled: no comparison.
     let from_url = store.is_some_and(|d| d.store_stats().is_some());
     // Interrupted, the gather would measure other work than the loader did: none.
