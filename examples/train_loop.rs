@@ -116,7 +116,7 @@ fn train_step(batch: &Batch) -> Result<f64> {
 }
 
 fn build(path: &std::path::Path, resume: Option<LoaderState>) -> Result<Loader> {
-    let mut b = Loader::builder(source::open(path)?)
+    let mut b = Loader::builder(source::open(path, &Default::default())?)
         .batch_size(BATCH)
         .shuffle(1234)
         .workers(2)

@@ -131,7 +131,7 @@ mod real {
                 make_dataset(&tmp)?
             }
         };
-        let dataset = gpufeed::source::open(&path)?;
+        let dataset = gpufeed::source::open(&path, &Default::default())?;
         let field = if dataset.schema().index_of("image").is_some() {
             "image"
         } else {

@@ -54,6 +54,17 @@ pub enum Error {
         what: String,
     },
 
+    /// A name that is no data set gpufeed reads: nothing by that name, not a regular file or
+    /// a directory, an empty file, or a file or directory of no known format. `what` says
+    /// which, and what each format is recognised by.
+    #[error("{path}: {what}")]
+    Unrecognised {
+        /// The name concerned.
+        path: PathBuf,
+        /// What it is, and what gpufeed looked for.
+        what: String,
+    },
+
     /// A file was written by a newer major version of the format than this reader knows.
     #[error(
         "{path}: format version {major}.{minor} is newer than this reader supports ({supported}.x); upgrade gpufeed"
@@ -114,6 +125,17 @@ pub enum Error {
         /// The file concerned.
         path: PathBuf,
         /// What is unsupported, and why.
+        what: String,
+    },
+
+    /// A table (Parquet, Arrow) that gpufeed cannot read as it is: a column asked for whose
+    /// type cannot be batched (a map, a union, a decimal, a list of strings, ...), Arrow
+    /// buffers compressed in the file.
+    #[error("{path}: {what}")]
+    UnsupportedTable {
+        /// The file concerned.
+        path: PathBuf,
+        /// What cannot be read (naming the column), and what would do instead.
         what: String,
     },
 
@@ -298,6 +320,22 @@ pub enum Error {
         field: String,
     },
 
+    /// A line of a JSON lines file that does not hold the data set's fields: not one JSON
+    /// object, a value of another type than its field's, a key missing or a value `null`
+    /// without a fill value for it.
+    #[error("{path}: line {line}{}: {what}", ColumnOf(.column))]
+    BadLine {
+        /// The file concerned (the compressed file, for one read decompressed).
+        path: PathBuf,
+        /// The line's number in the file, from 1, blank lines counted.
+        line: u64,
+        /// Where in the line, in characters from 1 (as Python's `json` counts), where one
+        /// place is at fault.
+        column: Option<u64>,
+        /// What is wrong.
+        what: String,
+    },
+
     /// A shard could not be fetched from object storage, or the local cache could not hold it.
     #[error("{shard}: {kind}: {what}")]
     Remote {
@@ -361,10 +399,12 @@ pub enum ErrorKind {
     /// A file or a record is not what its format says: bad magic, truncated, a checksum
     /// mismatch, a tar member or a sample that breaks its format's rules ([`Error::Malformed`],
     /// [`Error::BadRecord`], [`Error::ChecksumMismatch`], [`Error::BadMember`],
-    /// [`Error::MissingField`]).
+    /// [`Error::MissingField`], [`Error::BadLine`]).
     Corrupt,
     /// A file this version of gpufeed cannot read: a newer format version or an `.npy` array
-    /// it cannot read in place ([`Error::UnsupportedVersion`], [`Error::UnsupportedNpy`]).
+    /// it cannot read in place, a table's column that cannot be batched or buffers compressed
+    /// in an Arrow file, or a name of no format it reads ([`Error::UnsupportedVersion`],
+    /// [`Error::UnsupportedNpy`], [`Error::UnsupportedTable`], [`Error::Unrecognised`]).
     Unsupported,
     /// A file changed on disk after it was opened ([`Error::FileChanged`]).
     FileChanged,
@@ -414,10 +454,12 @@ impl Error {
             | Error::BadRecord { .. }
             | Error::ChecksumMismatch { .. }
             | Error::BadMember { .. }
-            | Error::MissingField { .. } => ErrorKind::Corrupt,
-            Error::UnsupportedVersion { .. } | Error::UnsupportedNpy { .. } => {
-                ErrorKind::Unsupported
-            }
+            | Error::MissingField { .. }
+            | Error::BadLine { .. } => ErrorKind::Corrupt,
+            Error::UnsupportedVersion { .. }
+            | Error::UnsupportedNpy { .. }
+            | Error::UnsupportedTable { .. }
+            | Error::Unrecognised { .. } => ErrorKind::Unsupported,
             Error::FileChanged { .. } => ErrorKind::FileChanged,
             Error::Mismatch { .. } | Error::OutOfRange { .. } => ErrorKind::Mismatch,
             Error::InvalidConfig { .. } | Error::InvalidSchema { .. } | Error::Spawn { .. } => {
@@ -489,6 +531,18 @@ impl fmt::Display for RaiseWith {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
             Some(setting) => write!(f, "; raise it with ImageTransformBuilder::{setting}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `, column N`, or nothing without a column ([`Error::BadLine`]).
+struct ColumnOf<'a>(&'a Option<u64>);
+
+impl fmt::Display for ColumnOf<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(c) => write!(f, ", column {c}"),
             None => Ok(()),
         }
     }
@@ -655,6 +709,13 @@ mod tests {
             ),
             (
                 Error::UnsupportedNpy {
+                    path: p.clone(),
+                    what: "x".into(),
+                },
+                ErrorKind::Unsupported,
+            ),
+            (
+                Error::UnsupportedTable {
                     path: p.clone(),
                     what: "x".into(),
                 },

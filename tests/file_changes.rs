@@ -57,7 +57,7 @@ fn open_all(path: &Path) -> Vec<Box<dyn Dataset>> {
             mode,
             ..Default::default()
         };
-        out.push(source::open_with(path, options).unwrap());
+        out.push(source::open(path, &gpufeed::source::OpenOptions::read(options)).unwrap());
         if path.extension().is_some_and(|e| e == "npy") {
             out.push(Box::new(NpyArray::open_with(path, "data", mode).unwrap()));
         } else {
@@ -220,10 +220,12 @@ fn concat_checks_every_part_and_wrappers_forward_the_check() {
             mode,
             ..Default::default()
         };
-        let shards = source::open_shards_with(&paths, options).unwrap();
+        let shards =
+            source::open_all(&paths, &gpufeed::source::OpenOptions::read(options)).unwrap();
         shards.check_unchanged().unwrap();
-        let shared: std::sync::Arc<dyn Dataset> =
-            std::sync::Arc::new(source::open_shards_with(&paths, options).unwrap());
+        let shared: std::sync::Arc<dyn Dataset> = std::sync::Arc::new(
+            source::open_all(&paths, &gpufeed::source::OpenOptions::read(options)).unwrap(),
+        );
         let typed = Concat::new(vec![RecordFile::open_with(&paths[0], options).unwrap()]).unwrap();
         typed.check_unchanged().unwrap();
         let f = OpenOptions::new().write(true).open(&paths[2]).unwrap();
@@ -433,7 +435,7 @@ fn a_packed_shard_rewritten_between_epochs_fails_the_next_epoch_naming_it() {
     check_epochs_over_shards(
         Box::new(PackedShards::open(dir.path()).unwrap()),
         // Through `source::open`: a boxed sharded source forwards the check.
-        Box::new(source::open(good.path()).unwrap()),
+        Box::new(source::open(good.path(), &Default::default()).unwrap()),
         8,
         || {
             rewrite_in_place(&changed, b"sample 25");

@@ -239,7 +239,7 @@ fn exercise_packed(path: &Path, len: usize) {
         });
         assert_eq!(map, pread, "the read modes disagree");
     }
-    if let Ok(d) = gpufeed::source::open(path) {
+    if let Ok(d) = gpufeed::source::open(path, &Default::default()) {
         let _ = d.get(0);
     }
 }
@@ -270,7 +270,7 @@ fn exercise_npy(path: &Path) {
         out
     });
     assert_eq!(outcomes[0], outcomes[1], "the read modes disagree");
-    if let Ok(d) = gpufeed::source::open(path) {
+    if let Ok(d) = gpufeed::source::open(path, &Default::default()) {
         let _ = d.get(0);
     }
 }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use gpufeed::format::{Codec, DType, Field, RecordFile, RecordWriter, Schema};
-use gpufeed::source::{npy_header, open_shards};
+use gpufeed::source::npy_header;
 use gpufeed::{Dataset, Error};
 
 fn fixed_schema() -> Schema {
@@ -153,7 +153,7 @@ fn shards_open_as_one_dataset() {
     write_fixed(&paths[0], 0..10);
     write_fixed(&paths[1], 10..10);
     write_fixed(&paths[2], 10..25);
-    let all = open_shards(&paths).unwrap();
+    let all = gpufeed::source::open_all(&paths, &Default::default()).unwrap();
     assert_eq!(all.len(), 25);
     for i in 0..25 {
         let (_, _, c) = fixed_record(i);
@@ -176,13 +176,13 @@ fn shards_open_as_one_dataset() {
     .unwrap();
     w.append(&[&[1]]).unwrap();
     w.finish().unwrap();
-    let Err(e) = open_shards(&[&paths[0], &other]) else {
+    let Err(e) = gpufeed::source::open_all(&[&paths[0], &other], &Default::default()) else {
         panic!("opened")
     };
     assert!(matches!(e, Error::Mismatch { .. }), "{e}");
     // A broken shard names itself.
     std::fs::write(&paths[1], b"garbage").unwrap();
-    let Err(e) = open_shards(&paths) else {
+    let Err(e) = gpufeed::source::open_all(&paths, &Default::default()) else {
         panic!("opened")
     };
     assert!(e.to_string().contains("shard-1.gfd"), "{e}");
@@ -203,7 +203,7 @@ fn npy_and_packed_shards_mix() {
     .unwrap();
     w.append(&[&[13, 14, 15]]).unwrap();
     w.finish().unwrap();
-    let all = open_shards(&[&npy, &packed]).unwrap();
+    let all = gpufeed::source::open_all(&[&npy, &packed], &Default::default()).unwrap();
     assert_eq!(all.len(), 5);
     assert_eq!(all.get(3).unwrap().field(0), Some(&[10, 11, 12][..]));
     assert_eq!(all.get(4).unwrap().field(0), Some(&[13, 14, 15][..]));

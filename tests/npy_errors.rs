@@ -99,7 +99,7 @@ fn fortran_order_is_refused() {
     );
     assert_names(&e, &p);
     // Through the generic opener, which tells .npy by its magic.
-    let Err(e) = gpufeed::source::open(&p) else {
+    let Err(e) = gpufeed::source::open(&p, &Default::default()) else {
         panic!("opened")
     };
     assert!(matches!(e, Error::UnsupportedNpy { .. }), "{e}");
@@ -124,7 +124,10 @@ fn truncated_data_is_malformed() {
     for cut in 0..full.len() {
         let p = write(dir.path(), "cut.npy", &full[..cut]);
         assert!(NpyArray::open(&p).is_err(), "cut at {cut} opened");
-        assert!(gpufeed::source::open(&p).is_err(), "cut at {cut} opened");
+        assert!(
+            gpufeed::source::open(&p, &Default::default()).is_err(),
+            "cut at {cut} opened"
+        );
     }
     let p = write(dir.path(), "whole.npy", &full);
     assert_eq!(NpyArray::open(&p).unwrap().len(), 10);
@@ -201,7 +204,10 @@ fn zero_byte_rows_are_refused_at_open() {
             "{shape}: {e}"
         );
         assert_names(&e, &p);
-        assert!(gpufeed::source::open(&p).is_err(), "{shape}");
+        assert!(
+            gpufeed::source::open(&p, &Default::default()).is_err(),
+            "{shape}"
+        );
     }
     // No rows at all is an empty dataset, as before.
     let p = write(

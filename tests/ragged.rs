@@ -440,7 +440,7 @@ fn a_packed_file_s_bytes_fields_load_as_ragged_fields() {
         w.append(&[&i.to_le_bytes(), &text(i, len), &t]).unwrap();
     }
     w.finish().unwrap();
-    let mut loader = Loader::builder(gpufeed::source::open(&path).unwrap())
+    let mut loader = Loader::builder(gpufeed::source::open(&path, &Default::default()).unwrap())
         .batch_size(10)
         .shuffle(3)
         .workers(2)

@@ -94,7 +94,7 @@ fn every_sample_reads_the_same_in_both_modes() {
             .iter()
             .flat_map(|&m| [options(m, false), options(m, true)])
             .map(|o| {
-                let d = source::open_with(path, o).unwrap();
+                let d = source::open(path, &gpufeed::source::OpenOptions::read(o)).unwrap();
                 d.check_unchanged().unwrap();
                 (0..d.len()).map(|i| describe(d.as_ref(), i)).collect()
             })
@@ -321,8 +321,16 @@ fn npy_rows_written_in_place_are_refused_when_verified() {
     for (rows, cols) in [(300u64, 16u64), (5, 5000), (7, 1500)] {
         for mode in MODES {
             npy_rows(&path, rows, cols);
-            let plain = source::open_with(&path, options(mode, false)).unwrap();
-            let checked = source::open_with(&path, options(mode, true)).unwrap();
+            let plain = source::open(
+                &path,
+                &gpufeed::source::OpenOptions::read(options(mode, false)),
+            )
+            .unwrap();
+            let checked = source::open(
+                &path,
+                &gpufeed::source::OpenOptions::read(options(mode, true)),
+            )
+            .unwrap();
             let want: Vec<Vec<Vec<u8>>> = (0..rows).map(|i| describe(plain.as_ref(), i)).collect();
             let got: Vec<Vec<Vec<u8>>> = (0..rows).map(|i| describe(checked.as_ref(), i)).collect();
             assert_eq!(got, want, "{rows}x{cols} {mode:?}");

@@ -5,8 +5,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use gpufeed::source::shards::ShardOptions;
 use gpufeed::source::shards::mds::MdsDataset;
-use gpufeed::source::shards::{self, ShardOptions};
 use gpufeed::{CopyFields, Dataset, Error, Loader};
 
 use crate::shard_decode::write_mds;
@@ -110,15 +110,20 @@ fn zstd_and_gzip_shards_are_decompressed_once_into_the_cache() {
         );
         // Once: a data set opened again reads the cache's copy, not the compressed file.
         std::fs::remove_file(&zip).unwrap();
-        let again = shards::open_with(
+        let again = gpufeed::source::open(
             dir.path().to_str().unwrap(),
-            &gpufeed::source::shards::webdataset::WebDatasetOptions {
-                shards: in_cache(cache.path()),
+            &gpufeed::source::OpenOptions {
+                shards: gpufeed::source::shards::webdataset::WebDatasetOptions {
+                    shards: in_cache(cache.path()),
+                    ..Default::default()
+                }
+                .clone(),
                 ..Default::default()
             },
         )
         .unwrap();
-        assert_eq!(again.compression().as_deref(), Some(compression));
+        let sharded = again.sharded().unwrap();
+        assert_eq!(sharded.compression().as_deref(), Some(compression));
         read_all(&again);
     }
 }

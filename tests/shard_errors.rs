@@ -340,7 +340,9 @@ fn an_mds_index_that_is_not_valid_is_an_error_naming_it() {
     }
     // Through the generic entry point too.
     std::fs::write(&index, b"{\"shards\": 7").unwrap();
-    let e = shards::open(dir.path().to_str().unwrap()).err().unwrap();
+    let e = gpufeed::source::open(dir.path().to_str().unwrap(), &Default::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::Malformed { .. }), "{e:?}");
     // A shard name that leaves the directory.
     let dir = mds_copy();

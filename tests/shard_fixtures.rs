@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gpufeed::format::{Codec, DType, FieldKind};
+use gpufeed::source::shards::ShardOptions;
 use gpufeed::source::shards::mds::{MdsDataset, decode_ndarray};
 use gpufeed::source::shards::webdataset::{
     MissingFieldPolicy, TarIndex, UnkeyedPolicy, WebDataset, WebDatasetOptions,
 };
-use gpufeed::source::shards::{self, ShardOptions};
 use gpufeed::{Dataset, Error};
 use serde_json::Value;
 
@@ -51,7 +51,14 @@ fn webdataset_shard_writer_output_reads_back_byte_identical() {
     let m = manifest();
     let cache = tempfile::tempdir().unwrap();
     let pattern = fixtures().join("wds/shard-{000000..000001}.tar");
-    let d = shards::open_with(pattern.to_str().unwrap(), &options(cache.path())).unwrap();
+    let d = gpufeed::source::open(
+        pattern.to_str().unwrap(),
+        &gpufeed::source::OpenOptions {
+            shards: options(cache.path()).clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let samples = m["wds"]["samples"].as_array().unwrap();
     assert_eq!(d.len(), samples.len() as u64);
     assert_eq!(d.shard_sizes(), Some(vec![3, 2]));
@@ -92,9 +99,12 @@ fn webdataset_shard_writer_output_reads_back_byte_identical() {
             let got = s.field_named(name).unwrap();
             same(got, v, &format!("sample {i} field {name}"));
         }
-        let at = d.locate(i as u64).unwrap();
+        let at = d.sharded().unwrap().locate(i as u64).unwrap();
         assert_eq!(
-            d.shard_names()[at.shard].rsplit('/').next().unwrap(),
+            d.sharded().unwrap().shard_names()[at.shard]
+                .rsplit('/')
+                .next()
+                .unwrap(),
             want["shard"].as_str().unwrap()
         );
     }
@@ -284,12 +294,21 @@ fn mds_writer_output_reads_back_byte_identical() {
 
 #[test]
 fn source_open_recognises_each_kind_of_shard_set() {
-    let d = gpufeed::source::open(fixtures().join("mds")).unwrap();
+    let d = gpufeed::source::open(fixtures().join("mds"), &Default::default()).unwrap();
     assert_eq!(d.len(), 7);
     // Tar shards through the same recognition, with the index cache in a temporary directory
     // (gpufeed::source::open would use the user's cache directory).
     let cache = tempfile::tempdir().unwrap();
-    let open = |spec: &str| shards::open_with(spec, &options(cache.path())).unwrap();
+    let open = |spec: &str| {
+        gpufeed::source::open(
+            spec,
+            &gpufeed::source::OpenOptions {
+                shards: options(cache.path()).clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
     assert_eq!(open(fixtures().join("wds").to_str().unwrap()).len(), 5);
     assert_eq!(
         open(fixtures().join("wds/shard-000001.tar").to_str().unwrap()).len(),
@@ -301,8 +320,9 @@ fn source_open_recognises_each_kind_of_shard_set() {
         fixtures().join("wds/shard-{000000..000000}.tar").display()
     );
     assert_eq!(open(&spec).shard_sizes(), Some(vec![2, 3]));
-    assert!(gpufeed::source::shards::is_shard_spec("x-{0..3}.tar"));
-    assert!(!gpufeed::source::shards::is_shard_spec("plain.gfd"));
+    use gpufeed::source::{Format, detect};
+    assert_eq!(detect("x-{0..3}.tar").unwrap(), Format::WebDataset);
+    assert!(detect("plain.gfd").is_err());
 }
 
 /// MDSWriter's output with `hashes=['sha1', 'xxh3_64', 'xxh64']`, one byte of a sample flipped

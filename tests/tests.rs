@@ -2,6 +2,7 @@
 //! one per file, each linking the whole crate. The GPU tests are `tests/cuda.rs`.
 
 mod image_common;
+mod table_common;
 mod token_common;
 
 mod batch_parts;
@@ -14,6 +15,8 @@ mod image_decode;
 mod image_fuzz;
 mod image_gpu_gather;
 mod image_pipeline;
+mod jsonl;
+mod jsonl_errors;
 mod loader;
 mod loader_timeout;
 mod npy_errors;
@@ -28,6 +31,9 @@ mod shard_decode;
 mod shard_errors;
 mod shard_fixtures;
 mod shard_fuzz;
+mod table_arrow;
+mod table_errors;
+mod table_parquet;
 mod token_checks;
 mod tokens;
 mod trace;

@@ -15,8 +15,8 @@ class                   also a                      raised for (``kind``)
                                                     disagree, a file that changed while in use
                                                     (``malformed``, ``unsupported_version``,
                                                     ``bad_record``, ``checksum``, ``unsupported_npy``,
-                                                    ``image``, ``mismatch``, ``out_of_range``,
-                                                    ``file_changed``)
+                                                    ``unsupported_table``, ``image``, ``mismatch``,
+                                                    ``out_of_range``, ``file_changed``)
 ``FileError``           ``OSError``                 the operating system refused (``io``); ``errno``,
                                                     ``filename``
 ``FileNotFound``        ``FileNotFoundError``       the same, for a file that does not exist
@@ -125,6 +125,7 @@ _DATA_KINDS = {
     "bad_record",
     "checksum",
     "unsupported_npy",
+    "unsupported_table",
     "image",
     "mismatch",
     "out_of_range",

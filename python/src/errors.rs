@@ -25,7 +25,8 @@ pub fn python_argument(setting: &str) -> String {
             "shard".into()
         }
         "dataset" | "shards" | "sources" => "path_or_paths".into(),
-        "transform" => "fields".into(),
+        "transform" | "columns" => "fields".into(),
+        "verify_checksums" => "verify".into(),
         "size" | "scale" | "ratio" | "flip" | "resize" | "dtype" | "normalize" | "layout"
         | "max_pixels" => format!("images['{setting}']"),
         other => other.into(),
@@ -73,6 +74,13 @@ fn details(e: &Error) -> Details {
             path: path(p),
             ..Details::default()
         },
+        // A line of a JSON lines file: the file, as any malformed file; the line and column
+        // are in the message.
+        Error::BadLine { path: p, .. } => Details {
+            kind: "malformed",
+            path: path(p),
+            ..Details::default()
+        },
         Error::UnsupportedVersion { path: p, .. } => Details {
             kind: "unsupported_version",
             path: path(p),
@@ -101,6 +109,11 @@ fn details(e: &Error) -> Details {
         },
         Error::UnsupportedNpy { path: p, .. } => Details {
             kind: "unsupported_npy",
+            path: path(p),
+            ..Details::default()
+        },
+        Error::UnsupportedTable { path: p, .. } => Details {
+            kind: "unsupported_table",
             path: path(p),
             ..Details::default()
         },

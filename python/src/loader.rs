@@ -47,8 +47,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gpufeed::format::{FieldKind, ReadMode, ReadOptions};
-use gpufeed::source::shards::ShardedSource;
-use gpufeed::source::{self, Dataset, ImageFolder};
+use gpufeed::source::{self, Dataset, Format, Source};
 use gpufeed::tokens::TokenStats;
 use gpufeed::trace::Trace;
 use gpufeed::transform::image::{ImageStats, ImageTransform, Layout, Normalize, OnBadImage};
@@ -336,8 +335,8 @@ pub struct LoaderCore {
     evaluation: bool,
     indices: bool,
     images: Option<Arc<ImageStats>>,
-    /// The data set, when it is a sharded one: its store's and open shards' figures.
-    shards: Option<Arc<dyn ShardedSource>>,
+    /// The data set as opened: its own figures (a table's chunk cache, a sharded set's store).
+    source: Option<Arc<dyn Source>>,
     /// The device's ordinal for device loaders.
     device: Option<usize>,
     /// The process that built the loader: a forked child has none of its threads.
@@ -616,82 +615,37 @@ pub(crate) fn read_mode_of(name: Option<&str>) -> Result<Option<ReadMode>, Build
     }
 }
 
-/// Refuses `read_mode=` and `verify=` for a data set that is not read through them: `what`
-/// says what it is and how its files are read.
-fn refuse_read_options(s: &Settings, what: &str, checksums: &str) -> Result<(), BuildError> {
-    if s.read_mode.is_some() {
-        return Err(BuildError::Argument(
-            "read_mode",
-            format!("applies to packed files and .npy arrays; {what}"),
-        ));
-    }
-    if s.verify {
-        return Err(BuildError::Argument(
-            "verify",
-            format!("applies to packed files and .npy arrays; {checksums}"),
-        ));
-    }
-    Ok(())
-}
-
 /// The data set the arguments name, and the same as a sharded data set when it is one (for
 /// its store's and open shards' figures).
-type Opened = (Arc<dyn Dataset>, Option<Arc<dyn ShardedSource>>);
+type Opened = (Arc<dyn Dataset>, Option<Arc<dyn Source>>);
 
+/// Opens the data set the arguments name through the library's front door (one name, or
+/// several of one schema), read as `read_mode=` and `verify=` say; an ImageFolder only with
+/// `images=` (its samples are encoded images).
 fn open_dataset(s: &Settings) -> Result<Opened, BuildError> {
-    let options = ReadOptions {
+    let mut options = source::OpenOptions::read(ReadOptions {
         mode: s.read_mode.unwrap_or_default(),
         verify_checksums: s.verify,
-    };
-    match s.paths.as_slice() {
-        [] => Err(BuildError::Argument(
+    });
+    // A table decodes only the columns batched.
+    options.table.columns.clone_from(&s.fields);
+    if s.paths.is_empty() {
+        return Err(BuildError::Argument(
             "path_or_paths",
             "no file given".into(),
-        )),
-        // A directory of shards (an index.json, or .tar files) and a URL (s3://...) are
-        // sharded data sets; other directories are image folders.
-        [dir] if dir.is_dir() && !source::shards::is_shard_dir(dir) => {
-            if s.images.is_none() {
-                return Err(BuildError::Lacks(
-                    "images",
-                    format!(
-                        "{} is a directory of images (an ImageFolder), and images= was not given: pass images={{...}} to decode them, e.g. images={{'size': 224}}",
-                        dir.display()
-                    ),
-                ));
-            }
-            refuse_read_options(
-                s,
-                &format!(
-                    "{} is an image folder, whose images are read whole",
-                    dir.display()
-                ),
-                &format!(
-                    "{} is an image folder, which has no checksums",
-                    dir.display()
-                ),
-            )?;
-            Ok((Arc::new(ImageFolder::open(dir)?), None))
-        }
-        [one] if one.to_str().is_some_and(source::shards::is_shard_spec) => {
-            refuse_read_options(
-                s,
-                &format!(
-                    "{} is a sharded data set, whose shards its store maps",
-                    one.display()
-                ),
-                &format!(
-                    "{} is a sharded data set (gpufeed.inspect(path, verify=True) checks every shard)",
-                    one.display()
-                ),
-            )?;
-            let sharded: Arc<dyn ShardedSource> =
-                Arc::from(source::shards::open(one.to_str().unwrap_or_default())?);
-            Ok((Arc::clone(&sharded) as Arc<dyn Dataset>, Some(sharded)))
-        }
-        [one] => Ok((Arc::from(source::open_with(one, options)?), None)),
-        many => Ok((Arc::new(source::open_shards_with(many, options)?), None)),
+        ));
     }
+    let opened: Arc<dyn Source> = Arc::from(source::open_all(&s.paths, &options)?);
+    if opened.format() == Format::ImageFolder && s.images.is_none() {
+        return Err(BuildError::Lacks(
+            "images",
+            format!(
+                "{} is a directory of images (an ImageFolder), and images= was not given: pass images={{...}} to decode them, e.g. images={{'size': 224}}",
+                s.paths[0].display()
+            ),
+        ));
+    }
+    Ok((Arc::clone(&opened) as Arc<dyn Dataset>, Some(opened)))
 }
 
 /// The fields named in the arguments must exist: say so naming the argument, with the
@@ -781,7 +735,7 @@ fn check_reserved(s: &Settings, loader: &Loader) -> Result<(), BuildError> {
 struct Built {
     loader: Box<dyn Feed>,
     images: Option<Arc<ImageStats>>,
-    shards: Option<Arc<dyn ShardedSource>>,
+    source: Option<Arc<dyn Source>>,
 }
 
 fn build(mut s: Settings) -> Result<Built, BuildError> {
@@ -790,7 +744,7 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
     if let Some(i) = &s.images {
         i.transform(on_device)?;
     }
-    let (dataset, shards) = open_dataset(&s)?;
+    let (dataset, opened) = open_dataset(&s)?;
     if let Some(i) = s.images.as_mut() {
         i.take_fields_of(dataset.schema());
     }
@@ -881,7 +835,7 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
             Ok(Built {
                 loader: Box::new(loader),
                 images: stats,
-                shards,
+                source: opened,
             })
         }
         #[cfg(feature = "cuda")]
@@ -905,7 +859,7 @@ fn build(mut s: Settings) -> Result<Built, BuildError> {
             Ok(Built {
                 loader: Box::new(loader),
                 images: stats,
-                shards,
+                source: opened,
             })
         }
         #[cfg(not(feature = "cuda"))]
@@ -1118,8 +1072,8 @@ pub(crate) struct Around {
     pub ragged_list: bool,
     /// The image pipeline's figures, with `images=`.
     pub images: Option<Arc<ImageStats>>,
-    /// The data set, when it is a sharded one (`stats()["store"]`, `["shards"]`).
-    pub shards: Option<Arc<dyn ShardedSource>>,
+    /// The data set as opened (`stats()["cache"]`, `["store"]`, `["shards"]`).
+    pub source: Option<Arc<dyn Source>>,
     /// The device's ordinal for device loaders.
     pub device: Option<usize>,
     /// The arguments left to gpufeed's defaults (see `errors::Defaults`).
@@ -1172,7 +1126,7 @@ impl LoaderCore {
             evaluation: a.evaluation,
             indices: a.indices,
             images: a.images,
-            shards: a.shards,
+            source: a.source,
             device: a.device,
             pid: std::process::id(),
             defaults: a.defaults,
@@ -1255,7 +1209,7 @@ impl LoaderCore {
                 indices,
                 ragged_list,
                 images: b.images,
-                shards: b.shards,
+                source: b.source,
                 device,
                 defaults,
                 trace: timeline,
@@ -1546,12 +1500,27 @@ impl LoaderCore {
         Ok(d)
     }
 
-    /// A sharded data set's figures into `d`: `shards`, what its set of open shards did, and
-    /// `store`, what its store fetched and cached (from a URL; the command's `store:` line,
-    /// which `text` then ends with too). Both None for other data sets, `store` for local
-    /// shards.
+    /// The data set's own figures into `d`: `cache`, what a table's shared cache of decoded
+    /// chunks did (Parquet; None for others); for a sharded data set, `shards`, what its set
+    /// of open shards did, and `store`, what its store fetched and cached (from a URL; the
+    /// command's `store:` line, which `text` then ends with too). Both None for other data
+    /// sets, `store` for local shards.
     fn shard_figures(&self, py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<()> {
-        let Some(sharded) = &self.shards else {
+        match self.source.as_ref().and_then(|s| s.chunk_cache()) {
+            Some(c) => {
+                let cache = PyDict::new(py);
+                cache.set_item("hits", c.hits)?;
+                cache.set_item("decodes", c.misses)?;
+                cache.set_item("evictions", c.evictions)?;
+                cache.set_item("chunks", c.chunks)?;
+                cache.set_item("bytes", c.bytes)?;
+                cache.set_item("peak_bytes", c.peak_bytes)?;
+                cache.set_item("limit_bytes", c.limit_bytes)?;
+                d.set_item("cache", cache)?;
+            }
+            None => d.set_item("cache", py.None())?,
+        }
+        let Some(sharded) = self.source.as_ref().and_then(|s| s.sharded()) else {
             d.set_item("shards", py.None())?;
             d.set_item("store", py.None())?;
             return Ok(());

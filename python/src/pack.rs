@@ -10,18 +10,15 @@
 //! that is a packed file gpufeed wrote (or an empty file), and never one of its inputs (see
 //! [`check_output`]).
 
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use gpufeed::format::{
-    Field, FieldKind, PackSummary, RecordFile, RecordWriter, Schema, pack_raw_records,
-};
+use gpufeed::format::{Field, FieldKind, PackSummary, RecordWriter, Schema, pack_raw_records};
 use gpufeed::source::{ImageFolder, pack_image_folder};
 use gpufeed::{Dataset, Error, NpyArray};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use serde_json::Value;
 
 use crate::errors::{self, catch};
 
@@ -350,190 +347,44 @@ fn fields_list<'py>(py: Python<'py>, schema: &Schema) -> PyResult<Bound<'py, PyL
     Ok(list)
 }
 
-/// Files with up to this many records have their record sizes taken from every entry of the
-/// offset table; larger ones from [`SAMPLE`] evenly spaced records (as `gpufeed inspect`).
-const EXACT_LIMIT: u64 = 1 << 20;
-/// Records sampled for the record sizes of a larger file.
-const SAMPLE: u64 = 4096;
-
-/// What `inspect` found out without Python.
-enum Found {
-    Npy {
-        array: NpyArray,
-        file_bytes: u64,
-    },
-    Packed {
-        file: RecordFile,
-        min: u64,
-        max: u64,
-        looked_at: u64,
-        verified: Option<gpufeed::Result<()>>,
-    },
-    Folder(ImageFolder),
-    Shards {
-        data: Box<dyn gpufeed::source::shards::ShardedSource>,
-        verified: Option<gpufeed::Result<()>>,
-    },
-}
-
-fn look(path: &Path, verify: bool) -> gpufeed::Result<Found> {
-    use gpufeed::source::shards;
-    // What `gpufeed inspect` reads as a sharded data set: a directory of shards (an
-    // index.json, or .tar files), a .tar file, a brace pattern, a URL.
-    let spec = path.to_str().unwrap_or("");
-    if shards::is_shard_dir(path) || (!path.is_dir() && shards::is_shard_spec(spec)) {
-        let data = shards::open(spec)?;
-        let verified = verify.then(|| data.verify(&mut |_| {}));
-        return Ok(Found::Shards { data, verified });
-    }
-    if path.is_dir() {
-        return Ok(Found::Folder(ImageFolder::open(path)?));
-    }
-    let mut magic = Vec::with_capacity(6);
-    let mut f = File::open(path).map_err(|e| Error::Io {
-        path: path.to_path_buf(),
-        op: "open",
-        source: e,
-    })?;
-    (&mut f)
-        .take(6)
-        .read_to_end(&mut magic)
-        .map_err(|e| Error::Io {
-            path: path.to_path_buf(),
-            op: "read",
-            source: e,
-        })?;
-    if magic == b"\x93NUMPY" {
-        let array = NpyArray::open(path)?;
-        let file_bytes = f
-            .metadata()
-            .map_err(|e| Error::Io {
-                path: path.to_path_buf(),
-                op: "stat",
-                source: e,
-            })?
-            .len();
-        return Ok(Found::Npy { array, file_bytes });
-    }
-    let file = RecordFile::open(path)?;
-    let n = file.len();
-    let (step, looked_at) = if n <= EXACT_LIMIT {
-        (1, n)
-    } else {
-        (n / SAMPLE, SAMPLE)
-    };
-    let (mut min, mut max) = (if n == 0 { 0 } else { u64::MAX }, 0u64);
-    for k in 0..looked_at {
-        let len = file.record_bytes(k * step)?.len() as u64;
-        min = min.min(len);
-        max = max.max(len);
-    }
-    let verified = verify.then(|| file.verify(|_| {}));
-    Ok(Found::Packed {
-        file,
-        min,
-        max,
-        looked_at,
-        verified,
-    })
-}
-
-/// What a packed record file, a `.npy` array or an ImageFolder directory holds; see
-/// `gpufeed.inspect`.
+/// What the data set at `path` holds, as `gpufeed inspect --json` says it (the library's
+/// front door opens it, its format describes it); with `verify`, every sample checked (a
+/// fault is raised, as `gpufeed inspect --verify` fails on it). See `gpufeed.inspect`.
 #[pyfunction]
 #[pyo3(signature = (path, *, verify=false))]
 pub fn inspect<'py>(py: Python<'py>, path: PathBuf, verify: bool) -> PyResult<Bound<'py, PyDict>> {
-    let caught = py.detach(|| catch(|| look(&path, verify)));
-    let found = errors::lift(py, caught)?;
-    let d = PyDict::new(py);
-    d.set_item("path", path.display().to_string())?;
-    match found {
-        Found::Npy { array, file_bytes } => {
-            d.set_item("format", "npy")?;
-            d.set_item("dtype", crate::dlpack::dtype_name(array.dtype()))?;
-            d.set_item("shape", array.shape().to_vec())?;
-            d.set_item("records", array.len())?;
-            d.set_item("fields", fields_list(py, array.schema())?)?;
-            d.set_item("file_bytes", file_bytes)?;
-            d.set_item("header_bytes", array.data_offset())?;
-            d.set_item("data_bytes", array.len() * array.row_bytes() as u64)?;
-            let sizes = PyDict::new(py);
-            sizes.set_item("min", array.row_bytes())?;
-            sizes.set_item("mean", array.row_bytes() as f64)?;
-            sizes.set_item("max", array.row_bytes())?;
-            sizes.set_item("exact", true)?;
-            d.set_item("record_bytes", sizes)?;
-            if verify {
-                // Opening checked the header and the size; a .npy has no checksums.
-                d.set_item("verified", true)?;
-            }
-        }
-        Found::Packed {
-            file,
-            min,
-            max,
-            looked_at,
-            verified,
-        } => {
-            let (major, minor) = file.version();
-            d.set_item("format", "packed")?;
-            d.set_item("version", format!("{major}.{minor}"))?;
-            d.set_item("record_align", file.record_align())?;
-            d.set_item("records", file.len())?;
-            d.set_item("fields", fields_list(py, file.schema())?)?;
-            d.set_item("file_bytes", file.file_bytes())?;
-            d.set_item("data_bytes", file.data_bytes())?;
-            let sizes = PyDict::new(py);
-            sizes.set_item("min", min)?;
-            let mean = if file.is_empty() {
-                0.0
-            } else {
-                file.data_bytes() as f64 / file.len() as f64
-            };
-            sizes.set_item("mean", mean)?;
-            sizes.set_item("max", max)?;
-            sizes.set_item("exact", looked_at == file.len())?;
-            sizes.set_item("sampled_records", looked_at)?;
-            d.set_item("record_bytes", sizes)?;
-            if let Some(result) = verified {
-                // A fault is raised, as `gpufeed inspect --verify` fails on it.
-                result.map_err(|e| errors::to_py(py, &e))?;
-                d.set_item("verified", true)?;
-            }
-        }
-        Found::Folder(folder) => {
-            d.set_item("format", "imagefolder")?;
-            d.set_item("records", folder.len())?;
-            d.set_item("classes", folder.classes().to_vec())?;
-            d.set_item("fields", fields_list(py, folder.schema())?)?;
-        }
-        Found::Shards { data, verified } => {
-            // The keys of `gpufeed inspect --json` of a sharded data set.
-            let sizes = data.shard_sizes().unwrap_or_default();
-            let names = data.shard_names();
-            d.set_item("format", data.format_name())?;
-            d.set_item("shards", names.len())?;
-            d.set_item("samples", data.len())?;
-            d.set_item("records", data.len())?;
-            d.set_item("fields", fields_list(py, data.schema())?)?;
-            let per = PyDict::new(py);
-            per.set_item("min", sizes.iter().copied().min().unwrap_or(0))?;
-            let mean = if sizes.is_empty() {
-                0.0
-            } else {
-                data.len() as f64 / sizes.len() as f64
-            };
-            per.set_item("mean", mean)?;
-            per.set_item("max", sizes.iter().copied().max().unwrap_or(0))?;
-            d.set_item("samples_per_shard", per)?;
-            d.set_item("first_shard", names.first())?;
-            d.set_item("last_shard", names.last())?;
-            d.set_item("compression", data.compression())?;
-            if let Some(result) = verified {
-                result.map_err(|e| errors::to_py(py, &e))?;
-                d.set_item("verified", true)?;
-            }
-        }
+    let caught = py.detach(|| {
+        catch(
+            || -> gpufeed::Result<(gpufeed::source::Description, Option<Value>)> {
+                let data = gpufeed::source::open(&path, &Default::default())?;
+                let mut d = data.describe()?;
+                d.location = path.display().to_string();
+                if verify {
+                    data.verify(&mut |_, _| {})?;
+                }
+                let store = data
+                    .sharded()
+                    .and_then(|s| s.store_stats())
+                    .and_then(|s| serde_json::to_value(s).ok());
+                Ok((d, store))
+            },
+        )
+    });
+    let (description, store) = errors::lift(py, caught)?;
+    let json = description.to_json();
+    let d = crate::value::to_python(py, &json)?.cast_into::<PyDict>()?;
+    // Python's dtype names (numpy's), as batches name them.
+    d.set_item("fields", fields_list(py, &description.schema)?)?;
+    if let Some(dtype) = json.get("dtype").and_then(Value::as_str)
+        && let Some(dt) = gpufeed::DType::from_name(dtype)
+    {
+        d.set_item("dtype", crate::dlpack::dtype_name(dt))?;
+    }
+    if let Some(store) = store {
+        d.set_item("store", crate::value::to_python(py, &store)?)?;
+    }
+    if verify {
+        d.set_item("verified", true)?;
     }
     Ok(d)
 }
@@ -551,7 +402,7 @@ pub fn read_sample<'py>(
     type Fields = Vec<(String, Vec<u8>, &'static str, String, Vec<u64>)>;
     let caught = py.detach(|| {
         catch(|| -> gpufeed::Result<Fields> {
-            let data = gpufeed::source::open(&path)?;
+            let data = gpufeed::source::open(&path, &Default::default())?;
             let sample = data.get(index)?;
             let mut out = Vec::new();
             for (k, f) in data.schema().fields().iter().enumerate() {

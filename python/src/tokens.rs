@@ -346,7 +346,7 @@ pub fn token_core(
             indices: false,
             ragged_list: false,
             images: None,
-            shards: None,
+            source: None,
             device,
             defaults,
             trace: timeline,

@@ -127,7 +127,9 @@ impl LoaderBuilder {
     /// then blocks of `block` consecutive samples within windows of `window` consecutive
     /// shards (see [`BlockShuffle`]). For data streamed by shard: only a window's shards are
     /// needed at a time, read in runs. Needs [`shuffle`](Self::shuffle) and a data set that
-    /// has shards ([`Dataset::shard_sizes`]).
+    /// has shards ([`Dataset::shard_sizes`]). A data set that must be read in windows
+    /// (Parquet: [`Dataset::windowed_shuffle`]) is shuffled so by [`shuffle`](Self::shuffle)
+    /// alone, with its own window and block unless these are set.
     pub fn shuffle_blocks(mut self, window: u64, block: u64) -> Self {
         self.blocks = Some((window, block));
         self
@@ -387,7 +389,10 @@ impl LoaderBuilder {
             ));
         }
         let remainder = Remainder::of(self.drop_last, self.evaluation)?;
-        let blocks = match self.blocks {
+        // A data set read in windows (Parquet) is never shuffled globally: a global shuffle
+        // would decode a chunk of rows per sample.
+        let windowed = self.shuffle.and(self.dataset.windowed_shuffle());
+        let blocks = match self.blocks.or(windowed) {
             None => None,
             Some(_) if self.shuffle.is_none() => {
                 return Err(Error::config(
@@ -447,6 +452,8 @@ impl LoaderBuilder {
                 ),
             ));
         }
+        // A cache of decoded rows the data set keeps (Parquet's chunks) is memory too.
+        let held = self.dataset.held_bytes();
         let budget = match self.budget {
             Some(b) => b,
             None => {
@@ -455,9 +462,12 @@ impl LoaderBuilder {
                     .and_then(|n| n.checked_mul(batch_bytes))
                     .unwrap_or(u64::MAX);
                 // A loader that chooses its settings keeps to a quarter of the machine's
-                // memory (at least one batch and two held) unless given a budget.
+                // memory (at least one batch and two held), what the data set holds
+                // included, unless given a budget.
                 match memory {
-                    Some(m) if self.tunes() => default.min((m / 4).max(3 * batch_bytes)),
+                    Some(m) if self.tunes() => {
+                        default.min((m / 4).saturating_sub(held).max(3 * batch_bytes))
+                    }
                     _ => default,
                 }
             }
@@ -469,7 +479,7 @@ impl LoaderBuilder {
             ));
         }
         if let Some(memory) = memory
-            && budget > memory
+            && budget.saturating_add(held) > memory
         {
             // Name what the user set: the budget, or the prefetch it was computed from.
             let (setting, why) = match self.budget {
@@ -485,10 +495,18 @@ impl LoaderBuilder {
                     ),
                 ),
             };
+            let beside = if held > 0 {
+                format!(
+                    ", beside the {} the data set keeps of decoded rows",
+                    human_bytes(held)
+                )
+            } else {
+                String::new()
+            };
             return Err(Error::config(
                 setting,
                 format!(
-                    "{why} is more than this machine's memory ({})",
+                    "{why} is more than this machine's memory ({}){beside}",
                     human_bytes(memory)
                 ),
             ));

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::Schema;
-use crate::source::{Dataset, Sample};
+use crate::source::{Dataset, Description, Format, Sample, Source};
 
 /// Datasets of one schema, one after another: sample `i` of the whole is found by a binary
 /// search over the parts' cumulative lengths (O(log parts), no per-sample table).
@@ -110,5 +110,45 @@ impl<D: Dataset> Dataset for Concat<D> {
     /// The parts' fingerprints, in order (`None` if a part has none).
     fn fingerprint(&self) -> Result<Option<u64>> {
         super::combined_fingerprint(&self.parts)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.parts.iter().map(Dataset::held_bytes).sum()
+    }
+}
+
+impl<D: Source> Source for Concat<D> {
+    fn format(&self) -> Format {
+        Format::Concat
+    }
+
+    /// The parts: how many, each one's format and samples.
+    fn describe(&self) -> Result<Description> {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|p| format!("{} ({} samples)", p.format().title(), p.len()))
+            .collect();
+        Ok(
+            Description::new("", Format::Concat, self.len(), self.schema().clone()).fact(
+                "parts",
+                "parts",
+                parts.len(),
+                parts.join("\n"),
+            ),
+        )
+    }
+
+    /// Every part, in order; progress counts samples.
+    fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        let total = self.len();
+        let mut before = 0;
+        for p in &self.parts {
+            p.verify(&mut |done, of| {
+                progress(before + done * p.len() / of.max(1), total);
+            })?;
+            before += p.len();
+        }
+        Ok(())
     }
 }

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::format::{Codec, DType, Field, PackSummary, RecordWriter, Schema};
-use crate::source::{Dataset, Sample};
+use crate::source::{Dataset, Description, Format, Sample, Source};
 
 /// File extensions read as images (compared case-insensitively).
 pub const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
@@ -200,6 +200,72 @@ impl ImageFolder {
             .and_then(|mut f| f.read_to_end(&mut bytes))
             .map_err(|e| Error::io(&path, "read", e))?;
         Ok(bytes)
+    }
+}
+
+impl Source for ImageFolder {
+    fn format(&self) -> Format {
+        Format::ImageFolder
+    }
+
+    /// Its classes (the first few named, with their images) and images per class.
+    fn describe(&self) -> Result<Description> {
+        let mut per_class = vec![0u64; self.classes.len()];
+        for &label in &self.labels {
+            per_class[label as usize] += 1;
+        }
+        let (min, max) = (
+            per_class.iter().copied().min().unwrap_or(0),
+            per_class.iter().copied().max().unwrap_or(0),
+        );
+        let n = self.labels.len() as u64;
+        let mean = n as f64 / self.classes.len().max(1) as f64;
+        /// Classes named in the text; the rest are counted.
+        const SHOWN: usize = 8;
+        let mut shown: Vec<String> = self
+            .classes
+            .iter()
+            .zip(&per_class)
+            .take(SHOWN)
+            .map(|(c, n)| format!("{c} ({n})"))
+            .collect();
+        if self.classes.len() > SHOWN {
+            shown.push(format!("and {} more", self.classes.len() - SHOWN));
+        }
+        let codec = match &self.schema.fields()[0].kind {
+            crate::format::FieldKind::Bytes { codec } => codec.name(),
+            crate::format::FieldKind::Tensor { .. } => "raw".into(),
+        };
+        Ok(Description::new(
+            self.root.display().to_string(),
+            Format::ImageFolder,
+            n,
+            self.schema.clone(),
+        )
+        .fact(
+            "classes",
+            "classes",
+            self.classes.clone(),
+            format!("{} classes: {}", self.classes.len(), shown.join(", ")),
+        )
+        .fact(
+            "images_per_class",
+            "images",
+            serde_json::json!({"min": min, "mean": mean, "max": max}),
+            format!("{min} to {max} per class, mean {mean:.1}"),
+        )
+        .fact("codec", "codec", codec.clone(), codec))
+    }
+
+    /// Reads every image and checks its header, as packing it would.
+    fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        let n = self.len();
+        for i in 0..n {
+            let image = self.read(i)?;
+            codec::probe(&image, &self.path(i)?.display().to_string())?;
+            progress(i + 1, n);
+        }
+        Ok(())
     }
 }
 

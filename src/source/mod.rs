@@ -1,6 +1,6 @@
 //! Where samples come from: every source is a map-style [`Dataset`] of zero-copy [`Sample`]s.
 //!
-//! - [`RecordFile`]: a packed record file;
+//! - [`RecordFile`](crate::format::RecordFile): a packed record file;
 //! - [`NpyArray`]: a `.npy` array, memory-mapped in place, one row a sample;
 //! - [`ImageFolder`]: a directory of class subdirectories of JPEG/PNG files (torchvision's);
 //! - [`Concat`]: several sources of one schema as one dataset (a few files, all opened);
@@ -8,9 +8,15 @@
 //!   (`images.npy` and `labels.npy`, say), sharded where they are;
 //! - [`shards`]: sharded datasets (packed shards, WebDataset tar shards, MosaicML MDS), each
 //!   shard opened on first use, a bounded number open at once;
+//! - [`table`]: tables as the Hugging Face hub ships them (Parquet, Arrow IPC, JSON lines),
+//!   read as they are;
+//! - [`TextColumn`]: the text of one field of any of these, row by row: documents for a
+//!   tokenizer;
 //! - [`tokens`]: documents of token ids for language models (Megatron's `.bin`/`.idx`,
 //!   nanoGPT's `train.bin`, a field of any dataset), read in place;
-//! - [`open`]: whichever of these a path names.
+//! - [`open`](open()): the front door: whichever of these a name names (a file, a directory, a
+//!   pattern, a URL), found by one table of formats ([`detect`]), as a [`Source`]: the samples
+//!   and what `gpufeed inspect` says of them ([`Description`]).
 //!
 //! A source never copies a sample: [`Dataset::get`] returns a view into its mapping, and the
 //! loader copies it once, into its slot of the batch buffer. Sources are `Send + Sync` and are
@@ -18,7 +24,7 @@
 //!
 //! # Mappings, and files that change while they are read
 //!
-//! [`RecordFile`] and [`NpyArray`] read their file through a shared memory mapping by default
+//! [`RecordFile`](crate::format::RecordFile) and [`NpyArray`] read their file through a shared memory mapping by default
 //! ([`ReadMode::Map`]): fast, but the file must not change while it is open. Truncating it
 //! (`np.save` to the same path, for one) kills the process with `SIGBUS` at the next read past
 //! its new end; bytes written in place are read as they change, silently. Replacing it (write a
@@ -29,11 +35,11 @@
 //!
 //! - keep data files unchanged while they are open, and replace them only by renaming a new
 //!   file into place; or
-//! - open with [`ReadMode::Pread`] (for [`RecordFile`], [`ReadOptions::mode`]; for [`NpyArray`],
-//!   [`NpyArray::open_with`]; for any path, [`open_with`]), which reads with `pread` and never
+//! - open with [`ReadMode::Pread`] (for [`RecordFile`](crate::format::RecordFile), [`ReadOptions::mode`](crate::format::ReadOptions::mode); for [`NpyArray`],
+//!   [`NpyArray::open_with`]; for any name, [`OpenOptions::read`]), which reads with `pread` and never
 //!   maps: on a network file system, or for files that may be truncated, a short read is a
 //!   typed [`Error::FileChanged`] instead of a signal;
-//! - turn on [`ReadOptions::verify_checksums`] to check every record read: a packed record
+//! - turn on [`ReadOptions::verify_checksums`](crate::format::ReadOptions::verify_checksums) to check every record read: a packed record
 //!   against the checksum its writer stored ([`Error::ChecksumMismatch`]), a `.npy` row against
 //!   the checksum the array took when it was opened ([`Error::FileChanged`]; one pass over the
 //!   file at open), so that bytes rewritten in place are an error and not data, even within
@@ -50,10 +56,14 @@
 //! downloaded into a cache are not checked.
 
 mod concat;
+mod describe;
 mod image_folder;
 mod npy;
+mod open;
 mod packed;
 pub mod shards;
+pub mod table;
+mod text;
 pub mod tokens;
 mod zip;
 
@@ -63,14 +73,17 @@ use std::sync::{Arc, OnceLock};
 
 pub use crate::file::ReadMode;
 pub use concat::Concat;
+pub use describe::{Description, Fact, Format, fields_json, fields_text};
 pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
+pub use open::{OpenOptions, detect, open, open_all};
+pub use text::{Text, TextColumn};
 pub use zip::Zip;
 
 use crate::file::RecordBuf;
 
 use crate::error::{Error, Result};
-use crate::format::{DType, FieldKind, ReadOptions, RecordFile, Schema};
+use crate::format::{DType, FieldKind, Schema};
 use crate::layout::{Element, cast_slice};
 
 /// A map-style dataset: a length, a schema, and samples by index.
@@ -95,6 +108,16 @@ pub trait Dataset: Send + Sync {
     /// best read a few at a time; `None` (the default) for one undivided data set. The
     /// loader's [`shuffle_blocks`](crate::LoaderBuilder::shuffle_blocks) needs it.
     fn shard_sizes(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// `Some((window, block))` for a data set that must be read in windows: one whose random
+    /// access is costly (a Parquet file decodes a chunk of rows to give one). When asked to
+    /// shuffle without [`shuffle_blocks`](crate::LoaderBuilder::shuffle_blocks), the loader
+    /// then shuffles in two levels, windows of `window` shards
+    /// ([`shard_sizes`](Dataset::shard_sizes)) and blocks of `block` samples, instead of
+    /// globally. `None` (the default): a global shuffle costs no more than reading in order.
+    fn windowed_shuffle(&self) -> Option<(u64, u64)> {
         None
     }
 
@@ -148,6 +171,16 @@ pub trait Dataset: Send + Sync {
     fn fingerprint(&self) -> Result<Option<u64>> {
         Ok(None)
     }
+
+    /// The most bytes this data set keeps in memory of its own to serve [`get`](Dataset::get),
+    /// beyond mappings and the samples in flight: a cache of decoded rows at its limit (a
+    /// Parquet data set's [`cache_bytes`](table::TableOptions::cache_bytes)). The loader counts
+    /// them in its memory: the default pool budget leaves room for them, and a budget that
+    /// does not fit beside them is refused. 0 (the default) for data sets that decode nothing
+    /// ahead. Wrappers add up what they wrap.
+    fn held_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// The fingerprint of data sets taken together, in order: `None` if one of them has none.
@@ -172,6 +205,9 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         (**self).shard_sizes()
     }
+    fn windowed_shuffle(&self) -> Option<(u64, u64)> {
+        (**self).windowed_shuffle()
+    }
     fn read_ahead_batches(&self) -> usize {
         (**self).read_ahead_batches()
     }
@@ -183,6 +219,9 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     }
     fn fingerprint(&self) -> Result<Option<u64>> {
         (**self).fingerprint()
+    }
+    fn held_bytes(&self) -> u64 {
+        (**self).held_bytes()
     }
 }
 
@@ -199,6 +238,9 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         (**self).shard_sizes()
     }
+    fn windowed_shuffle(&self) -> Option<(u64, u64)> {
+        (**self).windowed_shuffle()
+    }
     fn read_ahead_batches(&self) -> usize {
         (**self).read_ahead_batches()
     }
@@ -210,6 +252,86 @@ impl<D: Dataset + ?Sized> Dataset for Box<D> {
     }
     fn fingerprint(&self) -> Result<Option<u64>> {
         (**self).fingerprint()
+    }
+    fn held_bytes(&self) -> u64 {
+        (**self).held_bytes()
+    }
+}
+
+/// A data set as [`open`](open()) returns it: its samples (a [`Dataset`]) and what it is.
+///
+/// Every format implements it: what `gpufeed inspect` prints ([`Source::describe`], cheap: no
+/// pass over the data), a check of every sample ([`Source::verify`], `inspect --verify`), and
+/// for formats read by shard, their sharded face (shard names, the store's counts).
+pub trait Source: Dataset {
+    /// The format.
+    fn format(&self) -> Format;
+
+    /// What it holds: the facts `gpufeed inspect` prints. Cheap: reads headers and indexes,
+    /// no pass over the data.
+    fn describe(&self) -> Result<Description>;
+
+    /// Checks every sample (and every checksum where the format has them), calling
+    /// `progress(done, total)` as it goes; the first fault is the error. The default reads
+    /// every sample through [`Dataset::get`] and each of its fields.
+    fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        let n = self.len();
+        for i in 0..n {
+            let sample = self.get(i)?;
+            for k in 0..self.schema().fields().len() {
+                sample.try_field(k)?;
+            }
+            progress(i + 1, n);
+        }
+        Ok(())
+    }
+
+    /// The sharded face of a format read by shard (shard names, where a sample is, what its
+    /// store fetched); `None` (the default) for others.
+    fn sharded(&self) -> Option<&dyn shards::ShardedSource> {
+        None
+    }
+
+    /// What the shared cache of decoded chunks did, for a format that decodes its rows in
+    /// chunks (Parquet); `None` (the default) for others.
+    fn chunk_cache(&self) -> Option<table::ChunkCacheStats> {
+        None
+    }
+}
+
+impl<S: Source + ?Sized> Source for Box<S> {
+    fn format(&self) -> Format {
+        (**self).format()
+    }
+    fn chunk_cache(&self) -> Option<table::ChunkCacheStats> {
+        (**self).chunk_cache()
+    }
+    fn describe(&self) -> Result<Description> {
+        (**self).describe()
+    }
+    fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        (**self).verify(progress)
+    }
+    fn sharded(&self) -> Option<&dyn shards::ShardedSource> {
+        (**self).sharded()
+    }
+}
+
+impl<S: Source + ?Sized> Source for Arc<S> {
+    fn format(&self) -> Format {
+        (**self).format()
+    }
+    fn chunk_cache(&self) -> Option<table::ChunkCacheStats> {
+        (**self).chunk_cache()
+    }
+    fn describe(&self) -> Result<Description> {
+        (**self).describe()
+    }
+    fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        (**self).verify(progress)
+    }
+    fn sharded(&self) -> Option<&dyn shards::ShardedSource> {
+        (**self).sharded()
     }
 }
 
@@ -250,6 +372,13 @@ enum SampleBytes<'a> {
     Zipped {
         parts: Vec<Sample<'a>>,
         fields: &'a [(usize, usize)],
+        record: OnceLock<Vec<u8>>,
+    },
+    /// One buffer per field, in schema order, each a reference-counted view of the buffer
+    /// that holds the field (a decoded column of a table, a file's mapping): no copy. The
+    /// record of the schema is laid out on first use of [`Sample::bytes`] only.
+    Fields {
+        fields: Vec<bytes::Bytes>,
         record: OnceLock<Vec<u8>>,
     },
 }
@@ -367,6 +496,37 @@ impl<'a> Sample<'a> {
         }
     }
 
+    /// A sample whose field `k` is `fields[k]` (in schema order), each a view of its own
+    /// buffer: a table's decoded columns, whose fields are not ranges of one buffer. Checked
+    /// here: one buffer per field, each tensor field's exactly its schema's size.
+    pub(crate) fn fields(fields: Vec<bytes::Bytes>, schema: &'a Schema) -> Result<Sample<'a>> {
+        if fields.len() != schema.fields().len() {
+            return Err(Error::mismatch(format!(
+                "{} fields for a schema of {} fields",
+                fields.len(),
+                schema.fields().len()
+            )));
+        }
+        for (k, (b, field)) in fields.iter().zip(schema.fields()).enumerate() {
+            if let Some(want) = schema.fixed_range(k).map(|r| r.len())
+                && b.len() != want
+            {
+                return Err(Error::mismatch(format!(
+                    "field `{}` has {} bytes, its schema says {want}",
+                    field.name,
+                    b.len()
+                )));
+            }
+        }
+        Ok(Sample {
+            bytes: SampleBytes::Fields {
+                fields,
+                record: OnceLock::new(),
+            },
+            schema,
+        })
+    }
+
     /// A sample that borrows its record bytes (laid out as `schema` says); checked here.
     /// For sources that keep their data in memory they own.
     pub fn borrowed(bytes: &'a [u8], schema: &'a Schema) -> Result<Sample<'a>> {
@@ -466,6 +626,7 @@ impl<'a> Sample<'a> {
                 let &(part, j) = fields.get(k)?;
                 parts.get(part)?.field(j)
             }
+            SampleBytes::Fields { fields, .. } => fields.get(k).map(|b| &b[..]),
             _ => self.schema.field_in(self.bytes().ok()?, k),
         }
     }
@@ -498,6 +659,14 @@ impl<'a> Sample<'a> {
             })?;
             return parts[part].try_field(j);
         }
+        if let SampleBytes::Fields { fields, .. } = &self.bytes {
+            return fields.get(k).map(|b| &b[..]).ok_or_else(|| {
+                Error::mismatch(format!(
+                    "no field {k} in a sample of schema [{}]",
+                    self.schema
+                ))
+            });
+        }
         let bytes = self.bytes()?;
         self.schema.field_in(bytes, k).ok_or_else(|| {
             Error::mismatch(format!(
@@ -512,12 +681,13 @@ impl<'a> Sample<'a> {
         self.field(self.schema.index_of(name)?)
     }
 
-    /// The field called `name` as elements of `T`: a tensor field's values, or (with `T =
-    /// u8`) a bytes field's bytes.
+    /// The field called `name` as elements of `T`: a tensor field's values, a
+    /// [`Codec::Elements`](crate::format::Codec::Elements) field's values (a ragged field:
+    /// a list of numbers), or (with `T = u8`) a bytes field's bytes.
     ///
-    /// `T` must be the field's element type (`u8` also views `bool`, `u16` also views `f16`
-    /// and `bf16`); an unknown name or another type is an [`Error::Mismatch`] naming the field
-    /// and the sample's fields. Inside a transform the loader adds the sample's index and
+    /// `T` must be the field's element type (`u8` also views `bool` and every bytes field,
+    /// `u16` also views `f16` and `bf16`); an unknown name or another type is an
+    /// [`Error::Mismatch`] naming the field and the sample's fields. Inside a transform the loader adds the sample's index and
     /// batch to any error ([`Error::Sample`]).
     ///
     /// Borrowed, without a copy, when the field's bytes are aligned for `T`: tensor fields of
@@ -560,6 +730,9 @@ impl<'a> Sample<'a> {
             FieldKind::Tensor { dtype, .. } if T::matches(*dtype) => None,
             FieldKind::Tensor { dtype, .. } => Some(dtype.to_string()),
             FieldKind::Bytes { .. } if T::matches(DType::U8) => None,
+            FieldKind::Bytes {
+                codec: crate::format::Codec::Elements(dtype),
+            } if T::matches(*dtype) => None,
             FieldKind::Bytes { codec } => Some(format!("{} bytes (read them as u8)", codec.name())),
         };
         if let Some(what) = what {
@@ -593,7 +766,7 @@ impl<'a> Sample<'a> {
             SampleBytes::Shared { data, .. } => Ok(data),
             SampleBytes::Read(b) => Ok(b.as_slice()),
             SampleBytes::Unread(u) => u.load(),
-            SampleBytes::Zipped { record, .. } => {
+            SampleBytes::Zipped { record, .. } | SampleBytes::Fields { record, .. } => {
                 if let Some(r) = record.get() {
                     return Ok(r);
                 }
@@ -603,7 +776,7 @@ impl<'a> Sample<'a> {
                 let mut out = Vec::new();
                 self.schema
                     .build_record(&values, &mut out)
-                    .map_err(|e| Error::mismatch(format!("zipped sample: {e}")))?;
+                    .map_err(|e| Error::mismatch(format!("sample of separate fields: {e}")))?;
                 Ok(record.get_or_init(|| out))
             }
         }
@@ -617,14 +790,16 @@ impl<'a> Sample<'a> {
             SampleBytes::Shared { data, .. } => data.len(),
             SampleBytes::Read(b) => b.as_slice().len(),
             SampleBytes::Unread(u) => u.len,
-            SampleBytes::Zipped { record, .. } => match record.get() {
-                Some(r) => r.len(),
-                None => self.schema.record_bytes(
-                    (0..self.schema.fields().len())
-                        .filter(|&k| self.schema.fixed_range(k).is_none())
-                        .map(|k| self.field(k).map_or(0, <[u8]>::len)),
-                ),
-            },
+            SampleBytes::Zipped { record, .. } | SampleBytes::Fields { record, .. } => {
+                match record.get() {
+                    Some(r) => r.len(),
+                    None => self.schema.record_bytes(
+                        (0..self.schema.fields().len())
+                            .filter(|&k| self.schema.fixed_range(k).is_none())
+                            .map(|k| self.field(k).map_or(0, <[u8]>::len)),
+                    ),
+                }
+            }
         }
     }
 
@@ -710,6 +885,7 @@ impl std::fmt::Debug for Sample<'_> {
             SampleBytes::Read(_) => "read",
             SampleBytes::Unread(_) => "unread",
             SampleBytes::Zipped { .. } => "zipped",
+            SampleBytes::Fields { .. } => "fields",
         };
         f.debug_struct("Sample")
             .field("bytes", &self.len())
@@ -721,65 +897,6 @@ impl std::fmt::Debug for Sample<'_> {
 
 /// Any source a path can name, behind one type.
 pub type AnySource = Box<dyn Dataset>;
-
-/// Opens `path` as a dataset: a shard directory, `.tar` file or brace pattern of them (see
-/// [`shards::open`]), a `.npy` array (by its magic bytes) or a packed record file.
-pub fn open(path: impl AsRef<Path>) -> Result<AnySource> {
-    open_with(path, ReadOptions::default())
-}
-
-/// Opens `path` as [`open`] does, reading it as `options` say: [`ReadOptions::mode`] and
-/// [`ReadOptions::verify_checksums`] for either kind of file (a `.npy` array takes its
-/// checksums at open: see [`NpyArray`]'s section on verification).
-pub fn open_with(path: impl AsRef<Path>, options: ReadOptions) -> Result<AnySource> {
-    let path = path.as_ref();
-    if let Some(spec) = path.to_str()
-        && shards::is_shard_spec(spec)
-    {
-        let sharded: Box<dyn Dataset> = shards::open(spec)?;
-        return Ok(sharded);
-    }
-    let mut magic = [0u8; 8];
-    {
-        use std::io::Read;
-        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
-        let mut got = 0;
-        while got < magic.len() {
-            match f.read(&mut magic[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(path, "read", e)),
-            }
-        }
-    }
-    if magic.starts_with(npy::NPY_MAGIC) {
-        Ok(Box::new(NpyArray::open_with(
-            path,
-            NpyArray::FIELD,
-            options,
-        )?))
-    } else {
-        Ok(Box::new(RecordFile::open_with(path, options)?))
-    }
-}
-
-/// Opens many files (shards) as one dataset; all must have the same schema.
-pub fn open_shards<P: AsRef<Path>>(paths: &[P]) -> Result<Concat<AnySource>> {
-    open_shards_with(paths, ReadOptions::default())
-}
-
-/// Opens many files (shards) as one dataset, each as [`open_with`] does with `options`.
-pub fn open_shards_with<P: AsRef<Path>>(
-    paths: &[P],
-    options: ReadOptions,
-) -> Result<Concat<AnySource>> {
-    let parts = paths
-        .iter()
-        .map(|p| open_with(p, options))
-        .collect::<Result<Vec<_>>>()?;
-    Concat::new(parts)
-}
 
 #[cfg(test)]
 mod tests {
@@ -822,6 +939,20 @@ mod tests {
             assert!(matches!(e, Error::Mismatch { .. }), "{e}");
             assert!(e.to_string().contains(want), "`{want}` not in: {e}");
         }
+    }
+
+    #[test]
+    fn field_as_reads_the_values_of_a_ragged_field_by_their_dtype() {
+        let schema =
+            Schema::new(vec![Field::bytes("tokens", Codec::Elements(DType::U32))]).unwrap();
+        let mut record = Vec::new();
+        let values = [7u32, 8, 9].map(u32::to_le_bytes).concat();
+        schema.build_record(&[&values], &mut record).unwrap();
+        let s = Sample::owned(record, &schema).unwrap();
+        assert_eq!(*s.field_as::<u32>("tokens").unwrap(), [7, 8, 9]);
+        assert_eq!(s.field_as::<u8>("tokens").unwrap().len(), 12);
+        let e = s.field_as::<i64>("tokens").unwrap_err();
+        assert!(e.to_string().contains("u32 values"), "{e}");
     }
 
     #[test]

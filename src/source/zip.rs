@@ -268,6 +268,10 @@ impl<D: Dataset> Dataset for Zip<D> {
     fn fingerprint(&self) -> Result<Option<u64>> {
         super::combined_fingerprint(&self.parts)
     }
+
+    fn held_bytes(&self) -> u64 {
+        self.parts.iter().map(Dataset::held_bytes).sum()
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use gpufeed::format::DType;
 use gpufeed::loader::{Loader, LoaderBuilder, LoaderStats, Setting, Tuning};
-use gpufeed::source::{self, AnySource, ImageFolder};
+use gpufeed::source;
 use gpufeed::trace::Trace;
 use gpufeed::transform::image::{ImageTransform, OnBadImage, default_image_fields};
 use gpufeed::{Error, Result};
@@ -112,7 +112,7 @@ impl Default for ImageBenchConfig {
 pub struct ImageBenchReport {
     /// The directory or packed file read.
     pub source: String,
-    /// `imagefolder`, `packed` or `shards`.
+    /// The data set's format (`imagefolder`, `packed`, `webdataset tar`, `parquet`, ...).
     pub kind: &'static str,
     /// Images delivered, all epochs.
     pub images: u64,
@@ -232,7 +232,7 @@ pub fn bench_images(path: &Path, cfg: &ImageBenchConfig) -> Result<ImageBenchRep
 pub(crate) struct ImageBenchSetup {
     /// Every loader setting but the backing.
     pub builder: LoaderBuilder,
-    /// `imagefolder`, `packed` or `shards`.
+    /// The data set's format (`imagefolder`, `packed`, `webdataset tar`, `parquet`, ...).
     pub kind: &'static str,
 }
 
@@ -246,36 +246,12 @@ impl ImageBenchSetup {
                 what: "the image bench needs at least one epoch".to_owned(),
             });
         }
-        let spec = path.to_str().unwrap_or("");
-        let sharded = source::shards::is_shard_dir(path)
-            || (!path.is_dir() && source::shards::is_shard_spec(spec));
-        let (dataset, kind): (AnySource, _) = if sharded {
-            let options = source::shards::webdataset::WebDatasetOptions {
-                shards: source::shards::ShardOptions {
-                    verify: cfg.verify_checksums,
-                    ..source::shards::ShardOptions::default()
-                },
-                ..source::shards::webdataset::WebDatasetOptions::default()
-            };
-            (source::shards::open_with(spec, &options)?, "shards")
-        } else if path.is_dir() {
-            if cfg.verify_checksums {
-                return Err(Error::InvalidConfig {
-                    setting: "verify_checksums",
-                    what: format!(
-                        "{} is an image folder, which has no checksums to verify (packed files do)",
-                        path.display()
-                    ),
-                });
-            }
-            (Box::new(ImageFolder::open(path)?), "imagefolder")
-        } else {
-            let options = gpufeed::format::ReadOptions {
-                mode: cfg.read_mode,
-                verify_checksums: cfg.verify_checksums,
-            };
-            (source::open_with(path, options)?, "packed")
-        };
+        let options = source::OpenOptions::read(gpufeed::format::ReadOptions {
+            mode: cfg.read_mode,
+            verify_checksums: cfg.verify_checksums,
+        });
+        let dataset = source::open(path, &options)?;
+        let kind = dataset.format().name();
         let mut t = ImageTransform::train(cfg.size)
             .dtype(dtype)
             .decode(cfg.decode)

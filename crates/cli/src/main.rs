@@ -6,9 +6,9 @@ mod cleanup;
 mod images;
 mod inspect;
 mod messages;
+mod open;
 mod pack;
 mod read_mode;
-mod shards;
 
 use std::io::Write;
 

@@ -6,9 +6,7 @@
 use std::io::IsTerminal;
 
 use gpufeed::Error;
-use gpufeed::format::{FieldKind, Schema};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::{Value, json};
 
 /// The flag (or flags) of the command that set the library's setting `setting`, if any.
 pub fn flag_of(setting: &str) -> Option<&'static str> {
@@ -35,7 +33,11 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
         "record_bytes" => "--record-bytes",
         "max_batches" => "--max-batches",
         "limit" => "--limit",
-        "dataset" => "DATASET",
+        "dataset" | "path" => "DATASET",
+        "read_mode" => "--read-mode",
+        "verify_checksums" => "--verify",
+        "cache_dir" => "--cache-dir",
+        "cache_limit" => "--cache-limit",
         "weights" => "--tokens PATH=WEIGHT",
         "sources" => "--tokens",
         _ => return None,
@@ -156,41 +158,4 @@ pub fn progress(len: u64, message: &'static str, quiet: bool) -> ProgressBar {
     );
     bar.set_message(message);
     bar
-}
-
-/// The fields of a schema, as `--json` prints them.
-pub fn fields_json(schema: &Schema) -> Value {
-    let fields: Vec<Value> = schema
-        .fields()
-        .iter()
-        .enumerate()
-        .map(|(k, f)| match &f.kind {
-            FieldKind::Tensor { dtype, shape } => json!({
-                "name": f.name,
-                "kind": "tensor",
-                "dtype": dtype.name(),
-                "shape": shape,
-                "bytes": schema.fixed_range(k).map_or(0, |r| r.len()),
-            }),
-            FieldKind::Bytes { codec } => json!({
-                "name": f.name,
-                "kind": "bytes",
-                "codec": codec.name(),
-            }),
-        })
-        .collect();
-    Value::Array(fields)
-}
-
-/// The fields of a schema, one a line, as the text report prints them.
-pub fn fields_text(schema: &Schema) -> String {
-    let mut out = String::new();
-    for f in schema.fields() {
-        let what = match &f.kind {
-            FieldKind::Tensor { dtype, shape } => format!("{dtype} {shape:?}"),
-            FieldKind::Bytes { codec } => format!("bytes, codec {}", codec.name()),
-        };
-        out.push_str(&format!("  {:<16} {what}\n", f.name));
-    }
-    out
 }

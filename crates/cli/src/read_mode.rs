@@ -3,10 +3,10 @@
 //! (the library's [`ReadMode`]). A mapping is the fastest, but a file truncated
 //! while it is mapped kills the process with SIGBUS; `pread` makes that an error naming the
 //! file. Sources that are never read through this choice (an ImageFolder's files, read whole;
-//! shard directories, which their store maps) refuse the flag rather than ignore it.
+//! shard directories, which their store maps) refuse the flag rather than ignore it (the
+//! library's front door refuses it, naming `--read-mode`).
 
 use gpufeed::format::ReadMode;
-use gpufeed::{Error, Result};
 
 /// The values of `--read-mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -34,18 +34,6 @@ impl ReadFlags {
         match self.read_mode {
             None | Some(ReadModeArg::Mmap) => ReadMode::Map,
             Some(ReadModeArg::Pread) => ReadMode::Pread,
-        }
-    }
-
-    /// Refuses the flag for a source that does not read through it: `what` says what the
-    /// source is and how it is read.
-    pub fn refuse_for(&self, what: &str) -> Result<()> {
-        match self.read_mode {
-            None => Ok(()),
-            Some(_) => Err(Error::InvalidConfig {
-                setting: "--read-mode",
-                what: format!("applies to packed files, .npy arrays and token files; {what}"),
-            }),
         }
     }
 }

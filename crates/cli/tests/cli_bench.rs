@@ -566,7 +566,7 @@ fn fifos_and_devices_are_refused_not_read_forever() {
         vec!["inspect", "/dev/zero"],
     ] {
         let o = output_with_limit(cmd(&args), Duration::from_secs(60));
-        refused(&o, &["not a file"]);
+        refused(&o, &["not a regular file"]);
     }
 }
 

@@ -79,7 +79,7 @@ fn pack_npy_with_labels_then_inspect_json() {
     assert!(o.status.success());
     let text = String::from_utf8(o.stdout).unwrap();
     for want in [
-        "version 1.0",
+        "version:       1.0",
         "records:       5",
         "label",
         "i32",
@@ -416,7 +416,7 @@ fn inspect_reads_an_image_folder_and_says_what_it_reads_otherwise() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = cli_common::stdout(&o);
     assert!(
-        text.contains("2 classes") && text.contains("6 images"),
+        text.contains("2 classes") && text.contains("records:       6"),
         "{text}"
     );
     // --verify reads every image's header, and names the first bad one.
@@ -432,7 +432,7 @@ fn inspect_reads_an_image_folder_and_says_what_it_reads_otherwise() {
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{e}");
     for what in [
-        "packed files",
+        "packed record file",
         ".npy",
         "index.json",
         "MDS",

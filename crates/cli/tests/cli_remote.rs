@@ -52,7 +52,7 @@ fn bench_and_inspect_read_an_s3_url() {
     let o = c.output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["format"], "packed");
+    assert_eq!(v["format"], "packed shards");
     assert_eq!(v["samples"], 600);
     assert_eq!(v["shards"], shards);
 

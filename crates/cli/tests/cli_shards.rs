@@ -68,7 +68,7 @@ fn pack_writes_shards_that_inspect_and_bench_read() {
     let o = gpufeed(&["inspect", s(&out), "--json", "--verify"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["format"], "packed");
+    assert_eq!(v["format"], "packed shards");
     assert_eq!(v["samples"], 1000);
     assert_eq!(v["shards"], d.shard_count());
     assert_eq!(v["verified"], true);
@@ -139,7 +139,7 @@ fn bad_shard_sizes_and_flags_are_refused() {
     assert!(o.status.success(), "{}", stderr(&o));
     let o = gpufeed(&["bench", s(&file), "--shuffle-window", "2"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("sharded"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("shards or chunks"), "{}", stderr(&o));
 }
 
 /// Names in a directory, sorted.
@@ -267,7 +267,12 @@ fn pack_force_refuses_a_data_set_another_writer_wrote() {
             .collect();
         assert_eq!(after, before, "{} was changed", s(out));
     }
-    assert_eq!(gpufeed::source::open(&mds).unwrap().len(), 7);
+    assert_eq!(
+        gpufeed::source::open(&mds, &Default::default())
+            .unwrap()
+            .len(),
+        7
+    );
 }
 
 /// A second `pack --force` with fewer shards leaves exactly the new data set: the old

@@ -4,6 +4,8 @@
 mod cli_common;
 #[path = "../../../tests/image_common/mod.rs"]
 mod image_common;
+#[path = "../../../tests/table_common/mod.rs"]
+mod table_common;
 #[path = "../../../tests/token_common/mod.rs"]
 mod token_common;
 
@@ -12,6 +14,7 @@ mod cli_pack_inspect;
 mod cli_pack_safety;
 mod cli_remote;
 mod cli_shards;
+mod cli_tables;
 mod cli_tokens;
 #[cfg(feature = "s3")]
 #[path = "../../../tests/s3_common/mod.rs"]

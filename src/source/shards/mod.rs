@@ -13,7 +13,8 @@
 //! - [`ShardedSource`]: what a streaming order needs of any sharded dataset (shard names, the
 //!   mapping from a global index to its shard; the sizes are [`Dataset::shard_sizes`], which
 //!   the loader's `shuffle_blocks` reads), as a trait object;
-//! - [`open`](open()): whichever of these a path or pattern names.
+//! - [`open_index_dir`], [`open_tar_dir`], [`open_pattern`]: these by how they are named
+//!   (the front door, [`source::open`](crate::source::open()), says which).
 //!
 //! Opening a dataset reads its index only: no shard is opened or mapped until a sample of it is
 //! asked for (a dataset of 10,000 shards opens in the time it takes to parse its index). The
@@ -70,7 +71,7 @@
 //! decompressed copies, checked when they are written into the cache.
 
 pub mod cache;
-mod compressed;
+pub(crate) mod compressed;
 pub mod decode;
 mod lru;
 pub mod mds;
@@ -87,14 +88,16 @@ use std::sync::Arc;
 
 pub use decode::FieldDecode;
 pub use lru::OpenShardStats;
-pub use open::{NO_STORE_ADVICE, is_shard_dir, is_shard_spec, is_store_url, open, open_with};
+pub use open::{
+    NO_STORE_ADVICE, is_store_url, open_index_dir, open_pattern, open_tar_dir, open_tars_named,
+};
 pub use store::{
     LocalDir, MemoryStore, ShardArrival, ShardBytes, ShardStat, ShardStore, StoreStats,
 };
 
 use crate::error::{Error, Result};
 use crate::format::Schema;
-use crate::source::{Dataset, Sample};
+use crate::source::{Dataset, Description, Format, Sample, Source};
 use lru::OpenShards;
 
 /// How many shards a dataset keeps open (mapped, with their headers or indexes read) at once,
@@ -162,6 +165,9 @@ pub trait ShardFormat: Send + Sync + 'static {
 
     /// The format's name in messages (`packed`, `webdataset tar`, `MDS`).
     fn name(&self) -> &'static str;
+
+    /// The format, as the front door names it.
+    fn format(&self) -> Format;
 
     /// How the data set's shards are compressed (`zstd`, ...), if they are; `None` (the
     /// default) for formats read as they are.
@@ -523,7 +529,7 @@ impl<F: ShardFormat> Dataset for ShardedDataset<F> {
 /// What a streaming order needs of a sharded dataset, whatever its format: a [`Dataset`]
 /// (whose [`Dataset::shard_sizes`] gives the samples in each shard) plus the shards' names
 /// and the mapping from a global index to a shard.
-pub trait ShardedSource: Dataset {
+pub trait ShardedSource: Source {
     /// Shard names, in index order.
     fn shard_names(&self) -> &[String];
 
@@ -536,17 +542,11 @@ pub trait ShardedSource: Dataset {
     /// What the set of open shards has done.
     fn open_stats(&self) -> OpenShardStats;
 
-    /// Checks every shard completely; `progress` gets the number of shards checked.
-    fn verify(&self, progress: &mut dyn FnMut(usize)) -> Result<()>;
-
     /// What the dataset's store has fetched and cached, for a store that downloads (an
     /// object store); `None` for local files.
     fn store_stats(&self) -> Option<StoreStats> {
         None
     }
-
-    /// The shard format's name (`packed`, `webdataset tar`, `MDS`).
-    fn format_name(&self) -> &'static str;
 
     /// How the shards are compressed (an MDS `compression` such as `zstd`), if they are: they
     /// are decompressed once into the cache (see [`ShardOptions::cache_dir`]).
@@ -568,17 +568,89 @@ impl<F: ShardFormat> ShardedSource for ShardedDataset<F> {
     fn open_stats(&self) -> OpenShardStats {
         ShardedDataset::open_stats(self)
     }
-    fn verify(&self, progress: &mut dyn FnMut(usize)) -> Result<()> {
-        ShardedDataset::verify(self, progress)
-    }
     fn store_stats(&self) -> Option<StoreStats> {
         self.store.stats()
     }
-    fn format_name(&self) -> &'static str {
-        self.format.name()
-    }
     fn compression(&self) -> Option<String> {
         self.format.compression()
+    }
+}
+
+impl<F: ShardFormat> Source for ShardedDataset<F> {
+    fn format(&self) -> Format {
+        self.format.format()
+    }
+
+    /// Its shards (how many, the first and last), samples per shard, compression, and what
+    /// the store fetched (from a URL).
+    fn describe(&self) -> Result<Description> {
+        let (min, max) = (
+            self.sizes.iter().copied().min().unwrap_or(0),
+            self.sizes.iter().copied().max().unwrap_or(0),
+        );
+        let mean = if self.sizes.is_empty() {
+            0.0
+        } else {
+            self.len() as f64 / self.sizes.len() as f64
+        };
+        let (first, last) = (self.names.first(), self.names.last());
+        let mut d = Description::new(
+            self.store.locate("").display().to_string(),
+            self.format.format(),
+            self.len(),
+            self.schema.clone(),
+        )
+        .fact(
+            "shards",
+            "shards",
+            self.names.len(),
+            format!(
+                "{} ({} .. {})",
+                self.names.len(),
+                first.map_or("", String::as_str),
+                last.map_or("", String::as_str)
+            ),
+        )
+        .count("samples", "", self.len())
+        .fact("first_shard", "", first.cloned(), "")
+        .fact("last_shard", "", last.cloned(), "")
+        .fact(
+            "samples_per_shard",
+            "per shard",
+            serde_json::json!({"min": min, "mean": mean, "max": max}),
+            format!("{min} to {max} samples, mean {mean:.1}"),
+        );
+        let compression = self.format.compression();
+        d = d.fact(
+            "compression",
+            if compression.is_some() { "compressed" } else { "" },
+            compression.clone(),
+            compression.map_or(String::new(), |c| {
+                format!(
+                    "{c} (each shard decompressed once into the cache, --cache-dir or $GPUFEED_CACHE_DIR)"
+                )
+            }),
+        );
+        if let Some(s) = self.store.stats() {
+            d = d.fact(
+                "store",
+                "store",
+                serde_json::to_value(s).unwrap_or_default(),
+                s.to_string(),
+            );
+        }
+        Ok(d)
+    }
+
+    /// Every shard against its index (checksums where the index has them) and every sample;
+    /// progress counts shards.
+    fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        let n = self.names.len() as u64;
+        ShardedDataset::verify(self, |k| progress(k as u64, n))
+    }
+
+    fn sharded(&self) -> Option<&dyn ShardedSource> {
+        Some(self)
     }
 }
 

@@ -1,8 +1,9 @@
-//! [`open`]: a sharded dataset from what a user types: a directory (packed shards or MDS,
-//! told apart by their `index.json`; else the `.tar` files in it), one `.tar` file, a brace
-//! pattern of them (`shards-{000000..000099}.tar`, as webdataset writes them), or several
-//! patterns joined by `::` (webdataset's `expand_urls`). [`expand_braces`] is braceexpand's
-//! expansion (the package webdataset uses).
+//! Sharded data sets by how they are named, for the front door ([`open`](crate::source::open())):
+//! a directory with an `index.json` (packed shards or MDS, told apart by the index's content:
+//! [`IndexKind`], the one rule, which the object store's URLs follow too), `.tar` files, a
+//! brace pattern of them (`shards-{000000..000099}.tar`, as webdataset writes them), or
+//! several patterns joined by `::` (webdataset's `expand_urls`). [`expand_braces`] is
+//! braceexpand's expansion (the package webdataset uses).
 
 use std::path::{Path, PathBuf};
 
@@ -19,34 +20,8 @@ pub const NO_STORE_ADVICE: &str = "build it with `--features s3` (or gcs, azure,
 /// The most names a brace pattern may expand to.
 const MAX_EXPANSION: usize = 10_000_000;
 
-/// Whether `spec` names shards rather than one file: a directory, a `.tar` file, a brace
-/// pattern or a `::` list.
-pub fn is_shard_spec(spec: &str) -> bool {
-    is_store_url(spec)
-        || spec.contains("::")
-        || spec.contains('{')
-        || spec.ends_with(".tar")
-        || Path::new(spec).is_dir()
-}
-
-/// Whether `path` is a directory of shards: it has an `index.json` (packed shards or MDS) or
-/// `.tar` files (as opposed to, say, an ImageFolder of class directories).
-pub fn is_shard_dir(path: &Path) -> bool {
-    if !path.is_dir() {
-        return false;
-    }
-    if path.join("index.json").is_file() {
-        return true;
-    }
-    std::fs::read_dir(path).is_ok_and(|entries| {
-        entries
-            .flatten()
-            .any(|e| e.path().extension().is_some_and(|x| x == "tar"))
-    })
-}
-
 /// Whether `spec` is the URL of an object store (`s3://`, `gs://`, `az://`, `http(s)://`,
-/// `file://`): [`open`] reads it through the `remote` feature's store.
+/// `file://`), which the `remote` feature's store reads.
 pub fn is_store_url(spec: &str) -> bool {
     match spec.split_once("://") {
         Some((scheme, _)) => {
@@ -59,118 +34,87 @@ pub fn is_store_url(spec: &str) -> bool {
     }
 }
 
-/// Opens the sharded dataset `spec` names, with default settings: a directory (packed shards
-/// or MDS, told apart by their `index.json`; else the `.tar` files in it), one `.tar` file, a
-/// brace pattern of them (`shards-{000000..000099}.tar`) or several patterns joined by `::`
-/// (webdataset's `expand_urls`).
-pub fn open(spec: &str) -> Result<Box<dyn ShardedSource>> {
-    open_with(spec, &WebDatasetOptions::default())
+/// The sharded formats an `index.json` describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IndexKind {
+    /// gpufeed's packed shards (`"format": "gpufeed-shards"`).
+    Packed,
+    /// MosaicML Streaming's MDS (`"shards": [...]`).
+    Mds,
 }
 
-/// Opens the sharded dataset `spec` names. `options.shards` applies to every format; the rest
-/// to tar shards.
-///
-/// A URL (`s3://bucket/prefix`, `gs://`, `az://`, `http(s)://`, `file://`) is read through
-/// `remote::open_url` (the `remote` feature, and the store's own:
-/// `s3`, `gcs`, `azure`, `http`), with the cache settings of the environment
-/// (`GPUFEED_CACHE_DIR`, `GPUFEED_CACHE_LIMIT`).
-pub fn open_with(spec: &str, options: &WebDatasetOptions) -> Result<Box<dyn ShardedSource>> {
-    if is_store_url(spec) {
-        #[cfg(feature = "remote")]
-        return super::remote::open_url(spec, options);
-        #[cfg(not(feature = "remote"))]
-        return Err(Error::Remote {
-            shard: spec.into(),
-            kind: crate::error::RemoteErrorKind::Config,
-            what: format!("this build of gpufeed reads no object store: {NO_STORE_ADVICE}"),
-        });
+/// Which format the index `text` (read from `path`) describes, by its content: the one rule,
+/// for local directories and object stores alike.
+pub(crate) fn index_kind(path: &Path, text: &[u8]) -> Result<IndexKind> {
+    let value: serde_json::Value = serde_json::from_slice(text).map_err(|e| Error::Malformed {
+        path: path.to_path_buf(),
+        format: "shard index",
+        what: format!("not valid JSON: {e}"),
+    })?;
+    if value.get("format").and_then(|f| f.as_str()) == Some(PACKED_INDEX_FORMAT) {
+        return Ok(IndexKind::Packed);
     }
-    if spec.contains("::") || spec.contains('{') {
-        let mut paths = Vec::new();
-        for part in spec.split("::").filter(|p| !p.is_empty()) {
-            paths.extend(expand_braces(part)?);
-        }
-        return open_tars(paths, options);
+    if value.get("shards").is_some() {
+        return Ok(IndexKind::Mds);
     }
-    let path = Path::new(spec);
-    if path.is_dir() {
-        let index = path.join("index.json");
-        if index.is_file() {
-            let text = std::fs::read(&index).map_err(|e| Error::io(&index, "read", e))?;
-            let value: serde_json::Value =
-                serde_json::from_slice(&text).map_err(|e| Error::Malformed {
-                    path: index.clone(),
-                    format: "shard index",
-                    what: format!("not valid JSON: {e}"),
-                })?;
-            let store = std::sync::Arc::new(super::LocalDir::new(path));
-            if value.get("format").and_then(|f| f.as_str()) == Some(PACKED_INDEX_FORMAT) {
-                return Ok(Box::new(PackedShards::from_index(
-                    store,
-                    &index,
-                    &text,
-                    options.shards.clone(),
-                )?));
-            }
-            if value.get("shards").is_some() {
-                return Ok(Box::new(MdsDataset::from_index(
-                    store,
-                    &index,
-                    &text,
-                    options.shards.clone(),
-                )?));
-            }
-            return Err(Error::Malformed {
-                path: index,
-                format: "shard index",
-                what: format!(
-                    "neither a packed shard index (`\"format\": \"{PACKED_INDEX_FORMAT}\"`) nor an MDS index (`\"shards\"`)"
-                ),
-            });
-        }
-        let mut tars = Vec::new();
-        let entries = std::fs::read_dir(path).map_err(|e| Error::io(path, "list", e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io(path, "list", e))?;
-            let p = entry.path();
-            if p.extension().is_some_and(|e| e == "tar") && p.is_file() {
-                tars.push(p);
-            }
-        }
-        if tars.is_empty() {
-            return Err(Error::config(
-                "shards",
-                format!(
-                    "{} has no index.json (packed shards or MDS) and no .tar file",
-                    path.display()
-                ),
-            ));
-        }
-        tars.sort();
-        let names = tars
-            .iter()
-            .map(|p| p.to_string_lossy().into_owned())
-            .collect();
-        return open_tars(names, options);
-    }
-    if spec.ends_with(".tar") {
-        return open_tars(vec![spec.to_owned()], options);
-    }
-    Err(Error::config(
-        "shards",
-        format!("`{spec}` is not a shard directory, a .tar file or a pattern of them"),
-    ))
+    Err(Error::Malformed {
+        path: path.to_path_buf(),
+        format: "shard index",
+        what: format!(
+            "neither a packed shard index (`\"format\": \"{PACKED_INDEX_FORMAT}\"`) nor an MDS index (`\"shards\"`)"
+        ),
+    })
 }
 
-fn open_tars(paths: Vec<String>, options: &WebDatasetOptions) -> Result<Box<dyn ShardedSource>> {
+/// Opens the shard directory `dir` by its `index.json` (packed shards or MDS); opens no shard.
+pub fn open_index_dir(dir: &Path, options: &WebDatasetOptions) -> Result<Box<dyn ShardedSource>> {
+    let index = dir.join("index.json");
+    let text = std::fs::read(&index).map_err(|e| Error::io(&index, "read", e))?;
+    let store = std::sync::Arc::new(super::LocalDir::new(dir));
+    let shards = options.shards.clone();
+    Ok(match index_kind(&index, &text)? {
+        IndexKind::Packed => Box::new(PackedShards::from_index(store, &index, &text, shards)?),
+        IndexKind::Mds => Box::new(MdsDataset::from_index(store, &index, &text, shards)?),
+    })
+}
+
+/// Opens the `.tar` files of directory `dir` (sorted by name) as WebDataset shards.
+pub fn open_tar_dir(dir: &Path, options: &WebDatasetOptions) -> Result<Box<dyn ShardedSource>> {
+    let mut tars = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "list", e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, "list", e))?;
+        let p = entry.path();
+        if p.extension().is_some_and(|e| e == "tar") && p.is_file() {
+            tars.push(p);
+        }
+    }
+    tars.sort();
+    open_tars_named(tars, options)
+}
+
+/// Opens the `.tar` files a brace pattern (`shards-{000000..000099}.tar`), or several joined
+/// by `::`, names, as WebDataset shards; one `.tar` file is a pattern of one.
+pub fn open_pattern(spec: &str, options: &WebDatasetOptions) -> Result<Box<dyn ShardedSource>> {
+    let mut paths = Vec::new();
+    for part in spec.split("::").filter(|p| !p.is_empty()) {
+        paths.extend(expand_braces(part)?.into_iter().map(PathBuf::from));
+    }
+    open_tars_named(paths, options)
+}
+
+/// Opens the `.tar` files `paths` as WebDataset shards, in this order.
+pub fn open_tars_named(
+    paths: Vec<PathBuf>,
+    options: &WebDatasetOptions,
+) -> Result<Box<dyn ShardedSource>> {
     if paths.is_empty() {
         return Err(Error::config("shards", "the pattern names no shard"));
     }
-    if paths.iter().any(|p| p.is_empty()) {
+    if paths.iter().any(|p| p.as_os_str().is_empty()) {
         return Err(Error::config("shards", "the pattern names an empty path"));
     }
-    let refs: Vec<PathBuf> = paths.into_iter().map(PathBuf::from).collect();
-    Ok(Box::new(WebDataset::open_with(&refs, options.clone())?))
+    Ok(Box::new(WebDataset::open_with(&paths, options.clone())?))
 }
 
 /// Expands a brace pattern as Python's `braceexpand` does (webdataset's shard lists):

@@ -268,6 +268,10 @@ impl ShardFormat for Packed {
         "packed"
     }
 
+    fn format(&self) -> crate::source::Format {
+        crate::source::Format::PackedShards
+    }
+
     fn open_shard(
         &self,
         store: &dyn ShardStore,

@@ -959,6 +959,10 @@ impl ShardFormat for TarShards {
         "webdataset tar"
     }
 
+    fn format(&self) -> crate::source::Format {
+        crate::source::Format::WebDataset
+    }
+
     fn open_shard(
         &self,
         store: &dyn ShardStore,

@@ -164,7 +164,7 @@ pub struct Args {
     pub shuffle_block: Option<u64>,
     /// The cache of shards downloaded from a URL.
     #[command(flatten)]
-    pub cache: crate::shards::CacheFlags,
+    pub cache: crate::open::CacheFlags,
     /// Run the token loader over this source of tokens (a Megatron dataset's `.idx`, `.bin`
     /// or prefix, a 1-D `.npy`, or a flat file with --token-dtype), `=WEIGHT` for a blend;
     /// repeat for several. --batch-size is then the global batch, in rows.

@@ -2,9 +2,10 @@
 //! file or shard set opened, the page cache warmed, the bytes of a sample.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use gpufeed::format::{Codec, DType, Field, FieldKind, RecordWriter, Schema};
-use gpufeed::source::{self, Dataset, NpyArray, Zip};
+use gpufeed::source::{Dataset, NpyArray, Source, Zip};
 use gpufeed::transform::{CopyFields, SampleTransform};
 use gpufeed::{Error, Result};
 
@@ -126,18 +127,20 @@ pub(super) fn sample_bytes(
     Ok((fixed, ragged))
 }
 
-/// Opens DATASET, zipped with `--labels` (a .npy array read as the field `label`) if given.
-pub(super) fn open_dataset(
+/// The data set opened, zipped with `--labels` (a .npy array read as the field `label`) if
+/// given.
+pub(super) fn with_labels(
     path: &Path,
+    data: Arc<dyn Source>,
     labels: Option<&Path>,
     options: gpufeed::format::ReadOptions,
-) -> Result<Box<dyn Dataset>> {
-    let data = source::open_with(path, options)?;
+) -> Result<Arc<dyn Dataset>> {
     let Some(labels) = labels else {
         return Ok(data);
     };
     let label = labels.display().to_string();
-    let labels: Box<dyn Dataset> = Box::new(NpyArray::open_with(labels, "label", options)?);
+    let labels: Arc<dyn Dataset> = Arc::new(NpyArray::open_with(labels, "label", options)?);
+    let data: Arc<dyn Dataset> = data;
     let zipped = Zip::new([(path.display().to_string(), data), (label, labels)])?;
-    Ok(Box::new(zipped))
+    Ok(Arc::new(zipped))
 }

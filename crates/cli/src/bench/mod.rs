@@ -31,9 +31,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpufeed::format::DType;
-use gpufeed::source::{self, Dataset};
+use gpufeed::source::{Dataset, Format};
 use gpufeed::trace::Trace;
-use gpufeed::{BatchStream, Error, Loader, Result};
+use gpufeed::{BatchStream, Loader, Result};
 use gpufeed_bench::Timeline;
 
 use crate::checks::{LoaderSizes, check_output};
@@ -45,7 +45,7 @@ use args::{
     workers,
 };
 use data::{
-    DEFAULT_RECORD_BYTES, DEFAULT_RECORDS, generate, open_dataset, sample_bytes, warm_page_cache,
+    DEFAULT_RECORD_BYTES, DEFAULT_RECORDS, generate, sample_bytes, warm_page_cache, with_labels,
 };
 use report::{RaggedTally, Report, print_report_with, report_of};
 
@@ -77,69 +77,70 @@ pub fn run(args: Args) -> Result<()> {
         args.records.unwrap_or(DEFAULT_RECORDS),
         args.record_bytes.unwrap_or(DEFAULT_RECORD_BYTES),
     );
-    let sharded = match &args.dataset {
-        Some(path) if crate::shards::is_input(path) => {
-            Some(crate::shards::open(path, &args.cache, args.verify)?)
-        }
-        _ => {
-            if args.cache.cache_dir.is_some() || args.cache.cache_limit.is_some() {
-                return Err(refuse(
-                    "--cache-dir",
-                    "applies to data sets read from a URL",
-                ));
-            }
-            None
-        }
+    // The data set named, opened once through the library's front door: its sizes are checked
+    // before anything is written or started.
+    let mut options = crate::open::options(&args.read, &args.cache, args.verify)?;
+    // A table decodes only the columns batched.
+    options.table.columns.clone_from(&args.fields);
+    let opened = match &args.dataset {
+        Some(path) => Some(crate::open::open(path, &options)?),
+        None => None,
     };
-    if sharded.is_some() && args.labels.is_some() {
+    let sharded = opened
+        .as_ref()
+        .and_then(|s| s.sharded().map(|_| Arc::clone(s)));
+    let chunked = opened
+        .as_ref()
+        .and_then(|s| s.chunk_cache().map(|_| Arc::clone(s)));
+    if let (Some(labels), Some(source)) = (&args.labels, &opened)
+        && !matches!(source.format(), Format::Packed | Format::Npy)
+    {
         return Err(refuse(
             "--labels",
-            "applies to a packed file or a .npy array, not to a sharded data set",
+            format!(
+                "applies to a packed file or a .npy array, not to {} ({})",
+                labels.display(),
+                source.format().title()
+            ),
         ));
     }
-    if sharded.is_some() {
-        args.read
-            .refuse_for("a sharded data set's shards are mapped by its store")?;
-    }
-    if sharded.is_none() && (args.shuffle_window.is_some() || args.shuffle_block.is_some()) {
+    // Data read by shard or chunk is shuffled in two levels: windows of --shuffle-window
+    // shards (or chunks), blocks of --shuffle-block samples; by default, a sharded data set's
+    // windows of 8 shards and blocks of 64 samples, a table's own window (Parquet).
+    let windowed = opened.as_ref().is_some_and(|s| s.shard_sizes().is_some());
+    if !windowed && (args.shuffle_window.is_some() || args.shuffle_block.is_some()) {
         return Err(refuse(
             "--shuffle-window",
-            "--shuffle-window and --shuffle-block apply to sharded data sets",
+            "--shuffle-window and --shuffle-block apply to data sets read in windows of shards \
+             or chunks (shard directories, Parquet)",
         ));
     }
-    let blocks = (
-        args.shuffle_window.unwrap_or(8),
-        args.shuffle_block.unwrap_or(64),
-    );
-    // Check the sizes before writing or starting anything.
+    let own = opened.as_ref().and_then(|s| s.windowed_shuffle());
+    let blocks = match (args.shuffle_window, args.shuffle_block, own) {
+        (None, None, Some(own)) => Some(own),
+        (None, None, None) if sharded.is_some() => Some((8, 64)),
+        (None, None, None) => None,
+        (w, b, own) => Some((
+            w.or(own.map(|o| o.0)).unwrap_or(8),
+            b.or(own.map(|o| o.1)).unwrap_or(64),
+        )),
+    };
     let named = args.fields.is_some();
-    let ((sample, ragged), len) = match (&args.dataset, &sharded) {
+    let data = match (&args.dataset, opened) {
+        (Some(path), Some(source)) => Some(with_labels(
+            path,
+            source,
+            args.labels.as_deref(),
+            options.read,
+        )?),
+        _ => None,
+    };
+    let ((sample, ragged), len) = match (&args.dataset, &data) {
         (Some(path), Some(d)) => (
             sample_bytes(path, d.schema(), &copy_fields(&args), named)?,
             d.len(),
         ),
-        (Some(path), None) => {
-            if path.is_dir() {
-                return Err(Error::user(format!(
-                    "{}: is a directory; for an ImageFolder of JPEG/PNG images run \
-                     gpufeed bench --images {}",
-                    path.display(),
-                    path.display()
-                )));
-            }
-            crate::pack::check_inputs(&[path], "DATASET is a packed file or a .npy array")?;
-            if let Some(labels) = &args.labels {
-                crate::pack::check_inputs(&[labels], "--labels is a .npy array")?;
-            }
-            let options = gpufeed::format::ReadOptions {
-                mode: args.read.mode(),
-                ..Default::default()
-            };
-            let dataset = open_dataset(path, args.labels.as_deref(), options)?;
-            let sample = sample_bytes(path, dataset.schema(), &copy_fields(&args), named)?;
-            (sample, dataset.len())
-        }
-        (None, _) => ((record_bytes + 4, Vec::new()), records),
+        _ => ((record_bytes + 4, Vec::new()), records),
     };
     if args.ragged_budget.is_some() && ragged.is_empty() {
         return Err(refuse(
@@ -179,20 +180,20 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         0.0
     };
-    let dataset: Arc<dyn Dataset> = match &sharded {
-        Some(d) => Arc::clone(d) as Arc<dyn Dataset>,
-        None => {
-            warm_page_cache(&path)?;
-            if let Some(labels) = &args.labels {
-                warm_page_cache(labels)?;
-            }
-            let options = gpufeed::format::ReadOptions {
-                mode: args.read.mode(),
-                verify_checksums: args.verify,
-            };
-            Arc::from(open_dataset(&path, args.labels.as_deref(), options)?)
-        }
+    let dataset: Arc<dyn Dataset> = match data {
+        Some(d) => d,
+        None => crate::open::open(&path, &options)?,
     };
+    // Files read in place are read once first, as PyTorch's baseline reads its file.
+    if matches!(
+        gpufeed::source::detect(&path),
+        Ok(Format::Packed | Format::Npy)
+    ) {
+        warm_page_cache(&path)?;
+        if let Some(labels) = &args.labels {
+            warm_page_cache(labels)?;
+        }
+    }
     let mut builder = Loader::builder_shared(Arc::clone(&dataset))
         .transform(copy_fields(&args))
         .batch_size(args.batch_size)
@@ -217,8 +218,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     if !args.no_shuffle {
         builder = builder.shuffle(args.seed);
-        if sharded.is_some() {
-            builder = builder.shuffle_blocks(blocks.0, blocks.1);
+        if let Some((window, block)) = blocks {
+            builder = builder.shuffle_blocks(window, block);
         }
     }
 
@@ -291,13 +292,15 @@ pub fn run(args: Args) -> Result<()> {
     report.epochs = epoch_rates.len() as u64;
     report.steady_bytes_per_sec = gpufeed_bench::steady_rate(&epoch_rates);
     report.epoch_bytes_per_sec = epoch_rates;
-    if let Some(d) = &sharded {
+    report.shuffle_blocks = blocks.filter(|_| !args.no_shuffle);
+    let store = sharded.as_ref().and_then(|s| s.sharded());
+    if let Some(d) = store {
         report.shards = Some(d.shard_names().len());
-        report.shuffle_blocks = (!args.no_shuffle).then_some(blocks);
-        report.store = d.store_stats().map(crate::shards::StoreReport::from);
+        report.store = d.store_stats().map(crate::open::StoreReport::from);
     }
+    report.chunk_cache = chunked.as_ref().and_then(|s| s.chunk_cache());
     // From a URL, the gather would read the local cache the run filled: no comparison.
-    let from_url = sharded.as_ref().is_some_and(|d| d.store_stats().is_some());
+    let from_url = store.is_some_and(|d| d.store_stats().is_some());
     // Interrupted, the gather would measure other work than the loader did: none.
     if !args.no_baseline && !from_url && !interrupted() {
         let mut buffers = vec![Vec::new(); workers];
@@ -424,18 +427,6 @@ fn run_images(args: &Args, path: &Path, trace: Option<&Trace>) -> Result<()> {
     if size == 0 {
         return Err(refuse("--image-size", "must be at least 1"));
     }
-    if crate::shards::is_input(path) {
-        args.read
-            .refuse_for("a sharded data set's shards are mapped by its store")?;
-    } else if path.is_dir() {
-        args.read
-            .refuse_for("an ImageFolder's images are read whole, never mapped")?;
-    } else {
-        crate::pack::check_inputs(
-            &[path],
-            "--images takes an ImageFolder directory, a packed file of images or a sharded data set with an image field",
-        )?;
-    }
     let decode: gpufeed::transform::image::Decode = match args.decode.as_deref() {
         None => gpufeed::transform::image::Decode::Cpu,
         Some(v) => v
@@ -473,15 +464,10 @@ fn run_images(args: &Args, path: &Path, trace: Option<&Trace>) -> Result<()> {
         dtype
     };
     let image_bytes = 3 * u64::from(size) * u64::from(size) * host_dtype.size() as u64;
-    // Images in the data set: O(1) for a packed file, a listing for a folder (as the run's
-    // own), the index for shards.
-    let records = if crate::shards::is_input(path) {
-        crate::shards::open(path, &Default::default(), false)?.len()
-    } else if path.is_dir() {
-        gpufeed::source::ImageFolder::open(path)?.len()
-    } else {
-        source::open(path)?.len()
-    };
+    // Images in the data set, from the front door as the run's own open finds them (O(1) for
+    // a packed file, a listing for a folder, the index for shards).
+    let options = crate::open::options(&args.read, &args.cache, args.verify)?;
+    let records = crate::open::open(path, &options)?.len();
     let (batch_size, batches) = batch_sizes(args, records, 0, 1)?;
     let (prefetch, parts) = LoaderSizes {
         batch_size,

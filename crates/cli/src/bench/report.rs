@@ -101,7 +101,10 @@ pub struct Report {
     /// The two-level shuffle's window (shards) and block (samples), for a sharded data set.
     pub shuffle_blocks: Option<(u64, u64)>,
     /// What the store of a data set read from a URL fetched, retried and cached.
-    pub store: Option<crate::shards::StoreReport>,
+    pub store: Option<crate::open::StoreReport>,
+    /// What the cache of decoded chunks of a table (Parquet) did: hits, decodes, evictions,
+    /// bytes held at most and its limit.
+    pub chunk_cache: Option<gpufeed::source::table::ChunkCacheStats>,
     /// The variable-size fields batched as values plus offsets (records runs that have them).
     pub ragged: Option<RaggedReport>,
     /// True when Ctrl-C stopped the run: the figures are those of what ran (the last epoch
@@ -478,6 +481,16 @@ pub(super) fn print_report_with(
     }
     if let Some(store) = &report.store {
         text.push_str(&format!("store: {}\n", store.summary));
+    }
+    if let Some(c) = &report.chunk_cache {
+        text.push_str(&format!(
+            "chunk cache: {} rows from decoded chunks, {} chunk decodes ({} dropped), at most {} held of a limit of {}\n",
+            c.hits,
+            c.misses,
+            c.evictions,
+            human_bytes(c.peak_bytes),
+            human_bytes(c.limit_bytes)
+        ));
     }
     if let Some(r) = &report.ragged {
         let budgets: Vec<String> = r.budget_bytes.iter().map(|&b| human_bytes(b)).collect();

@@ -88,7 +88,7 @@ use std::time::{Duration, Instant};
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::mds::{MdsDataset, MdsShards};
-use super::packed::{PACKED_INDEX_FORMAT, PackedShards};
+use super::packed::PackedShards;
 use super::webdataset::{WebDataset, WebDatasetOptions};
 use super::{ShardBytes, ShardOptions, ShardStat, ShardStore, ShardedSource, StoreStats};
 use crate::error::{Error, RemoteErrorKind, Result};
@@ -1013,14 +1013,8 @@ pub fn open_url_with(
     let store = RemoteStore::new(trimmed, remote)?;
     let index_url = store.inner.url_of("index.json");
     match store.fetch_small("index.json") {
-        Ok(text) => {
-            let value: serde_json::Value =
-                serde_json::from_slice(&text).map_err(|e| Error::Malformed {
-                    path: index_url.clone(),
-                    format: "shard index",
-                    what: format!("not valid JSON: {e}"),
-                })?;
-            if value.get("format").and_then(|f| f.as_str()) == Some(PACKED_INDEX_FORMAT) {
+        Ok(text) => match super::open::index_kind(&index_url, &text)? {
+            super::open::IndexKind::Packed => {
                 let index = super::packed::PackedIndex::parse(&index_url, &text)?;
                 for s in &index.shards {
                     let checksum = u64::from_str_radix(&s.xxh3_64, 16)
@@ -1035,14 +1029,14 @@ pub fn open_url_with(
                     );
                 }
                 let shards = mapped_within_cache(&store, &options.shards);
-                return Ok(Box::new(PackedShards::from_index(
+                Ok(Box::new(PackedShards::from_index(
                     Arc::new(store),
                     &index_url,
                     &text,
                     shards,
-                )?));
+                )?))
             }
-            if value.get("shards").is_some() {
+            super::open::IndexKind::Mds => {
                 let mut index = MdsShards::read_index(&index_url, &text)?;
                 // Sizes and hashes for the store (the one parse of the index). A compressed
                 // shard is fetched as its compressed file, checked against that file's
@@ -1079,20 +1073,13 @@ pub fn open_url_with(
                     cache_limit: Some(store.options().cache_limit),
                     ..mapped_within_cache(&store, &options.shards)
                 };
-                return Ok(Box::new(MdsDataset::from_read_index(
+                Ok(Box::new(MdsDataset::from_read_index(
                     index,
                     Arc::new(store),
                     shards,
-                )?));
+                )?))
             }
-            Err(Error::Malformed {
-                path: index_url,
-                format: "shard index",
-                what: format!(
-                    "neither a packed shard index (`\"format\": \"{PACKED_INDEX_FORMAT}\"`) nor an MDS index (`\"shards\"`)"
-                ),
-            })
-        }
+        },
         Err(Error::Remote {
             kind: RemoteErrorKind::NotFound,
             ..
