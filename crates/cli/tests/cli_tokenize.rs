@@ -105,7 +105,11 @@ fn a_megatron_dataset_holds_each_document_s_ids_and_the_eos_as_megatron_writes_t
             "--force",
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
-        assert!(stdout(&o).contains("tokenized 306 documents"), "{}", stdout(&o));
+        assert!(
+            stdout(&o).contains("tokenized 306 documents"),
+            "{}",
+            stdout(&o)
+        );
         let want = expected(&tok, &docs);
         assert_eq!(read_megatron(&prefix), want);
         // The empty text is a document of no sequence, as Megatron's builder writes it.
@@ -210,7 +214,10 @@ fn bad_input_is_refused_naming_the_flag_and_nothing_is_written() {
         assert!(!dir.path().join("out.bin").exists() && !dir.path().join("out.idx").exists());
     };
     refused(&["--text-field", "body"], &["--text-field", "`body`"]);
-    refused(&["--text-field", "id"], &["--text-field", "`id`", "not text"]);
+    refused(
+        &["--text-field", "id"],
+        &["--text-field", "`id`", "not text"],
+    );
     refused(&["--eos-token", "<nope>"], &["--eos-token", "<nope>"]);
     refused(&["--part", "3/3"], &["--part", "3/3"]);
     refused(&["--workers", "0"], &["--workers"]);
@@ -249,17 +256,29 @@ fn inputs_and_existing_outputs_are_never_written_over() {
     jsonl(&input, &documents()[..3]);
     let before = std::fs::read(&input).unwrap();
     let tokenize = |o: &Path, extra: &[&str]| {
-        gpufeed(&[&["tokenize", s(&input), "--tokenizer", s(&tok), "-o", s(o)][..], extra].concat())
+        gpufeed(
+            &[
+                &["tokenize", s(&input), "--tokenizer", s(&tok), "-o", s(o)][..],
+                extra,
+            ]
+            .concat(),
+        )
     };
     // The input under the output's name (nanoGPT's PREFIX.bin), directly or through a link.
     let link = dir.path().join("link.bin");
     std::os::unix::fs::symlink(&input, &link).unwrap();
-    let o = tokenize(&dir.path().join("link"), &["--format", "nanogpt", "--force"]);
+    let o = tokenize(
+        &dir.path().join("link"),
+        &["--format", "nanogpt", "--force"],
+    );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("symbolic link"), "{}", stderr(&o));
     let hard = dir.path().join("hard.bin");
     std::fs::hard_link(&input, &hard).unwrap();
-    let o = tokenize(&dir.path().join("hard"), &["--format", "nanogpt", "--force"]);
+    let o = tokenize(
+        &dir.path().join("hard"),
+        &["--format", "nanogpt", "--force"],
+    );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("is the input"), "{}", stderr(&o));
     assert_eq!(std::fs::read(&input).unwrap(), before);
@@ -274,11 +293,64 @@ fn inputs_and_existing_outputs_are_never_written_over() {
     std::fs::write(dir.path().join("out.idx"), b"my notes").unwrap();
     let o = tokenize(&out, &["--force"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("not a Megatron index"), "{}", stderr(&o));
-    assert_eq!(std::fs::read(dir.path().join("out.idx")).unwrap(), b"my notes");
+    assert!(
+        stderr(&o).contains("not a Megatron index"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("out.idx")).unwrap(),
+        b"my notes"
+    );
     // A directory or a pipe under an output's name.
     std::fs::create_dir(dir.path().join("d.bin")).unwrap();
     let o = tokenize(&dir.path().join("d"), &["--force"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("a directory"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_signalled_tokenize_leaves_no_file() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::Duration;
+
+    use crate::cli_common::{
+        cmd, default_signals, files_with, signal, wait_for_file, wait_with_limit,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let tok = tokenizer(dir.path());
+    // 48 MB of text: seconds of work on one thread, time enough to signal it midway.
+    let doc = "hello world, the naïve über tion of and 日本語のテスト ".repeat(2000);
+    jsonl(&dir.path().join("c.jsonl"), &vec![doc; 400]);
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let out = dir.path().join("out");
+        let mut c = cmd(&[
+            "tokenize",
+            s(&dir.path().join("c.jsonl")),
+            "--tokenizer",
+            s(&tok),
+            "-o",
+            s(&out),
+            "--workers",
+            "1",
+        ]);
+        let mut child = default_signals(&mut c)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_file(dir.path(), "tmp-", &mut child);
+        signal(&child, sig);
+        let status = wait_with_limit(&mut child, Duration::from_secs(60));
+        assert!(
+            status.signal() == Some(sig) || status.code() == Some(128 + sig),
+            "signal {sig}: {status}"
+        );
+        let left = [
+            files_with(dir.path(), "tmp-"),
+            files_with(dir.path(), "out"),
+        ]
+        .concat();
+        assert!(left.is_empty(), "signal {sig} left {left:?}");
+    }
 }

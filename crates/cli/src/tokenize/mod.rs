@@ -96,7 +96,11 @@ pub fn run(args: Args) -> Result<()> {
             command: "tokenize",
             example: "as a prefix such as DIR/corpus",
         }
-        .check(&inputs, |p| foreign(args.format, p), "the kind of file it writes")?;
+        .check(
+            &inputs,
+            |p| foreign(args.format, p),
+            "the kind of file it writes",
+        )?;
     }
 
     let tokenizer = open_tokenizer(&args)?;

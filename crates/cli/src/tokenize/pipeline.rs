@@ -64,9 +64,9 @@ impl Job<'_> {
             let text = self.column.text(row)?;
             let text = text.as_str();
             ids.clear();
-            encoder.encode_into(text, ids).map_err(|e| {
-                Error::user(format!("document {row} of the inputs: {}", e))
-            })?;
+            encoder
+                .encode_into(text, ids)
+                .map_err(|e| Error::user(format!("document {row} of the inputs: {}", e)))?;
             // Megatron's rule: the EOD after a document that has tokens; none gives an empty
             // document (no sequence), not one of the EOD alone.
             if !ids.is_empty() {

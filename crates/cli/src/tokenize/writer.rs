@@ -125,8 +125,7 @@ impl TokenWriter {
     /// document's token count (0 for a document without tokens).
     pub fn append(&mut self, bytes: &[u8], lengths: &[u32]) -> Result<()> {
         let (out, path) = self.files.writer(0);
-        out.write_all(bytes)
-            .map_err(|e| write_error(path, e))?;
+        out.write_all(bytes).map_err(|e| write_error(path, e))?;
         if self.format == Format::Megatron {
             for &n in lengths {
                 if n == 0 {
