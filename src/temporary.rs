@@ -493,7 +493,7 @@ fn remove_recorded(registry: &mut Registry) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{TEMPORARY_MARKER, write_replacing};
+    use super::{PlacedTogether, TEMPORARY_MARKER, write_replacing};
     use std::io::Write;
 
     fn names(dir: &std::path::Path) -> Vec<String> {
@@ -503,6 +503,38 @@ mod tests {
             .collect();
         n.sort();
         n
+    }
+
+    #[test]
+    fn files_placed_together_appear_only_at_the_end_and_an_error_leaves_the_old_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, idx) = (dir.path().join("d.bin"), dir.path().join("d.idx"));
+        std::fs::write(&idx, b"old").unwrap();
+        let mut files = PlacedTogether::create(&[&bin, &idx]).unwrap();
+        files.writer(0).0.write_all(b"tokens").unwrap();
+        files.writer(1).0.write_all(b"index").unwrap();
+        assert_eq!(
+            names(dir.path()).len(),
+            3,
+            "two temporaries and the old index"
+        );
+        assert!(!bin.exists());
+        assert_eq!(std::fs::read(&idx).unwrap(), b"old");
+        files.place().unwrap();
+        assert_eq!(names(dir.path()), ["d.bin", "d.idx"]);
+        assert_eq!(std::fs::read(&bin).unwrap(), b"tokens");
+        assert_eq!(std::fs::read(&idx).unwrap(), b"index");
+        // Dropped unplaced (an error on the way): the temporaries go, the files stay as they were.
+        let mut files = PlacedTogether::create(&[&bin, &idx]).unwrap();
+        files.writer(0).0.write_all(b"half").unwrap();
+        drop(files);
+        assert_eq!(names(dir.path()), ["d.bin", "d.idx"]);
+        assert_eq!(std::fs::read(&bin).unwrap(), b"tokens");
+        // A directory under a destination's name is refused before anything is made.
+        let taken = dir.path().join("t.bin");
+        std::fs::create_dir(&taken).unwrap();
+        let e = PlacedTogether::create(&[&taken]).err().unwrap().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 
     #[test]
