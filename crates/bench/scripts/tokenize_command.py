@@ -82,6 +82,7 @@ def main():
                          "--workers", workers, "--force", "--format", "nanogpt"],
                         capture_output=True, text=True, check=True)
                     tokens = int(done.stdout.split(" into ")[1].split()[0])
+                    said = done.stdout.strip()
                 else:
                     tokens = python_run(path, directory, out + ".bin", kind)
                 s = time.perf_counter() - t
@@ -95,6 +96,8 @@ def main():
                 print(f"round {r} {name:12} {kind:12} {tokens:>10} tokens {s:7.2f} s "
                       f"{tokens / s / 1e6:6.2f} M tokens/s {nbytes / s / 1e6:6.2f} MB/s {same}",
                       flush=True)
+                if kind == "gpufeed":
+                    print(f"    the command: {said}", flush=True)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,9 @@ pub fn run(args: Args) -> Result<()> {
         )?;
     }
 
+    let opening = Instant::now();
     let tokenizer = open_tokenizer(&args)?;
+    let opened = opening.elapsed().as_secs_f64();
     let Some(eos) = tokenizer.eos().map(|t| t.id) else {
         return Err(config(
             "--eos-token",
@@ -164,6 +166,7 @@ pub fn run(args: Args) -> Result<()> {
     bar.finish_and_clear();
     let (docs, tokens) = writer.counts();
     writer.finish()?;
+    let working = started.elapsed().as_secs_f64().max(1e-9);
 
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     let files: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
@@ -173,11 +176,13 @@ pub fn run(args: Args) -> Result<()> {
     };
     crate::out(format_args!(
         "tokenized {docs} documents{part} ({text_bytes} bytes of text) into {tokens} tokens of {} \
-         in {} s ({} M tokens/s, {}, {workers} threads, {}): {}",
+         in {} s: {} M tokens/s, {} on {workers} threads after {} s loading the tokenizer \
+         ({}): {}",
         stored.width.name(),
         significant(secs),
-        significant(tokens as f64 / secs / 1e6),
-        human_rate(text_bytes as f64 / secs),
+        significant(tokens as f64 / working / 1e6),
+        human_rate(text_bytes as f64 / working),
+        significant(opened),
         tokenizer.engine(),
         files.join(", ")
     ))
