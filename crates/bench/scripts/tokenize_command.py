@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """`gpufeed tokenize` beside single-process Python doing the same work, on the same JSON lines.
 
-    python crates/bench/scripts/tokenize_command.py DATA GPUFEED [COPIES] [ROUNDS] [WORKERS]
+    python crates/bench/scripts/tokenize_command.py DATA GPUFEED [COPIES|FILE] [ROUNDS] [WORKERS]
 
 DATA is what python/run-tests.sh (or tokenize.sh) made: DATA/fixtures/{gpt2,llama3-style} and
 DATA/corpus/corpus.jsonl; its documents, COPIES times over (default 10), become one JSON lines
-file. GPUFEED is the command (a release build). For each fixture and round, interleaved:
+file, or FILE (JSON lines with a `text` field) is read instead. Copies favour every cache of
+pieces (the same words again), gpufeed's more than Python's: a FILE of distinct documents is
+the fair measure. GPUFEED is the command (a release build). For each fixture and round,
+interleaved:
 
   gpufeed            gpufeed tokenize FILE --tokenizer DIR -o PREFIX --workers WORKERS (default 2)
   tokenizers         one Python process: per line json.loads, Python `tokenizers` encode(text)
@@ -54,22 +57,29 @@ def python_run(path, directory, out, kind):
 
 def main():
     data, gpufeed = sys.argv[1], sys.argv[2]
-    copies = int(sys.argv[3]) if len(sys.argv) > 3 else 10
+    corpus = sys.argv[3] if len(sys.argv) > 3 else "10"
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 2
     workers = sys.argv[5] if len(sys.argv) > 5 else "2"
-    with open(os.path.join(data, "corpus", "corpus.jsonl"), encoding="utf-8") as f:
-        next(f)
-        docs = [json.loads(line)["text"] for line in f]
     work = os.path.join(data, "command")
     os.makedirs(work, exist_ok=True)
-    path = os.path.join(work, f"corpus-x{copies}.jsonl")
-    with open(path, "w", encoding="utf-8") as f:
-        for _ in range(copies):
-            for d in docs:
-                f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
-    nbytes = sum(len(d.encode()) for d in docs) * copies
-    print(f"# {len(docs) * copies} documents, {nbytes / 1e6:.1f} MB of text, gpufeed with "
+    if corpus.isdigit():
+        with open(os.path.join(data, "corpus", "corpus.jsonl"), encoding="utf-8") as f:
+            next(f)
+            docs = [json.loads(line)["text"] for line in f]
+        path = os.path.join(work, f"corpus-x{corpus}.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            for _ in range(int(corpus)):
+                for d in docs:
+                    f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+        docs = docs * int(corpus)
+    else:
+        path = corpus
+        with open(path, encoding="utf-8") as f:
+            docs = [json.loads(line)["text"] for line in f]
+    nbytes = sum(len(d.encode()) for d in docs)
+    print(f"# {path}: {len(docs)} documents, {nbytes / 1e6:.1f} MB of text, gpufeed with "
           f"{workers} threads, Python on one", flush=True)
+    del docs
     for name in ["gpt2", "llama3-style"]:
         directory = os.path.join(data, "fixtures", name)
         for r in range(rounds):
