@@ -22,7 +22,11 @@ use parquet::file::properties::WriterProperties;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-fn writer(path: &Path, batch: &RecordBatch, group_rows: usize) -> Result<ArrowWriter<std::fs::File>> {
+fn writer(
+    path: &Path,
+    batch: &RecordBatch,
+    group_rows: usize,
+) -> Result<ArrowWriter<std::fs::File>> {
     let props = WriterProperties::builder()
         .set_max_row_group_row_count(Some(group_rows))
         .set_compression(Compression::SNAPPY)
@@ -110,10 +114,10 @@ fn images(folder: &Path, out: &Path) -> Result<()> {
             .iter()
             .map(|(f, _)| std::fs::read(f))
             .collect::<std::io::Result<Vec<_>>>()?;
-        let paths = StringArray::from_iter_values(
-            part.iter()
-                .map(|(f, _)| f.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned())),
-        );
+        let paths = StringArray::from_iter_values(part.iter().map(|(f, _)| {
+            f.file_name()
+                .map_or(String::new(), |n| n.to_string_lossy().into_owned())
+        }));
         let image = StructArray::from(vec![
             (
                 Arc::new(Field::new("bytes", DataType::Binary, true)),
@@ -150,6 +154,8 @@ fn main() -> Result<()> {
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["numbers", dir, rows, dim] => numbers(Path::new(dir), rows.parse()?, dim.parse()?),
         ["images", folder, out] => images(Path::new(folder), Path::new(out)),
-        _ => Err("usage: hub_tables numbers DIR ROWS DIM | hub_tables images FOLDER OUT.parquet".into()),
+        _ => Err(
+            "usage: hub_tables numbers DIR ROWS DIM | hub_tables images FOLDER OUT.parquet".into(),
+        ),
     }
 }
