@@ -15,6 +15,10 @@ export PIP_CONSTRAINT="$PWD/python/requirements-ci.txt"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-ci.txt
 # The real writers the tests compare with, without their own (unused, heavy) requirements.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r python/requirements-writers.txt
+# The tokenizer tests' Python side: Python `tokenizers` (the ids compared with) and what makes
+# their fixtures (transformers' converters); the fixtures and the corpus are made by the tests
+# themselves, once, under target/tokenizer-tests.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-tokenizers.txt
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./python
 # From the root, where no `gpufeed` folder hides the installed package (python/gpufeed has no
 # compiled module).

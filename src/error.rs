@@ -320,6 +320,22 @@ pub enum Error {
         field: String,
     },
 
+    /// A line of a JSON lines file that does not hold the data set's fields: not one JSON
+    /// object, a value of another type than its field's, a key missing or a value `null`
+    /// without a fill value for it.
+    #[error("{path}: line {line}{}: {what}", ColumnOf(.column))]
+    BadLine {
+        /// The file concerned (the compressed file, for one read decompressed).
+        path: PathBuf,
+        /// The line's number in the file, from 1, blank lines counted.
+        line: u64,
+        /// Where in the line, in characters from 1 (as Python's `json` counts), where one
+        /// place is at fault.
+        column: Option<u64>,
+        /// What is wrong.
+        what: String,
+    },
+
     /// A shard could not be fetched from object storage, or the local cache could not hold it.
     #[error("{shard}: {kind}: {what}")]
     Remote {
@@ -383,7 +399,7 @@ pub enum ErrorKind {
     /// A file or a record is not what its format says: bad magic, truncated, a checksum
     /// mismatch, a tar member or a sample that breaks its format's rules ([`Error::Malformed`],
     /// [`Error::BadRecord`], [`Error::ChecksumMismatch`], [`Error::BadMember`],
-    /// [`Error::MissingField`]).
+    /// [`Error::MissingField`], [`Error::BadLine`]).
     Corrupt,
     /// A file this version of gpufeed cannot read: a newer format version or an `.npy` array
     /// it cannot read in place, a table's column that cannot be batched or buffers compressed
@@ -438,7 +454,8 @@ impl Error {
             | Error::BadRecord { .. }
             | Error::ChecksumMismatch { .. }
             | Error::BadMember { .. }
-            | Error::MissingField { .. } => ErrorKind::Corrupt,
+            | Error::MissingField { .. }
+            | Error::BadLine { .. } => ErrorKind::Corrupt,
             Error::UnsupportedVersion { .. }
             | Error::UnsupportedNpy { .. }
             | Error::UnsupportedTable { .. }
@@ -514,6 +531,18 @@ impl fmt::Display for RaiseWith {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
             Some(setting) => write!(f, "; raise it with ImageTransformBuilder::{setting}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `, column N`, or nothing without a column ([`Error::BadLine`]).
+struct ColumnOf<'a>(&'a Option<u64>);
+
+impl fmt::Display for ColumnOf<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(c) => write!(f, ", column {c}"),
             None => Ok(()),
         }
     }

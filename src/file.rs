@@ -396,6 +396,16 @@ impl FileIdentity {
         h.digest().max(1)
     }
 
+    /// The file's size.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Its modification time, where the platform has one.
+    pub fn modified(&self) -> Option<SystemTime> {
+        self.modified
+    }
+
     /// Compares this with what `path` names now (one `stat`, following links): an
     /// [`Error::FileChanged`] naming the file and what changed, or an [`Error::Io`] if the
     /// path cannot be looked at.

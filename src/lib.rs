@@ -21,6 +21,7 @@
 //! | a timeline of the loader's work (Chrome trace-event JSON, for Perfetto) | [`trace`] |
 //! | worker threads, channels, [`Batch`], stats | [`loader`] |
 //! | pinned buffers, device pool, async copies, device batches (feature `cuda`) | `cuda` |
+//! | the user's tokenizer (a Hugging Face `tokenizer.json`): documents to token ids | [`tokenizer`] |
 //! | token streams for language models: packed or concatenated rows, blends, elastic resume | [`tokens`] |
 //! | batches as candle tensors (features `candle`, `candle-cuda`) | `candle` |
 //!
@@ -59,6 +60,7 @@ pub mod memory;
 pub mod sampler;
 pub mod source;
 pub mod temporary;
+pub mod tokenizer;
 pub mod tokens;
 pub mod trace;
 pub mod transform;

@@ -15,6 +15,8 @@ mod image_decode;
 mod image_fuzz;
 mod image_gpu_gather;
 mod image_pipeline;
+mod jsonl;
+mod jsonl_errors;
 mod loader;
 mod loader_timeout;
 mod npy_errors;

@@ -11,6 +11,8 @@ copy), and the buffer is reused once the last of them is gone. Install with
 - :class:`TokenLoader`: language-model batches of token files (Megatron ``.bin/.idx``,
   nanoGPT's ``train.bin``, ``.npy``): concatenated or packed rows, weighted blends, ranks'
   shares of global batches, resumable under any world size.
+- :class:`Tokenizer`: a Hugging Face ``tokenizer.json`` and the ids gpufeed makes of a document
+  (the same as ``tokenizers``', then the EOS): check that gpufeed's ids are yours.
 - :func:`pack`, :func:`inspect`: write and describe packed record files (the ``gpufeed`` command's).
 - :class:`Array`: gpufeed's DLPack array (``output="dlpack"``).
 - :class:`Error` and its subclasses: what goes wrong, and where.
@@ -37,6 +39,7 @@ from ._loader import INDEX_KEY, MASK_KEY, ImageOptions, Loader
 from ._tokens import TokenLoader
 
 Array = _gpufeed.Array
+Tokenizer = _gpufeed.Tokenizer
 
 __version__ = "0.1.0"
 
@@ -44,6 +47,7 @@ __all__ = [
     "Loader",
     "ImageOptions",
     "TokenLoader",
+    "Tokenizer",
     "Array",
     "pack",
     "inspect",

@@ -1,5 +1,6 @@
 """Types of the extension module (gpufeed._gpufeed); use the public names of ``gpufeed``."""
 
+import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 POLL_SECONDS: float
@@ -26,6 +27,30 @@ class Array:
     def __dlpack_device__(self) -> Tuple[int, int]: ...
     def __len__(self) -> int: ...
     def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> Any: ...
+
+class Tokenizer:
+    """A Hugging Face tokenizer.json (or hub directory) and the ids gpufeed makes of a document."""
+
+    def __init__(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        *,
+        eos_token: Optional[str] = None,
+        bos_token: Optional[str] = None,
+        append_eos: bool = True,
+        prepend_bos: bool = False,
+        add_special_tokens: bool = True,
+        engine: Optional[str] = None,
+    ) -> None: ...
+    def encode(self, text: str) -> List[int]: ...
+    eos_id: Optional[int]
+    bos_id: Optional[int]
+    eos_token: Optional[str]
+    bos_token: Optional[str]
+    vocab_size: int
+    megatron_dtype: str
+    engine: str
+    path: str
 
 class LoaderCore:
     def __init__(

@@ -74,6 +74,13 @@ fn details(e: &Error) -> Details {
             path: path(p),
             ..Details::default()
         },
+        // A line of a JSON lines file: the file, as any malformed file; the line and column
+        // are in the message.
+        Error::BadLine { path: p, .. } => Details {
+            kind: "malformed",
+            path: path(p),
+            ..Details::default()
+        },
         Error::UnsupportedVersion { path: p, .. } => Details {
             kind: "unsupported_version",
             path: path(p),

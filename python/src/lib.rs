@@ -10,12 +10,14 @@
 //! | `dlpack` | `Array` and the DLPack capsules that view a batch's buffer in place |
 //! | `errors` | the library's errors as Python exceptions; panics caught before Python |
 //! | `pack` | `pack` and `inspect`, as the command's |
+//! | `tokenizer` | `gpufeed.Tokenizer`: the ids gpufeed makes of a document, to compare with the user's tokenizer's |
 //! | `value` | JSON values as plain Python values and back (the loader's state) |
 
 mod dlpack;
 mod errors;
 mod loader;
 mod pack;
+mod tokenizer;
 mod tokens;
 mod value;
 
@@ -26,6 +28,7 @@ use pyo3::prelude::*;
 fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::LoaderCore>()?;
     m.add_class::<dlpack::Array>()?;
+    m.add_class::<tokenizer::Tokenizer>()?;
     m.add_function(wrap_pyfunction!(tokens::token_core, m)?)?;
     m.add_function(wrap_pyfunction!(pack::pack, m)?)?;
     m.add_function(wrap_pyfunction!(pack::inspect, m)?)?;

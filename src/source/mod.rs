@@ -8,6 +8,10 @@
 //!   (`images.npy` and `labels.npy`, say), sharded where they are;
 //! - [`shards`]: sharded datasets (packed shards, WebDataset tar shards, MosaicML MDS), each
 //!   shard opened on first use, a bounded number open at once;
+//! - [`table`]: tables as the Hugging Face hub ships them (Parquet, Arrow IPC, JSON lines),
+//!   read as they are;
+//! - [`TextColumn`]: the text of one field of any of these, row by row: documents for a
+//!   tokenizer;
 //! - [`tokens`]: documents of token ids for language models (Megatron's `.bin`/`.idx`,
 //!   nanoGPT's `train.bin`, a field of any dataset), read in place;
 //! - [`open`](open()): the front door: whichever of these a name names (a file, a directory, a
@@ -59,6 +63,7 @@ mod open;
 mod packed;
 pub mod shards;
 pub mod table;
+mod text;
 pub mod tokens;
 mod zip;
 
@@ -72,6 +77,7 @@ pub use describe::{Description, Fact, Format, fields_json, fields_text};
 pub use image_folder::{ImageFolder, pack_image_folder, packed_image_schema};
 pub use npy::{NpyArray, npy_header};
 pub use open::{OpenOptions, detect, open, open_all};
+pub use text::{Text, TextColumn};
 pub use zip::Zip;
 
 use crate::file::RecordBuf;
@@ -659,12 +665,13 @@ impl<'a> Sample<'a> {
         self.field(self.schema.index_of(name)?)
     }
 
-    /// The field called `name` as elements of `T`: a tensor field's values, or (with `T =
-    /// u8`) a bytes field's bytes.
+    /// The field called `name` as elements of `T`: a tensor field's values, a
+    /// [`Codec::Elements`](crate::format::Codec::Elements) field's values (a ragged field:
+    /// a list of numbers), or (with `T = u8`) a bytes field's bytes.
     ///
-    /// `T` must be the field's element type (`u8` also views `bool`, `u16` also views `f16`
-    /// and `bf16`); an unknown name or another type is an [`Error::Mismatch`] naming the field
-    /// and the sample's fields. Inside a transform the loader adds the sample's index and
+    /// `T` must be the field's element type (`u8` also views `bool` and every bytes field,
+    /// `u16` also views `f16` and `bf16`); an unknown name or another type is an
+    /// [`Error::Mismatch`] naming the field and the sample's fields. Inside a transform the loader adds the sample's index and
     /// batch to any error ([`Error::Sample`]).
     ///
     /// Borrowed, without a copy, when the field's bytes are aligned for `T`: tensor fields of
@@ -707,6 +714,9 @@ impl<'a> Sample<'a> {
             FieldKind::Tensor { dtype, .. } if T::matches(*dtype) => None,
             FieldKind::Tensor { dtype, .. } => Some(dtype.to_string()),
             FieldKind::Bytes { .. } if T::matches(DType::U8) => None,
+            FieldKind::Bytes {
+                codec: crate::format::Codec::Elements(dtype),
+            } if T::matches(*dtype) => None,
             FieldKind::Bytes { codec } => Some(format!("{} bytes (read them as u8)", codec.name())),
         };
         if let Some(what) = what {
@@ -913,6 +923,20 @@ mod tests {
             assert!(matches!(e, Error::Mismatch { .. }), "{e}");
             assert!(e.to_string().contains(want), "`{want}` not in: {e}");
         }
+    }
+
+    #[test]
+    fn field_as_reads_the_values_of_a_ragged_field_by_their_dtype() {
+        let schema =
+            Schema::new(vec![Field::bytes("tokens", Codec::Elements(DType::U32))]).unwrap();
+        let mut record = Vec::new();
+        let values = [7u32, 8, 9].map(u32::to_le_bytes).concat();
+        schema.build_record(&[&values], &mut record).unwrap();
+        let s = Sample::owned(record, &schema).unwrap();
+        assert_eq!(*s.field_as::<u32>("tokens").unwrap(), [7, 8, 9]);
+        assert_eq!(s.field_as::<u8>("tokens").unwrap().len(), 12);
+        let e = s.field_as::<i64>("tokens").unwrap_err();
+        assert!(e.to_string().contains("u32 values"), "{e}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use super::describe::Format;
 use super::shards;
 use super::shards::webdataset::WebDatasetOptions;
-use super::table::{self, TableOptions};
+use super::table::{self, Fill, JsonLinesOptions, TableOptions};
 use super::{ImageFolder, NpyArray, Source, npy};
 use crate::error::{Error, Result};
 use crate::format::{ReadMode, ReadOptions, RecordFile};
@@ -76,6 +76,49 @@ impl OpenOptions {
             read_mode: self.read.mode,
             ..self.table.clone()
         }
+    }
+
+    /// The JSON lines settings: the tables' fields, declared types and fill values (as JSON:
+    /// a number, or a string for bytes), read as `read` says, decompressed into the cache.
+    fn json_lines_options(&self) -> Result<JsonLinesOptions> {
+        let t = &self.table;
+        let mut fill = std::collections::BTreeMap::new();
+        for (name, value) in &t.fill {
+            let text = match value {
+                Fill::Int(i) => i.to_string(),
+                Fill::Float(f) => serde_json::Number::from_f64(*f)
+                    .map(|n| n.to_string())
+                    .ok_or_else(|| {
+                        Error::config(
+                            "fill",
+                            format!("the fill value of `{name}` is {f}: JSON has no such number"),
+                        )
+                    })?,
+                Fill::Bytes(b) => {
+                    let text = std::str::from_utf8(b).map_err(|_| {
+                        Error::config(
+                            "fill",
+                            format!("the fill value of `{name}` is not text: JSON lines hold text"),
+                        )
+                    })?;
+                    serde_json::Value::from(text).to_string()
+                }
+            };
+            fill.insert(name.clone(), text);
+        }
+        Ok(JsonLinesOptions {
+            fields: t.columns.clone(),
+            decode: t.decode.clone(),
+            fill,
+            read: ReadOptions {
+                verify_checksums: false,
+                ..self.read
+            },
+            cache_dir: self.cache_dir.clone(),
+            cache_limit: self.cache_limit,
+            index_dir: t.index_dir.clone(),
+            ..JsonLinesOptions::default()
+        })
     }
 
     /// Refuses `pread` for a format that never reads through it: `what` says how it is read.
@@ -314,6 +357,30 @@ const ROWS: &[Row] = &[
         },
     },
     Row {
+        format: Format::JsonLines,
+        looks_for: "JSON lines (.jsonl or .ndjson, plain, .gz or .zst; a .json file of one object \
+                    a line; a directory or a * pattern of them)",
+        recognise: |s| {
+            matches!(s.kind, Kind::File { .. } | Kind::Glob | Kind::Dir { .. })
+                && table::jsonl::is_json_lines(s.path())
+        },
+        open: |s, o| {
+            if o.read.verify_checksums {
+                return Err(Error::config(
+                    "verify_checksums",
+                    format!(
+                        "{} is JSON lines, which have no checksums to verify",
+                        s.name
+                    ),
+                ));
+            }
+            Ok(Box::new(table::JsonLines::open(
+                s.path(),
+                &o.json_lines_options()?,
+            )?))
+        },
+    },
+    Row {
         format: Format::MegatronTokens,
         looks_for: "a Megatron indexed dataset of tokens (PREFIX.idx and PREFIX.bin)",
         recognise: |s| megatron_index(s).is_some(),
@@ -387,9 +454,10 @@ fn megatron_index(seen: &Seen) -> Option<PathBuf> {
 /// | object store URL | `scheme://...` (`s3`, `gs`, `az`, `http(s)`, `file`): its `index.json`, else its `.tar` objects |
 /// | WebDataset tar shards | a brace pattern or `::` list, a `.tar` file, a directory of `.tar` files |
 /// | packed shards / MDS | a directory with an `index.json` (told apart by its content) |
-/// | Megatron tokens | `PREFIX`, `PREFIX.idx` or `PREFIX.bin` whose `PREFIX.idx` is there (read by the token loader) |
 /// | Arrow (Hugging Face `datasets`) | a directory with `state.json`, `dataset_info.json` or `dataset_dict.json`; `.arrow` files; a file that starts `ARROW1` or an IPC stream's marker |
 /// | Parquet | `.parquet` files (one, a directory of them, a `*` pattern), or a file that starts `PAR1` |
+/// | JSON lines | `.jsonl`/`.ndjson` files (plain, `.gz`, `.zst`), `.json` files whose first line is one object; one, a directory of them, a `*` pattern |
+/// | Megatron tokens | `PREFIX`, `PREFIX.idx` or `PREFIX.bin` whose `PREFIX.idx` is there (read by the token loader) |
 /// | `.npy` array | a file that starts `\x93NUMPY` |
 /// | packed record file | a file that starts `GPUFEED\0` |
 /// | ImageFolder | a directory of class directories |

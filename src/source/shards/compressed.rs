@@ -1,5 +1,7 @@
 //! Compressed shards: MDS shards written with a `compression` (`zstd`, the common choice, or
 //! `gz`), decompressed once into the [`cache`](super::cache) directory and read from there.
+//! Compressed JSON lines files (`.jsonl.gz`, `.jsonl.zst`) go the same way, with no index to
+//! give their sizes or hashes.
 //!
 //! mosaicml-streaming's writer offers `br`, `bz2`, `gz`, `snappy` and `zstd` (each with an
 //! optional `:LEVEL`, which a reader need not know); its own reader decompresses a shard into
@@ -20,8 +22,9 @@
 //!   remembered so that later samples of it are refused at once.
 //! - **Within the cache's limit**: room is made for the decompressed shard before it is
 //!   written (least recently used shards out), as for a download; a shard larger than the
-//!   limit is refused. From an object store, the compressed file is itself a download of that
-//!   cache.
+//!   limit is refused. A file whose decompressed size no index gives (JSON lines) is written
+//!   first, at most the limit's size, and room is made for it before it is renamed into
+//!   place. From an object store, the compressed file is itself a download of that cache.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -67,7 +70,12 @@ impl Compression {
 
     /// Decompresses `from` into `to`, refusing output past `most` bytes; returns the bytes
     /// written.
-    fn decompress(self, from: &[u8], to: &mut dyn Write, most: u64) -> std::io::Result<u64> {
+    pub(crate) fn decompress(
+        self,
+        from: &[u8],
+        to: &mut dyn Write,
+        most: u64,
+    ) -> std::io::Result<u64> {
         let mut limited = Limited { to, left: most };
         match self {
             Compression::Zstd => {
@@ -114,7 +122,7 @@ struct TooLong;
 
 impl std::fmt::Display for TooLong {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("decompresses to more bytes than the index's raw file")
+        f.write_str("decompresses to more bytes than allowed")
     }
 }
 
@@ -140,8 +148,22 @@ pub(crate) trait FileCheck {
     fn version(&self) -> Option<String>;
 }
 
+/// No hashes: a file no index describes (a compressed JSON lines file).
+pub(crate) struct NoHashes;
+
+impl FileCheck for NoHashes {
+    fn check(&self, _bytes: &[u8]) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    fn version(&self) -> Option<String> {
+        None
+    }
+}
+
 /// What an index says of a compressed shard.
 pub(crate) struct CompressedShard<'a> {
+    /// The format in messages (`MDS shard`, `JSON lines`).
+    pub format: &'static str,
     /// The compressed file's name in the store.
     pub zip_name: &'a str,
     /// Its size.
@@ -150,8 +172,9 @@ pub(crate) struct CompressedShard<'a> {
     pub zip_hashes: &'a dyn FileCheck,
     /// The raw file's name (that of the decompressed copy in the cache).
     pub raw_name: &'a str,
-    /// Its size.
-    pub raw_bytes: u64,
+    /// Its size, where an index gives it; `None`: whatever it decompresses to, within the
+    /// cache's limit.
+    pub raw_bytes: Option<u64>,
     /// Its hashes.
     pub raw_hashes: &'a dyn FileCheck,
     /// How it is compressed.
@@ -194,7 +217,7 @@ impl Decompressor {
         let zip_path = store.locate(shard.zip_name);
         let bad = |what: String| Error::Malformed {
             path: zip_path.clone(),
-            format: "MDS shard",
+            format: shard.format,
             what,
         };
         if let Some(what) = lock(&self.refused).get(shard.zip_name) {
@@ -233,14 +256,26 @@ impl Decompressor {
                 drop(guard);
                 continue;
             }
+            // Without a size from an index, the compressed size is the least it will take.
             self.cache
-                .make_room(shard.raw_bytes, &path)
+                .make_room(shard.raw_bytes.unwrap_or(shard.zip_bytes), &path)
                 .map_err(|what| bad(format!("cannot be decompressed into the cache: {what}")))?;
             let (file, tmp) = self.cache.temporary(&path)?;
             let written = self.decompress(store, shard, file, &tmp);
-            let result = written.and_then(|()| {
-                std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, "rename", e))
-            });
+            let result = written
+                .and_then(|()| {
+                    if shard.raw_bytes.is_some() {
+                        return Ok(());
+                    }
+                    // Now that its size is known: room for it, the temporary file counted as
+                    // arriving (it is not `keep`'s, so it is neither removed nor evicted).
+                    self.cache.make_room(0, &tmp).map(|_| ()).map_err(|what| {
+                        bad(format!("cannot be decompressed into the cache: {what}"))
+                    })
+                })
+                .and_then(|()| {
+                    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, "rename", e))
+                });
             if let Err(e) = result {
                 let _ = std::fs::remove_file(&tmp);
                 if let Error::Malformed { what, .. } = &e {
@@ -264,7 +299,7 @@ impl Decompressor {
         let zip_path = store.locate(shard.zip_name);
         let bad = |what: String| Error::Malformed {
             path: zip_path.clone(),
-            format: "MDS shard",
+            format: shard.format,
             what,
         };
         let zip = store.open(shard.zip_name)?;
@@ -282,16 +317,19 @@ impl Decompressor {
             .map_err(|what| bad(format!("the compressed file's {what}")))?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
         let name = shard.compression.name();
-        let n = match shard
-            .compression
-            .decompress(bytes, &mut out, shard.raw_bytes)
-        {
+        let most = shard.raw_bytes.unwrap_or(self.cache.limit());
+        let n = match shard.compression.decompress(bytes, &mut out, most) {
             Ok(n) => n,
             Err(e) if e.get_ref().is_some_and(|e| e.is::<TooLong>()) => {
-                return Err(bad(format!(
-                    "{name}: decompresses to more than the index's {} bytes of its raw file",
-                    shard.raw_bytes
-                )));
+                return Err(bad(match shard.raw_bytes {
+                    Some(raw) => format!(
+                        "{name}: decompresses to more than the index's {raw} bytes of its raw file"
+                    ),
+                    None => format!(
+                        "{name}: decompresses to more than the cache's limit of {most} bytes ({}): raise the limit (GPUFEED_CACHE_LIMIT) or split the file",
+                        self.cache.root().display()
+                    ),
+                }));
             }
             Err(e) => {
                 let text = e.to_string();
@@ -303,10 +341,11 @@ impl Decompressor {
         };
         out.flush().map_err(|e| Error::io(tmp, "write", e))?;
         drop(out);
-        if n != shard.raw_bytes {
+        if let Some(raw) = shard.raw_bytes
+            && n != raw
+        {
             return Err(bad(format!(
-                "{name}: decompresses to {n} bytes, the index's raw file is {}",
-                shard.raw_bytes
+                "{name}: decompresses to {n} bytes, the index's raw file is {raw}"
             )));
         }
         let raw = ShardBytes::map_file(tmp)?;

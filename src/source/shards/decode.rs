@@ -27,8 +27,9 @@ use crate::source::npy::parse_array_header;
 /// declare it for a field by name ([`ShardOptions::decode`](super::ShardOptions::decode)).
 ///
 /// Written and parsed (`FromStr`) as `int`, `float`, a codec name (`raw`, `utf8`, `json`,
-/// `npy`, `jpeg`, `png`: bytes with that codec) or a tensor, `DTYPE[D0,D1,...]` (`f32[3,4]`,
-/// `i64[]` for a scalar).
+/// `npy`, `jpeg`, `png`: bytes with that codec), values of one dtype of any count,
+/// `list[DTYPE]` (`list[i64]`: bytes of [`Codec::Elements`], a ragged field), or a tensor,
+/// `DTYPE[D0,D1,...]` (`f32[3,4]`, `i64[]` for a scalar).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum FieldDecode {
@@ -65,6 +66,7 @@ impl FieldDecode {
 impl std::fmt::Display for FieldDecode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            FieldDecode::Bytes(Codec::Elements(dtype)) => write!(f, "list[{dtype}]"),
             FieldDecode::Bytes(codec) => f.write_str(&codec.name()),
             FieldDecode::Int => f.write_str("int"),
             FieldDecode::Float => f.write_str("float"),
@@ -79,7 +81,8 @@ impl std::fmt::Display for FieldDecode {
 impl std::str::FromStr for FieldDecode {
     type Err = String;
 
-    /// `int`, `float`, `raw`, `utf8`, `json`, `npy`, `jpeg`, `png`, or `DTYPE[D0,...]`.
+    /// `int`, `float`, `raw`, `utf8`, `json`, `npy`, `jpeg`, `png`, `list[DTYPE]`, or
+    /// `DTYPE[D0,...]`.
     fn from_str(s: &str) -> Result<FieldDecode, String> {
         let s = s.trim();
         Ok(match s {
@@ -94,9 +97,13 @@ impl std::str::FromStr for FieldDecode {
             _ => {
                 let bad = || {
                     format!(
-                        "`{s}` is not a field decoding: int, float, raw, utf8, json, npy, jpeg, png, or a tensor such as f32[3,4] or i64[]"
+                        "`{s}` is not a field decoding: int, float, raw, utf8, json, npy, jpeg, png, values such as list[i64], or a tensor such as f32[3,4] or i64[]"
                     )
                 };
+                if let Some(dtype) = s.strip_prefix("list[").and_then(|t| t.strip_suffix(']')) {
+                    let dtype = DType::from_name(dtype.trim()).ok_or_else(bad)?;
+                    return Ok(FieldDecode::Bytes(Codec::Elements(dtype)));
+                }
                 let (dtype, dims) = s
                     .strip_suffix(']')
                     .and_then(|t| t.split_once('['))
@@ -505,7 +512,17 @@ mod tests {
     #[test]
     fn decodings_parse_and_print() {
         for text in [
-            "int", "float", "raw", "utf8", "json", "npy", "jpeg", "png", "f32[3,4]", "i64[]",
+            "int",
+            "float",
+            "raw",
+            "utf8",
+            "json",
+            "npy",
+            "jpeg",
+            "png",
+            "f32[3,4]",
+            "i64[]",
+            "list[u16]",
         ] {
             let d: FieldDecode = text.parse().unwrap();
             assert_eq!(d.to_string(), text);
@@ -514,7 +531,13 @@ mod tests {
             "u16[2048]".parse::<FieldDecode>().unwrap().field("t"),
             Field::tensor("t", DType::U16, &[2048])
         );
-        for text in ["", "f32[3", "q8[1]", "f32[0]", "f32[a]", "pickle"] {
+        assert_eq!(
+            "list[i64]".parse::<FieldDecode>().unwrap().field("t"),
+            Field::bytes("t", Codec::Elements(DType::I64))
+        );
+        for text in [
+            "", "f32[3", "q8[1]", "f32[0]", "f32[a]", "pickle", "list[]", "list[q8]",
+        ] {
             assert!(text.parse::<FieldDecode>().is_err(), "{text:?} parsed");
         }
     }

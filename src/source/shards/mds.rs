@@ -723,11 +723,12 @@ impl MdsShards {
         decompressor.open(
             store,
             &CompressedShard {
+                format: "MDS shard",
                 zip_name: &zip.name,
                 zip_bytes: zip.bytes,
                 zip_hashes: &zip.hashes,
                 raw_name: name,
-                raw_bytes: self.files[k].bytes,
+                raw_bytes: Some(self.files[k].bytes),
                 raw_hashes: &self.files[k].hashes,
                 compression,
             },

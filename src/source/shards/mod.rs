@@ -71,7 +71,7 @@
 //! decompressed copies, checked when they are written into the cache.
 
 pub mod cache;
-mod compressed;
+pub(crate) mod compressed;
 pub mod decode;
 mod lru;
 pub mod mds;

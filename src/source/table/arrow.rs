@@ -27,7 +27,7 @@ use arrow_schema::SchemaRef;
 use bytes::Bytes;
 
 use super::columns::{Columns, Plan, row_error};
-use super::{FileSummary, MapOwner, TableOptions, TableSummary, files_of, guard, same_columns};
+use super::{FileSummary, MapOwner, TableOptions, TableSummary, guard, same_columns};
 use crate::error::{Error, Result};
 use crate::file::{FileData, FileIdentity, ReadMode, open_file};
 use crate::format::Schema;
@@ -182,7 +182,7 @@ pub fn open(path: impl AsRef<Path>, options: &TableOptions) -> Result<ArrowDatas
     }
     let files = match state_files(&dir)? {
         Some(files) => files,
-        None => files_of(&dir, &[".arrow"], "Arrow")?,
+        None => super::files::dataset_files(&dir, &|n| n.ends_with(".arrow"), "Arrow files")?,
     };
     let mut dataset = ArrowDataset::open_files(&files, options)?;
     dataset.splits = splits;

@@ -1,6 +1,8 @@
 //! Data sets that are tables (rows of named columns), as the Hugging Face hub and `datasets`
-//! ship them: Parquet files ([`parquet`]) and Arrow IPC files (`datasets`' `save_to_disk`
-//! directories and cache files: [`arrow`]).
+//! ship them: Parquet files ([`parquet`]), Arrow IPC files (`datasets`' `save_to_disk`
+//! directories and cache files: [`arrow`]) and JSON lines ([`jsonl`]: `.jsonl`, `.jsonl.gz`,
+//! `.jsonl.zst`, and `.json` files of one object per line). The files a name stands for (one
+//! file, a directory's, a glob pattern's) are found by one rule (`files.rs`).
 //!
 //! Each format opens to a [`Dataset`](crate::source::Dataset) whose samples are rows, and whose
 //! fields are the table's columns mapped to gpufeed's fields by one set of rules
@@ -18,12 +20,18 @@
 pub mod arrow;
 mod cache;
 mod columns;
+mod files;
+pub mod jsonl;
 pub mod parquet;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub use cache::ChunkCacheStats;
+pub use jsonl::{
+    JsonLines, JsonLinesFieldSummary, JsonLinesFileSummary, JsonLinesOptions, JsonLinesSummary,
+    is_json_lines,
+};
 
 use crate::file::ReadMode;
 use crate::format::Schema;
@@ -41,7 +49,7 @@ pub enum Fill {
     Bytes(Vec<u8>),
 }
 
-/// How a table (Parquet, Arrow) is read.
+/// How a table (Parquet, Arrow, JSON lines) is read.
 #[derive(Clone, Debug, Default)]
 pub struct TableOptions {
     /// The fields to read, by name (a column's name, or `parent.child` for a struct's child);
@@ -65,6 +73,12 @@ pub struct TableOptions {
     /// Arrow: the split of a `DatasetDict` directory to read (`train`, `test`, ...), when the
     /// path names the dictionary's directory and not a split's.
     pub split: Option<String>,
+    /// JSON lines: fields' types declared by name, over what the first lines suggest
+    /// ([`JsonLinesOptions::decode`]).
+    pub decode: BTreeMap<String, crate::source::shards::FieldDecode>,
+    /// JSON lines: where each file's index of lines may be kept between opens
+    /// ([`JsonLinesOptions::index_dir`]); `None`: built at every open.
+    pub index_dir: Option<std::path::PathBuf>,
 }
 
 /// The decoded size a Parquet chunk aims at when [`TableOptions::chunk_rows`] is not set.
@@ -197,76 +211,6 @@ impl AsRef<[u8]> for MapOwner {
     }
 }
 
-/// The files a table data set's path names, in order: the file itself; a directory's files
-/// whose name ends with one of `extensions` (directly inside it, sorted by name, as the hub's
-/// `data/train-00000-of-00042.parquet`); or a pattern whose file name holds `*` or `?`
-/// (`data/train-*.parquet`), its matches sorted by name. An error when none is found.
-pub(crate) fn files_of(
-    path: &std::path::Path,
-    extensions: &[&str],
-    format: &str,
-) -> crate::error::Result<Vec<PathBuf>> {
-    use crate::error::Error;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let (dir, pattern) = if name.contains(['*', '?']) {
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        (dir, Some(name.to_owned()))
-    } else if path.is_dir() {
-        (path.to_path_buf(), None)
-    } else {
-        return Ok(vec![path.to_path_buf()]);
-    };
-    let entries = std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, "list", e))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io(&dir, "list", e))?;
-        let Some(n) = entry.file_name().to_str().map(str::to_owned) else {
-            continue;
-        };
-        let wanted = match &pattern {
-            Some(p) => wildcard(p.as_bytes(), n.as_bytes()),
-            None => extensions.iter().any(|x| n.ends_with(x)),
-        };
-        if wanted && entry.path().is_file() {
-            files.push(entry.path());
-        }
-    }
-    files.sort();
-    if files.is_empty() {
-        return Err(Error::mismatch(format!(
-            "{}: no {format} file ({}) there",
-            path.display(),
-            extensions.join(", ")
-        )));
-    }
-    Ok(files)
-}
-
-/// True when `name` matches `pattern`, whose `*` matches any run of bytes and `?` any one.
-fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
-    let (mut p, mut n) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while n < name.len() {
-        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == name[n]) {
-            p += 1;
-            n += 1;
-        } else if p < pattern.len() && pattern[p] == b'*' {
-            star = Some((p, n));
-            p += 1;
-        } else if let Some((sp, sn)) = star {
-            p = sp + 1;
-            n = sn + 1;
-            star = Some((sp, sn + 1));
-        } else {
-            return false;
-        }
-    }
-    pattern[p..].iter().all(|&c| c == b'*')
-}
-
 impl TableSummary {
     /// The summary as `gpufeed inspect` prints it: files, chunks, compression and sizes, and
     /// each column with its Arrow type and the field it becomes (or why it cannot).
@@ -360,27 +304,5 @@ impl TableSummary {
             );
         }
         d.fact("columns", "columns", columns, column_text.join("\n"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::wildcard;
-
-    #[test]
-    fn wildcards_match_as_a_shell_does() {
-        assert!(wildcard(
-            b"train-*.parquet",
-            b"train-00000-of-00002.parquet"
-        ));
-        assert!(!wildcard(
-            b"train-*.parquet",
-            b"test-00000-of-00002.parquet"
-        ));
-        assert!(wildcard(b"data-?.arrow", b"data-1.arrow"));
-        assert!(!wildcard(b"data-?.arrow", b"data-10.arrow"));
-        assert!(wildcard(b"*", b"x"));
-        assert!(wildcard(b"a*b*c", b"aXbYbc"));
-        assert!(!wildcard(b"a*b*c", b"aXbYb"));
     }
 }

@@ -45,8 +45,8 @@ use parquet::file::reader::ChunkReader;
 use super::cache::{ChunkCache, ChunkCacheStats};
 use super::columns::{Columns, Plan, row_error};
 use super::{
-    DEFAULT_CHUNK_BYTES, DEFAULT_WINDOW, FileSummary, MapOwner, TableOptions, TableSummary,
-    files_of, guard, same_columns,
+    DEFAULT_CHUNK_BYTES, DEFAULT_WINDOW, FileSummary, MapOwner, TableOptions, TableSummary, guard,
+    same_columns,
 };
 use crate::error::{Error, Result};
 use crate::file::{FileData, FileIdentity, open_file};
@@ -165,7 +165,7 @@ pub struct ParquetDataset {
 /// Opens the Parquet data set `path` names (a file, a directory, a pattern) as `options` say.
 pub fn open(path: impl AsRef<Path>, options: &TableOptions) -> Result<ParquetDataset> {
     let path = path.as_ref();
-    let files = files_of(path, &[".parquet"], "Parquet")?;
+    let files = super::files::dataset_files(path, &|n| n.ends_with(".parquet"), "Parquet files")?;
     ParquetDataset::open_files(&files, options)
 }
 

@@ -1,0 +1,211 @@
+"""gpufeed.Tokenizer against Python's `tokenizers` on real tokenizer.json files and real text.
+
+Four fixtures made from PyPI packages (tokenizer_fixtures/make_fixtures.py: GPT-2 from
+whisper's gpt2.tiktoken, a Llama-3-style one from mistral-common's Tekken ranks, Mistral's
+SentencePiece v1 and v3 through transformers' converter) and a multilingual corpus of Debian
+man pages (tokenizer_fixtures/make_corpus.py: English, Japanese, Chinese, Russian, Ukrainian,
+Greek, Vietnamese, Turkish, German, Polish), both made once under target/tokenizer-tests; every
+document's ids from gpufeed, on each engine, equal `Tokenizer.from_file(path).encode(text).ids`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+import gpufeed
+
+if sys.version_info < (3, 11):
+    pytest.skip(
+        "the tokenizer fixtures need transformers 5, which needs Python 3.11",
+        allow_module_level=True,
+    )
+
+import tokenizers  # noqa: E402
+
+from tokenizer_fixtures import make_corpus, make_fixtures  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Where the fixtures and the corpus are made, once (GPUFEED_TOKENIZER_TESTS moves it).
+CACHE = Path(os.environ.get("GPUFEED_TOKENIZER_TESTS", ROOT / "target" / "tokenizer-tests"))
+
+BYTE_LEVEL = ["gpt2", "llama3-style"]
+SENTENCEPIECE = ["mistral-v1", "mistral-v3"]
+
+#: Texts written here for the cases the splits and the special tokens must get right.
+EDGES = [
+    "Hello world's  end\n\n x",
+    "I'M HERE'S 'ſ 'Ll 'RE I'ſx and 'Sx",
+    "日本語のテキスト、です。",
+    "Größe\u00a0über\u3000Straße  \t\n\r\n",
+    "12345678 ½ ² Ⅻ ٣٤٥",
+    "<|endoftext|>foo<|begin_of_text|>bar<|eot_id|> <s>x</s>",
+    "emoji 👍🏽 and ZWJ 👨\u200d👩\u200d👧",
+    "   ",
+    "",
+    "'",
+    " \n ",
+    "x\r\ny",
+    "कि हिन्दी",
+    "ﬁ ligature Ǆ ǅ ﬅ",
+    "x " + "─" * 300 + " y",
+    "=" * 300,
+    "字" * 500,
+    "a" * 2000,
+]
+
+
+@pytest.fixture(scope="session")
+def fixtures() -> Path:
+    return Path(make_fixtures.make(str(CACHE / "fixtures")))
+
+
+@pytest.fixture(scope="session")
+def corpus() -> List[str]:
+    docs = make_corpus.documents(make_corpus.make(str(CACHE / "corpus")))
+    assert len(docs) > 200 and sum(len(d) for d in docs) > 1_000_000
+    return docs + EDGES
+
+
+@pytest.fixture(scope="session")
+def python_ids(fixtures, corpus) -> Dict[str, List[List[int]]]:
+    """Python's ids of every document, per fixture (`encode_batch`: the reference, on all cores)."""
+    out = {}
+    for name in BYTE_LEVEL + SENTENCEPIECE:
+        tok = tokenizers.Tokenizer.from_file(str(fixtures / name / "tokenizer.json"))
+        out[name] = [e.ids for e in tok.encode_batch(corpus)]
+    return out
+
+
+@pytest.fixture(scope="session")
+def transformers_reads(fixtures) -> Dict[str, dict]:
+    """What transformers' AutoTokenizer reads of each fixture's directory: the special tokens
+    and the vocabulary's size. In a fresh interpreter: test_real_writers.py stands empty
+    modules in for `transformers` in this one once its tests have run."""
+    code = (
+        "import json, sys\n"
+        "from transformers import AutoTokenizer\n"
+        "out = {}\n"
+        "for d in sys.argv[1:]:\n"
+        "    t = AutoTokenizer.from_pretrained(d)\n"
+        "    out[d] = dict(eos_id=t.eos_token_id, bos_id=t.bos_token_id, eos=t.eos_token,\n"
+        "                  bos=t.bos_token, size=len(t))\n"
+        "print(json.dumps(out))\n"
+    )
+    dirs = [str(fixtures / n) for n in BYTE_LEVEL + SENTENCEPIECE]
+    done = subprocess.run([sys.executable, "-c", code, *dirs], capture_output=True, text=True,
+                          check=True)
+    read = json.loads(done.stdout.strip().splitlines()[-1])
+    return {Path(d).name: v for d, v in read.items()}
+
+
+def first_difference(corpus, got, want) -> str:
+    bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+    if not bad:
+        return ""
+    i = bad[0]
+    a, b = got[i], want[i]
+    k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return (
+        f"{len(bad)} of {len(corpus)} documents differ; document {i} ({corpus[i][:60]!r}) at id "
+        f"{k}: gpufeed {a[max(0, k - 2):k + 4]} vs Python {b[max(0, k - 2):k + 4]}"
+    )
+
+
+@pytest.mark.parametrize(
+    "name,engine",
+    [(n, "auto") for n in BYTE_LEVEL + SENTENCEPIECE] + [(n, "crate") for n in BYTE_LEVEL],
+)
+def test_every_document_s_ids_equal_python_s(fixtures, corpus, python_ids, name, engine):
+    tok = gpufeed.Tokenizer(fixtures / name, append_eos=False, engine=engine)
+    if engine == "crate":
+        assert tok.engine == "tokenizers crate (not the fast path: the crate was asked for)"
+    elif name in BYTE_LEVEL:
+        assert tok.engine.startswith("fast byte-level BPE"), tok.engine
+    else:
+        # SentencePiece's kind: a normalizer (Replace), Metaspace, byte fallback.
+        assert tok.engine == "tokenizers crate (not the fast path: the normalizer is Sequence)"
+    got = [tok.encode(text) for text in corpus]
+    want = python_ids[name]
+    assert got == want, first_difference(corpus, got, want)
+    assert sum(map(len, got)) > 500_000
+
+
+def test_the_default_is_python_s_ids_then_the_eos_named_by_the_config(
+    fixtures, corpus, transformers_reads
+):
+    for name in BYTE_LEVEL + SENTENCEPIECE:
+        tok = gpufeed.Tokenizer(fixtures / name)
+        hf = tokenizers.Tokenizer.from_file(str(fixtures / name / "tokenizer.json"))
+        auto = transformers_reads[name]
+        # The special tokens as transformers reads the directory.
+        assert (tok.eos_id, tok.bos_id) == (auto["eos_id"], auto["bos_id"]), name
+        assert (tok.eos_token, tok.bos_token) == (auto["eos"], auto["bos"]), name
+        assert tok.vocab_size == auto["size"], name
+        for text in corpus[:20] + EDGES:
+            assert tok.encode(text) == hf.encode(text).ids + [tok.eos_id], (name, text[:40])
+        # An empty document: the template (Llama 3's and Mistral's BOS) and the EOS.
+        assert tok.encode("") == hf.encode("").ids + [tok.eos_id]
+    assert gpufeed.Tokenizer(fixtures / "gpt2").encode("") == [50256]
+    assert gpufeed.Tokenizer(fixtures / "gpt2").megatron_dtype == "uint16"
+    assert gpufeed.Tokenizer(fixtures / "llama3-style").megatron_dtype == "int32"
+
+
+def test_bos_and_special_tokens_as_asked(fixtures):
+    llama = fixtures / "llama3-style"
+    hf = tokenizers.Tokenizer.from_file(str(llama / "tokenizer.json"))
+    text = "Hello world"
+    # The template's BOS is not doubled by prepend_bos.
+    tok = gpufeed.Tokenizer(llama, prepend_bos=True)
+    assert tok.encode(text) == hf.encode(text).ids + [tok.eos_id]
+    assert tok.encode(text).count(tok.bos_id) == 1
+    # Without the template, gpufeed puts it.
+    plain = gpufeed.Tokenizer(llama, prepend_bos=True, add_special_tokens=False)
+    assert plain.encode(text) == [tok.bos_id] + hf.encode(text, add_special_tokens=False).ids + [
+        tok.eos_id
+    ]
+    # Another EOS by name.
+    eot = gpufeed.Tokenizer(llama, eos_token="<|eot_id|>")
+    assert eot.encode(text)[-1] == hf.token_to_id("<|eot_id|>")
+    assert gpufeed.Tokenizer(fixtures / "gpt2" / "tokenizer.json", append_eos=False).encode(
+        "a<|endoftext|>b"
+    ) == hf_ids(fixtures / "gpt2", "a<|endoftext|>b")
+
+
+def hf_ids(directory: Path, text: str) -> List[int]:
+    return tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json")).encode(text).ids
+
+
+def test_bad_input_raises_gpufeed_s_errors(fixtures, tmp_path):
+    with pytest.raises(gpufeed.FileNotFound):
+        gpufeed.Tokenizer(tmp_path / "nope.json")
+    (tmp_path / "tokenizer.model").write_bytes(b"x")
+    with pytest.raises(gpufeed.ConfigError, match="without a tokenizer.json") as e:
+        gpufeed.Tokenizer(tmp_path)
+    assert e.value.argument == "path"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": ')
+    with pytest.raises(gpufeed.DataError, match="not JSON") as e:
+        gpufeed.Tokenizer(bad)
+    assert e.value.path == str(bad)
+    with pytest.raises(gpufeed.ConfigError, match="the normalizer is Sequence") as e:
+        gpufeed.Tokenizer(fixtures / "mistral-v1", engine="fast")
+    assert e.value.argument == "engine"
+    with pytest.raises(gpufeed.ConfigError, match="engine"):
+        gpufeed.Tokenizer(fixtures / "gpt2", engine="quick")
+    with pytest.raises(gpufeed.ConfigError, match="eos_token") as e:
+        gpufeed.Tokenizer(fixtures / "gpt2", eos_token="</s>")
+    assert e.value.argument == "eos_token"
+    tok = gpufeed.Tokenizer(fixtures / "gpt2")
+    with pytest.raises(TypeError):
+        tok.encode(b"bytes")  # type: ignore[arg-type]
+    # A str that is not valid text (a lone surrogate) cannot become UTF-8: Python says so.
+    with pytest.raises(UnicodeEncodeError):
+        tok.encode("a\ud800b")
+    assert "gpt2" in repr(tok) and "fast byte-level BPE" in repr(tok)
