@@ -13,7 +13,6 @@ mod format_roundtrip;
 mod format_writer;
 mod image_decode;
 mod image_fuzz;
-mod image_gpu_gather;
 mod image_pipeline;
 mod jsonl;
 mod jsonl_errors;
