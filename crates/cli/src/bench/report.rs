@@ -346,6 +346,8 @@ pub(super) fn stage_table(stats: &LoaderStats) -> String {
     t
 }
 
+/// Prints the report of a run: as JSON with `--json`, else as lines of text (`extra`: what an
+/// image run decoded, or the copy stage's figures shown with `--verbose`).
 pub(super) fn print_report_with(
     args: &Args,
     mut report: Report,
@@ -359,36 +361,12 @@ pub(super) fn print_report_with(
         return crate::out(text);
     }
     let images = report.mode == "images";
-    let mut text = String::new();
     let what = if images {
         extra
     } else {
         report.dataset.as_str()
     };
-    let sizes = if images {
-        format!(" ({})", count(report.records, "image", "images"))
-    } else {
-        format!(
-            " ({} of {})",
-            count(report.records, "record", "records"),
-            human_bytes(report.sample_bytes)
-        )
-    };
-    let dataset_line = format!(
-        "gpufeed bench{}: {what}{sizes}, batch {}, {}, prefetch {}, {}, {}, {}",
-        if images { " --images" } else { "" },
-        report.batch_size,
-        count(report.workers as u64, "worker", "workers"),
-        report.prefetch,
-        count(report.batch_parts as u64, "part", "parts"),
-        count(report.epochs, "epoch", "epochs"),
-        if report.shuffle {
-            "shuffled"
-        } else {
-            "sequential"
-        }
-    );
-    text.push_str(&dataset_line);
+    let mut text = heading(&report, what);
     text.push('\n');
     if report.interrupted {
         text.push_str(&format!(
@@ -400,95 +378,8 @@ pub(super) fn print_report_with(
     if let Some(device) = &report.device {
         text.push_str(&format!("device: {device}\n"));
     }
-    let mut line = format!(
-        "throughput: {} over the run ({} in {} s)",
-        rate(&report, report.bytes_per_sec, report.samples_per_sec),
-        if images {
-            count(report.samples, "image", "images")
-        } else {
-            count(report.samples, "sample", "samples")
-        },
-        significant(report.seconds)
-    );
-    if let (Some(b), Some(s)) = (report.steady_bytes_per_sec, report.steady_samples_per_sec) {
-        line.push_str(&format!(
-            "; steady state (epochs after the first) {}",
-            rate(&report, b, s)
-        ));
-    }
-    text.push_str(&line);
-    text.push('\n');
-    if report.epoch_bytes_per_sec.len() > 1 {
-        let rates: Vec<String> = report
-            .epoch_bytes_per_sec
-            .iter()
-            .zip(&report.epoch_samples_per_sec)
-            .map(|(&b, &s)| rate(&report, b, s))
-            .collect();
-        text.push_str(&format!("per epoch: {}\n", rates.join(", ")));
-    }
-    if let (Some(b), Some(r)) = (report.baseline_bytes_per_sec, report.baseline_ratio) {
-        text.push_str(&format!(
-            "compared: a plain {}-thread memcpy gather of the same {}records in the same order runs at {}; \
-             gpufeed's {} is {} of it\n",
-            report.workers,
-            if args.fields.is_some() {
-                "fields of the same "
-            } else {
-                ""
-            },
-            rate(&report, b, 0.0),
-            if report.steady_bytes_per_sec.is_some() {
-                "steady state"
-            } else {
-                "rate"
-            },
-            percent(r)
-        ));
-    }
-    if let (Some(h), Some(c)) = (report.h2d_bytes_per_sec, report.h2d_ceiling_bytes_per_sec) {
-        text.push_str(&format!(
-            "compared: host to device {}; the pinned-copy ceiling in this run is {} ({})\n",
-            human_rate(h),
-            human_rate(c),
-            percent(h / c)
-        ));
-        if let Some(steady) = report.h2d_steady_bytes_per_sec {
-            text.push_str(&format!(
-                "host to device, epochs after the first: {} ({} of the ceiling)\n",
-                human_rate(steady),
-                percent(steady / c)
-            ));
-        }
-    }
-    if let Some(skipped) = report.skipped {
-        text.push_str(&format!("bad images skipped: {skipped}\n"));
-    }
-    if let Some(shards) = report.shards {
-        text.push_str(&format!(
-            "shards: {shards}{}\n",
-            report
-                .shuffle_blocks
-                .map_or(String::new(), |(w, b)| format!(
-                    ", two-level shuffle: windows of {}, blocks of {}",
-                    count(w, "shard", "shards"),
-                    count(b, "sample", "samples")
-                ))
-        ));
-    }
-    if let Some(store) = &report.store {
-        text.push_str(&format!("store: {}\n", store.summary));
-    }
-    if let Some(r) = &report.ragged {
-        let budgets: Vec<String> = r.budget_bytes.iter().map(|&b| human_bytes(b)).collect();
-        text.push_str(&format!(
-            "ragged fields: {} (values plus offsets; budgets {} per batch): {} values, {}, per batch on average\n",
-            r.fields.join(", "),
-            budgets.join(", "),
-            significant(r.values_per_batch),
-            human_bytes(r.value_bytes_per_batch.round() as u64)
-        ));
-    }
+    rate_lines(args, &report, &mut text);
+    data_lines(&report, &mut text);
     text.push_str(&format!(
         "consumer: waited for data {} of its time{}\n",
         percent(report.wait_fraction),
@@ -520,4 +411,130 @@ pub(super) fn print_report_with(
         text.push_str(&format!("verdict: {verdict}\n"));
     }
     crate::out(text.trim_end())
+}
+
+/// The report's first line: what ran, on what data, with which settings.
+fn heading(report: &Report, what: &str) -> String {
+    let images = report.mode == "images";
+    let sizes = if images {
+        format!(" ({})", count(report.records, "image", "images"))
+    } else {
+        format!(
+            " ({} of {})",
+            count(report.records, "record", "records"),
+            human_bytes(report.sample_bytes)
+        )
+    };
+    format!(
+        "gpufeed bench{}: {what}{sizes}, batch {}, {}, prefetch {}, {}, {}, {}",
+        if images { " --images" } else { "" },
+        report.batch_size,
+        count(report.workers as u64, "worker", "workers"),
+        report.prefetch,
+        count(report.batch_parts as u64, "part", "parts"),
+        count(report.epochs, "epoch", "epochs"),
+        if report.shuffle {
+            "shuffled"
+        } else {
+            "sequential"
+        }
+    )
+}
+
+/// The report's rates: over the run, per epoch, and against the gather or the copy ceiling.
+fn rate_lines(args: &Args, report: &Report, text: &mut String) {
+    let images = report.mode == "images";
+    let mut line = format!(
+        "throughput: {} over the run ({} in {} s)",
+        rate(report, report.bytes_per_sec, report.samples_per_sec),
+        if images {
+            count(report.samples, "image", "images")
+        } else {
+            count(report.samples, "sample", "samples")
+        },
+        significant(report.seconds)
+    );
+    if let (Some(b), Some(s)) = (report.steady_bytes_per_sec, report.steady_samples_per_sec) {
+        line.push_str(&format!(
+            "; steady state (epochs after the first) {}",
+            rate(report, b, s)
+        ));
+    }
+    text.push_str(&line);
+    text.push('\n');
+    if report.epoch_bytes_per_sec.len() > 1 {
+        let rates: Vec<String> = report
+            .epoch_bytes_per_sec
+            .iter()
+            .zip(&report.epoch_samples_per_sec)
+            .map(|(&b, &s)| rate(report, b, s))
+            .collect();
+        text.push_str(&format!("per epoch: {}\n", rates.join(", ")));
+    }
+    if let (Some(b), Some(r)) = (report.baseline_bytes_per_sec, report.baseline_ratio) {
+        text.push_str(&format!(
+            "compared: a plain {}-thread memcpy gather of the same {}records in the same order runs at {}; \
+             gpufeed's {} is {} of it\n",
+            report.workers,
+            if args.fields.is_some() {
+                "fields of the same "
+            } else {
+                ""
+            },
+            rate(report, b, 0.0),
+            if report.steady_bytes_per_sec.is_some() {
+                "steady state"
+            } else {
+                "rate"
+            },
+            percent(r)
+        ));
+    }
+    if let (Some(h), Some(c)) = (report.h2d_bytes_per_sec, report.h2d_ceiling_bytes_per_sec) {
+        text.push_str(&format!(
+            "compared: host to device {}; the pinned-copy ceiling in this run is {} ({})\n",
+            human_rate(h),
+            human_rate(c),
+            percent(h / c)
+        ));
+        if let Some(steady) = report.h2d_steady_bytes_per_sec {
+            text.push_str(&format!(
+                "host to device, epochs after the first: {} ({} of the ceiling)\n",
+                human_rate(steady),
+                percent(steady / c)
+            ));
+        }
+    }
+}
+
+/// What the run read besides samples: bad images skipped, shards, the store, ragged fields.
+fn data_lines(report: &Report, text: &mut String) {
+    if let Some(skipped) = report.skipped {
+        text.push_str(&format!("bad images skipped: {skipped}\n"));
+    }
+    if let Some(shards) = report.shards {
+        text.push_str(&format!(
+            "shards: {shards}{}\n",
+            report
+                .shuffle_blocks
+                .map_or(String::new(), |(w, b)| format!(
+                    ", two-level shuffle: windows of {}, blocks of {}",
+                    count(w, "shard", "shards"),
+                    count(b, "sample", "samples")
+                ))
+        ));
+    }
+    if let Some(store) = &report.store {
+        text.push_str(&format!("store: {}\n", store.summary));
+    }
+    if let Some(r) = &report.ragged {
+        let budgets: Vec<String> = r.budget_bytes.iter().map(|&b| human_bytes(b)).collect();
+        text.push_str(&format!(
+            "ragged fields: {} (values plus offsets; budgets {} per batch): {} values, {}, per batch on average\n",
+            r.fields.join(", "),
+            budgets.join(", "),
+            significant(r.values_per_batch),
+            human_bytes(r.value_bytes_per_batch.round() as u64)
+        ));
+    }
 }
