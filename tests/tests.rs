@@ -3,6 +3,7 @@
 
 mod image_common;
 mod table_common;
+mod tar_common;
 mod token_common;
 
 mod batch_parts;
