@@ -455,7 +455,8 @@ impl GpuDecodeStats {
     }
 }
 
-/// [`GpuDecodeStats`] as numbers at one moment.
+/// Which engine decoded how many images in the GPU decode, at one moment (in the device
+/// loader's decode report).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GpuDecodeCounts {
     /// Images the hardware engines decoded.
