@@ -357,7 +357,7 @@ fn two_stores_on_one_cache_fetch_each_shard_once() {
 
 #[test]
 fn tar_shards_from_a_url_read_back() {
-    use gpufeed::source::shards::tar::TarBuilder;
+    use crate::tar_common::TarBuilder;
     let (data, cache, index_cache) = (
         tempfile::tempdir().unwrap(),
         tempfile::tempdir().unwrap(),
@@ -395,7 +395,7 @@ fn the_cache_at_work_is_not_a_change_between_epochs() {
     let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     write_packed(data.path(), 200, 64 << 10);
     let tars = tempfile::tempdir().unwrap();
-    let tar = gpufeed::source::shards::tar::TarBuilder::new()
+    let tar = crate::tar_common::TarBuilder::new()
         .file("a.txt", b"one")
         .file("b.txt", b"two")
         .finish();
@@ -445,7 +445,7 @@ fn the_cache_at_work_is_not_a_change_between_epochs() {
 /// `shards` tar shards of `per` samples (`NNNNNN.data`: `record(n)`, `NNNNNN.label`: `n` as
 /// u32 LE) in `dir`, named `shard-NNN.tar`; returns the largest one's size.
 fn write_tars(dir: &Path, shards: u32, per: u32) -> u64 {
-    use gpufeed::source::shards::tar::TarBuilder;
+    use crate::tar_common::TarBuilder;
     let mut largest = 0;
     for s in 0..shards {
         let mut t = TarBuilder::new();

@@ -3,6 +3,7 @@
 
 mod image_common;
 mod table_common;
+mod tar_common;
 mod token_common;
 
 mod batch_parts;
@@ -13,7 +14,6 @@ mod format_roundtrip;
 mod format_writer;
 mod image_decode;
 mod image_fuzz;
-mod image_gpu_gather;
 mod image_pipeline;
 mod jsonl;
 mod jsonl_errors;

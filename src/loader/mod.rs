@@ -66,9 +66,7 @@ pub(crate) use stats::Delivered;
 pub use stats::{LoaderStats, StageSnapshot};
 pub use stream::{BatchStream, Next};
 pub(crate) use stream::{deadline, next_blocking};
-pub use tune::{
-    Auto, Choice, Setting, TOLERANCE, TRIAL_LIMIT, TUNE_LIMIT, Trial, Tuning, choose, past_the_knee,
-};
+pub use tune::{Auto, Choice, Setting, TUNE_LIMIT, Trial, Tuning};
 pub use verdict::{BUFFER_WAIT, BUSY, Bound, Verdict, WAITED_LITTLE};
 
 use crate::error::Result;

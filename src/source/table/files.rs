@@ -113,6 +113,7 @@ fn glob(pattern: &Path) -> Result<Vec<PathBuf>> {
 
 /// Whether the file name `name` matches the glob `pattern` (one path component), by the
 /// rules above (a leading `.` only by a pattern that starts with one).
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
 pub(crate) fn name_matches(pattern: &str, name: &str) -> bool {
     if name.starts_with('.') && !pattern.starts_with('.') {
         return false;

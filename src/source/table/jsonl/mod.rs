@@ -136,10 +136,10 @@ pub struct JsonLinesOptions {
     /// How files are read ([`ReadOptions::mode`]); JSON lines have no checksums.
     pub read: ReadOptions,
     /// Where compressed files are decompressed to; `None`: `$GPUFEED_CACHE_DIR`, else the
-    /// cache's default ([`default_root`]).
+    /// cache's default ([`default_cache_dir`](crate::source::shards::default_cache_dir)`/objects`).
     pub cache_dir: Option<PathBuf>,
     /// The most bytes that cache directory holds (everything in it together); `None`:
-    /// `$GPUFEED_CACHE_LIMIT`, else [`DEFAULT_LIMIT`].
+    /// `$GPUFEED_CACHE_LIMIT`, else 64 GiB.
     pub cache_limit: Option<u64>,
     /// A directory where each file's index of lines may be written, and read at later opens
     /// while the file is unchanged (path, size and modification time); `None` (the default):
