@@ -183,8 +183,10 @@ mod loader;
 pub mod pack;
 pub mod rows;
 mod stream;
+mod text;
 
 pub use blend::Blend;
 pub use index::SampleMode;
 pub use loader::{TokenLoader, TokenLoaderBuilder, TokenStats};
 pub use rows::{CU_SEQLENS, DOCUMENT_IDS, INPUT_IDS, LABELS, Labels, POSITION_IDS, RowDtypes};
+pub use text::TextStats;
