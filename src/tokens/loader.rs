@@ -390,7 +390,7 @@ impl TokenLoaderBuilder {
                     seq_len,
                     self.window,
                 )?)),
-                Given::Text(t) => Ok(StreamSource::Text(TextIndex::build(
+                Given::Text(t) => Ok(StreamSource::Text(Box::new(TextIndex::build(
                     Arc::clone(t),
                     self.mode,
                     seq_len,
@@ -398,7 +398,7 @@ impl TokenLoaderBuilder {
                     source_seed(self.seed, i),
                     workers,
                     self.text_cache,
-                )?)),
+                )?))),
             })
             .collect::<Result<Vec<_>>>()?;
         // The tokenizers' memory (the model, an encoder per worker) and the caches of

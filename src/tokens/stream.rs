@@ -35,7 +35,7 @@ pub(crate) struct Place {
 #[derive(Debug)]
 pub(crate) enum StreamSource {
     Tokens(SourceIndex),
-    Text(TextIndex),
+    Text(Box<TextIndex>),
 }
 
 impl StreamSource {

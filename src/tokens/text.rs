@@ -130,10 +130,13 @@ struct Run {
     block_orders: Vec<((u64, u64), Permutation)>,
 }
 
+/// The windows a row is read from, each with its start in the pass.
+type Held = Vec<(Arc<Window>, u64)>;
+
 /// What a row needs, as the run stands.
 enum Plan {
     /// The windows that hold it, with their starts in the pass; and the row's place in them.
-    Rows(Vec<(Arc<Window>, u64)>, Need),
+    Rows(Held, Need),
     /// Window `metas[i]` is not held: tokenize it.
     Fetch(usize),
     /// The sums do not reach the row yet: claim the next window.
@@ -415,7 +418,7 @@ impl TextIndex {
     }
 
     /// The windows holding row `q`, held (tokenized now if need be), and its place in them.
-    fn windows_for(&self, q: u64) -> Result<(Vec<(Arc<Window>, u64)>, Need)> {
+    fn windows_for(&self, q: u64) -> Result<(Held, Need)> {
         let mut run = self.lock();
         loop {
             match self.plan(&mut run, q)? {
@@ -620,10 +623,12 @@ impl TextIndex {
             k => run.metas[k - 1].pass,
         };
         while run.known > 1 && run.metas.front().is_some_and(|m| m.pass + 1 < current) {
-            if let Some(m) = run.metas.pop_front() {
-                if let Slot::Ready(w) = &m.slot {
-                    run.bytes = run.bytes.saturating_sub(w.bytes());
-                }
+            if let Some(Meta {
+                slot: Slot::Ready(w),
+                ..
+            }) = run.metas.pop_front()
+            {
+                run.bytes = run.bytes.saturating_sub(w.bytes());
             }
             run.known -= 1;
             if let Some(f) = run.metas.front() {
