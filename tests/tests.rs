@@ -35,6 +35,7 @@ mod table_arrow;
 mod table_errors;
 mod table_parquet;
 mod token_checks;
+mod token_text;
 mod tokens;
 mod trace;
 mod typed_transforms;

@@ -126,6 +126,8 @@ def token_core(
     trace: Optional[str] = None,
     device: Optional[int] = None,
     read_mode: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    text_field: Optional[str] = None,
 ) -> LoaderCore: ...
 def pack(
     inputs: Sequence[str],

@@ -58,7 +58,7 @@ pub use sizing::{
     CpuBudget, MAX_AUTO_WORKERS, MAX_WORKERS, default_parts, default_prefetch,
     default_ragged_budget, default_workers, rank_from_env,
 };
-pub use state::{LoaderState, TokenSourceState, TokenState};
+pub use state::{LoaderState, TextPlace, TokenSourceState, TokenState};
 pub(crate) use state::{OrderWords, Position, order_differences};
 #[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
 pub(crate) use stats::ConsumerTimeline;

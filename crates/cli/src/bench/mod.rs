@@ -71,6 +71,12 @@ pub fn run(args: Args) -> Result<()> {
             "--seq-len, --token-mode and --token-dtype apply to token runs (--tokens)",
         ));
     }
+    if args.tokenizer.is_some() || args.text_field.is_some() {
+        return Err(refuse(
+            "--tokenizer",
+            "--tokenizer and --text-field tokenize the text of token runs (--tokens PATH)",
+        ));
+    }
     if let Some(images) = &args.images {
         return run_images(&args, images, trace.as_ref());
     }
