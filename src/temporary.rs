@@ -56,6 +56,117 @@ pub fn write_replacing(
     Ok(())
 }
 
+/// Files written under temporary names beside their destinations and placed together, once
+/// every one is complete ([`place`](Self::place)): what a writer of a data set of several
+/// files (Megatron's `.bin` and `.idx`) streams into. Until then the destinations' names keep
+/// what they held; an error drops the set, which removes its temporaries; a signal's cleanup
+/// ([`stop_writers`]) removes them too, and also the files already placed by a [`place`]
+/// under way, so that a data set is left whole or not at all.
+pub struct PlacedTogether {
+    files: Vec<Staged>,
+}
+
+/// One file of a [`PlacedTogether`]: its destination, its temporary, the writer into it.
+struct Staged {
+    path: PathBuf,
+    tmp: Unowned,
+    out: BufWriter<File>,
+}
+
+impl PlacedTogether {
+    /// Temporaries beside each of `paths` (created exclusively, recorded for the cleanup).
+    /// Refuses a destination that exists and is not a regular file (a directory, a pipe, a
+    /// device), naming it.
+    pub fn create(paths: &[&Path]) -> Result<PlacedTogether> {
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            if let Ok(meta) = std::fs::metadata(path)
+                && !meta.is_file()
+            {
+                return Err(Error::io(
+                    path,
+                    "write",
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "exists and is not a regular file",
+                    ),
+                ));
+            }
+            let (tmp, file) = create(path)?;
+            files.push(Staged {
+                path: path.to_path_buf(),
+                tmp: Unowned::new(tmp),
+                out: BufWriter::with_capacity(1 << 20, file),
+            });
+        }
+        Ok(PlacedTogether { files })
+    }
+
+    /// The writer into the temporary of the `i`-th path, and that path (for errors).
+    pub fn writer(&mut self, i: usize) -> (&mut BufWriter<File>, &Path) {
+        let f = &mut self.files[i];
+        (&mut f.out, &f.path)
+    }
+
+    /// Flushes and syncs every temporary, then renames each over its destination, in order:
+    /// all but the last are recorded as unfinished while they are placed (a signal's cleanup
+    /// removes them), and the last is renamed and all of them forgotten in one step under
+    /// the record's lock, as [`write_completing`] does. A rename that fails removes the files
+    /// this call placed.
+    pub fn place(self) -> Result<()> {
+        let mut files = self.files;
+        for f in &mut files {
+            std::io::Write::flush(&mut f.out)
+                .and_then(|()| f.out.get_ref().sync_all())
+                .map_err(|e| Error::io(&f.path, "write (its temporary file)", e))?;
+        }
+        let Some(last) = files.pop() else {
+            return Ok(());
+        };
+        let mut placed: Vec<PathBuf> = Vec::new();
+        let undo = |placed: &[PathBuf]| {
+            for p in placed {
+                discard(p);
+            }
+        };
+        for f in files {
+            register_unfinished(&f.path);
+            if let Err(e) = std::fs::rename(&f.tmp.0, &f.path) {
+                forget_unfinished(&f.path);
+                undo(&placed);
+                return Err(Error::io(&f.path, "rename (its temporary file) to", e));
+            }
+            forget_unfinished(&f.tmp.keep());
+            placed.push(f.path);
+        }
+        let done = {
+            let mut registry = live();
+            if registry.stopped {
+                Err(stopped(&last.path, "rename (its temporary file) to"))
+            } else {
+                let r = std::fs::rename(&last.tmp.0, &last.path)
+                    .map_err(|e| Error::io(&last.path, "rename (its temporary file) to", e));
+                if r.is_ok() {
+                    registry
+                        .files
+                        .retain(|p| p != &last.tmp.0 && !placed.contains(p));
+                }
+                r
+            }
+        };
+        match done {
+            Ok(()) => {
+                last.tmp.keep();
+                Ok(())
+            }
+            Err(e) => {
+                undo(&placed);
+                Err(e)
+            }
+        }
+    }
+}
+
 /// What the names of temporary files have after the destination's name:
 /// `NAME.gpufeed-tmp-PID-NONCE`.
 pub const TEMPORARY_MARKER: &str = ".gpufeed-tmp-";
@@ -382,7 +493,7 @@ fn remove_recorded(registry: &mut Registry) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{TEMPORARY_MARKER, write_replacing};
+    use super::{PlacedTogether, TEMPORARY_MARKER, write_replacing};
     use std::io::Write;
 
     fn names(dir: &std::path::Path) -> Vec<String> {
@@ -392,6 +503,38 @@ mod tests {
             .collect();
         n.sort();
         n
+    }
+
+    #[test]
+    fn files_placed_together_appear_only_at_the_end_and_an_error_leaves_the_old_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, idx) = (dir.path().join("d.bin"), dir.path().join("d.idx"));
+        std::fs::write(&idx, b"old").unwrap();
+        let mut files = PlacedTogether::create(&[&bin, &idx]).unwrap();
+        files.writer(0).0.write_all(b"tokens").unwrap();
+        files.writer(1).0.write_all(b"index").unwrap();
+        assert_eq!(
+            names(dir.path()).len(),
+            3,
+            "two temporaries and the old index"
+        );
+        assert!(!bin.exists());
+        assert_eq!(std::fs::read(&idx).unwrap(), b"old");
+        files.place().unwrap();
+        assert_eq!(names(dir.path()), ["d.bin", "d.idx"]);
+        assert_eq!(std::fs::read(&bin).unwrap(), b"tokens");
+        assert_eq!(std::fs::read(&idx).unwrap(), b"index");
+        // Dropped unplaced (an error on the way): the temporaries go, the files stay as they were.
+        let mut files = PlacedTogether::create(&[&bin, &idx]).unwrap();
+        files.writer(0).0.write_all(b"half").unwrap();
+        drop(files);
+        assert_eq!(names(dir.path()), ["d.bin", "d.idx"]);
+        assert_eq!(std::fs::read(&bin).unwrap(), b"tokens");
+        // A directory under a destination's name is refused before anything is made.
+        let taken = dir.path().join("t.bin");
+        std::fs::create_dir(&taken).unwrap();
+        let e = PlacedTogether::create(&[&taken]).err().unwrap().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -209,3 +209,102 @@ def test_bad_input_raises_gpufeed_s_errors(fixtures, tmp_path):
     with pytest.raises(UnicodeEncodeError):
         tok.encode("a\ud800b")
     assert "gpt2" in repr(tok) and "fast byte-level BPE" in repr(tok)
+
+
+def gpufeed_command() -> Path:
+    """The `gpufeed` command: GPUFEED_BIN, else the workspace's debug build, brought up to date
+    here (cargo does nothing when it is)."""
+    if os.environ.get("GPUFEED_BIN"):
+        return Path(os.environ["GPUFEED_BIN"])
+    try:
+        subprocess.run(["cargo", "build", "-p", "gpufeed-cli", "--bin", "gpufeed"], cwd=ROOT,
+                       check=True)
+    except FileNotFoundError:
+        pytest.skip("no cargo to build the gpufeed command (set GPUFEED_BIN)")
+    return ROOT / "target" / "debug" / "gpufeed"
+
+
+def read_megatron(prefix: Path) -> Tuple[List[List[int]], str]:
+    """Every document of PREFIX.bin/.idx, read as megatron-core's IndexedDataset reads them
+    (indexed_dataset.py's _IndexReader and IndexedDataset.get, in numpy: megatron-core needs
+    torch to import): the header, then sequence lengths (int32), pointers (int64) and the
+    document index (int64) from byte 34, a document being its sequences
+    document_indices[d] .. document_indices[d + 1]."""
+    import struct
+
+    import numpy as np
+
+    dtypes = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+              7: np.float32, 8: np.uint16}
+    idx = Path(str(prefix) + ".idx")
+    with open(idx, "rb") as f:
+        assert f.read(9) == b"MMIDIDX\x00\x00"
+        assert struct.unpack("<Q", f.read(8)) == (1,)
+        dtype = dtypes[struct.unpack("<B", f.read(1))[0]]
+        sequence_count = struct.unpack("<Q", f.read(8))[0]
+        document_count = struct.unpack("<Q", f.read(8))[0]
+        offset = f.tell()
+    view = memoryview(np.memmap(idx, mode="r", order="C"))
+    lengths = np.frombuffer(view, dtype=np.int32, count=sequence_count, offset=offset)
+    pointers = np.frombuffer(view, dtype=np.int64, count=sequence_count,
+                             offset=offset + lengths.nbytes)
+    documents = np.frombuffer(view, dtype=np.int64, count=document_count,
+                              offset=offset + lengths.nbytes + pointers.nbytes)
+    data = memoryview(np.memmap(str(prefix) + ".bin", mode="r", order="C"))
+    out = []
+    for d in range(document_count - 1):
+        ids: List[int] = []
+        for s in range(documents[d], documents[d + 1]):
+            ids.extend(np.frombuffer(data, dtype=dtype, count=int(lengths[s]),
+                                     offset=int(pointers[s])).tolist())
+        out.append(ids)
+    return out, np.dtype(dtype).name
+
+
+@pytest.mark.parametrize("name", BYTE_LEVEL + ["mistral-v1"])
+def test_the_tokenize_command_writes_what_megatron_s_preprocessing_writes(
+    fixtures, corpus, tmp_path, name
+):
+    """`gpufeed tokenize` against Megatron's tools/preprocess_data.py --append-eod with
+    --tokenizer-type HuggingFaceTokenizer, whose rules are applied here with transformers (in
+    a fresh interpreter): a document's ids are `tokenizer(text).input_ids`, then the EOS if
+    there are any; the dtype is uint16 below 65,500 tokens (`len(tokenizer)`), else int32.
+
+    The ids come from the tokenizer.json as transformers loads it
+    (`PreTrainedTokenizerFast(tokenizer_file=...)`, what AutoTokenizer gives in transformers
+    4): transformers 5's AutoTokenizer rebuilds a `LlamaTokenizer` from its vocabulary instead,
+    and for Mistral's file drops the dummy prefix before a leading space (" x": [1, 1318],
+    where the tokenizer.json, Python's `tokenizers` and sentencepiece give [1, 28705, 1318]).
+    The EOS and the vocabulary's size are AutoTokenizer's."""
+    docs = corpus + ["", "   "]
+    source = tmp_path / "corpus.jsonl"
+    with open(source, "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d, "n": len(d)}, ensure_ascii=False) + "\n")
+    code = (
+        "import json, sys\n"
+        "from transformers import AutoTokenizer, PreTrainedTokenizerFast\n"
+        "auto = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+        "t = PreTrainedTokenizerFast(tokenizer_file=sys.argv[1] + '/tokenizer.json')\n"
+        "out = []\n"
+        "for line in open(sys.argv[2], encoding='utf-8'):\n"
+        "    ids = t(json.loads(line)['text']).input_ids\n"
+        "    out.append(ids + [auto.eos_token_id] if ids else [])\n"
+        "dtype = 'uint16' if len(auto) < 65500 else 'int32'\n"
+        "json.dump({'docs': out, 'dtype': dtype}, open(sys.argv[3], 'w'))\n"
+    )
+    reference = tmp_path / "megatron.json"
+    subprocess.run([sys.executable, "-c", code, str(fixtures / name), str(source),
+                    str(reference)], check=True)
+    want = json.loads(reference.read_text())
+    prefix = tmp_path / "out"
+    done = subprocess.run([str(gpufeed_command()), "tokenize", str(source), "--tokenizer",
+                           str(fixtures / name), "-o", str(prefix)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    got, dtype = read_megatron(prefix)
+    assert dtype == want["dtype"]
+    assert got == want["docs"], first_difference(docs, got, want["docs"])
+    # An empty text: no document's tokens for GPT-2 (an empty document, as Megatron writes it);
+    # the template's BOS and the EOS for the others.
+    assert (got[-2] == []) == (name == "gpt2")

@@ -351,6 +351,37 @@ fn crate_error(path: &Path, what: String) -> Error {
     }
 }
 
+/// The crate's tokenizer of a tokenizer.json's text (its errors and panics as gpufeed's error).
+fn load_crate(text: &str, path: &Path) -> Result<tokenizers::Tokenizer> {
+    match catch_unwind(|| text.parse::<tokenizers::Tokenizer>()) {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(crate_error(
+            path,
+            format!("the tokenizers library cannot load it: {e}"),
+        )),
+        Err(panic) => Err(crate_error(
+            path,
+            format!(
+                "the tokenizers library failed loading it: {}",
+                panic_message(panic.as_ref())
+            ),
+        )),
+    }
+}
+
+/// The crate's encoding of one document (its error or panic as a message).
+fn crate_encode(
+    t: &tokenizers::Tokenizer,
+    text: &str,
+    add_special_tokens: bool,
+) -> std::result::Result<tokenizers::Encoding, String> {
+    match catch_unwind(AssertUnwindSafe(|| t.encode_fast(text, add_special_tokens))) {
+        Ok(Ok(encoding)) => Ok(encoding),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(panic_message(panic.as_ref())),
+    }
+}
+
 /// A panic's message.
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
@@ -379,6 +410,81 @@ const CRATE_CACHE_BYTES: usize = 10_000 * 400;
 /// byte, a heap entry, the Encoding's offsets and strings), measured on a 10 MB piece.
 const CRATE_BYTES_PER_PIECE_BYTE: usize = 200;
 
+/// Finds a tokenizer's special tokens (BOS, EOS) by the rules of the module's docs.
+struct Lookup<'a> {
+    crate_tokenizer: &'a tokenizers::Tokenizer,
+    json: &'a Value,
+    path: &'a Path,
+}
+
+impl Lookup<'_> {
+    /// The token `asked` for (the option `setting`), else the one `named` by a configuration
+    /// file, else the template's, else the first of the `known` names that is a special added
+    /// token; ids as the crate gives them.
+    fn special(
+        &self,
+        asked: &Option<String>,
+        named: Option<hub::Named>,
+        setting: &'static str,
+        from_template: Option<u32>,
+        known: &[&str],
+    ) -> Result<Option<SpecialToken>> {
+        let id_of = |token: &str| self.crate_tokenizer.token_to_id(token);
+        if let Some(token) = asked {
+            let Some(id) = id_of(token) else {
+                return Err(Error::config(
+                    setting,
+                    format!("`{token}` is not a token of {}", self.path.display()),
+                ));
+            };
+            return Ok(Some(SpecialToken {
+                id,
+                content: token.clone(),
+                origin: TokenOrigin::Option,
+            }));
+        }
+        if let Some(named) = named {
+            let Some(id) = id_of(&named.token) else {
+                return Err(Error::mismatch(format!(
+                    "{}: {setting} `{}` is not a token of {}; name one that is ({setting})",
+                    named.file.display(),
+                    named.token,
+                    self.path.display()
+                )));
+            };
+            return Ok(Some(SpecialToken {
+                id,
+                content: named.token,
+                origin: TokenOrigin::Config(named.file),
+            }));
+        }
+        if let Some(id) = from_template {
+            return Ok(Some(SpecialToken {
+                id,
+                content: self.crate_tokenizer.id_to_token(id).unwrap_or_default(),
+                origin: TokenOrigin::Template,
+            }));
+        }
+        let specials: Vec<&str> = self.json["added_tokens"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["special"] == true)
+            .filter_map(|t| t["content"].as_str())
+            .collect();
+        Ok(known
+            .iter()
+            .filter(|name| specials.contains(name))
+            .find_map(|name| {
+                Some(SpecialToken {
+                    id: id_of(name)?,
+                    content: name.to_string(),
+                    origin: TokenOrigin::KnownName,
+                })
+            }))
+    }
+}
+
 impl Tokenizer {
     /// Opens `path` (a tokenizer.json, or a directory that holds one) with the default
     /// options: Python's `encode` ids, then the EOS.
@@ -406,25 +512,7 @@ impl Tokenizer {
         }
         // The crate reads every file, the fast path's too: a file it refuses is refused, and
         // its vocabulary and special tokens are the ones looked up below either way.
-        let loaded = catch_unwind(|| text.parse::<tokenizers::Tokenizer>());
-        let crate_tokenizer = match loaded {
-            Ok(Ok(t)) => t,
-            Ok(Err(e)) => {
-                return Err(crate_error(
-                    &json_path,
-                    format!("the tokenizers library cannot load it: {e}"),
-                ));
-            }
-            Err(panic) => {
-                return Err(crate_error(
-                    &json_path,
-                    format!(
-                        "the tokenizers library failed loading it: {}",
-                        panic_message(panic.as_ref())
-                    ),
-                ));
-            }
-        };
+        let crate_tokenizer = load_crate(&text, &json_path)?;
         let mut crate_tokenizer = crate_tokenizer;
         // Documents are never cut or padded (and without padding, encoding one document
         // never reaches the crate's parallel code). Unsetting truncation cannot fail.
@@ -460,82 +548,26 @@ impl Tokenizer {
         let template = fast::template_affixes(&json["post_processor"], false).ok();
         let around_empty = match &template {
             Some((prefix, suffix)) => [prefix.as_slice(), suffix].concat(),
-            None => crate_tokenizer
-                .encode_fast("", true)
+            None => crate_encode(&crate_tokenizer, "", true)
                 .map(|e| e.get_ids().to_vec())
                 .unwrap_or_default(),
         };
         let configured = hub::configured(&located.dir)?;
-        let lookup = |asked: &Option<String>,
-                      named: Option<hub::Named>,
-                      setting: &'static str,
-                      from_template: Option<u32>,
-                      known: &[&str]|
-         -> Result<Option<SpecialToken>> {
-            if let Some(token) = asked {
-                return match crate_tokenizer.token_to_id(token) {
-                    Some(id) => Ok(Some(SpecialToken {
-                        id,
-                        content: token.clone(),
-                        origin: TokenOrigin::Option,
-                    })),
-                    None => Err(Error::config(
-                        setting,
-                        format!("`{token}` is not a token of {}", json_path.display()),
-                    )),
-                };
-            }
-            if let Some(named) = named {
-                return match crate_tokenizer.token_to_id(&named.token) {
-                    Some(id) => Ok(Some(SpecialToken {
-                        id,
-                        content: named.token,
-                        origin: TokenOrigin::Config(named.file),
-                    })),
-                    None => Err(Error::mismatch(format!(
-                        "{}: {setting} `{}` is not a token of {}; name one that is ({setting})",
-                        named.file.display(),
-                        named.token,
-                        json_path.display()
-                    ))),
-                };
-            }
-            if let Some(id) = from_template {
-                return Ok(Some(SpecialToken {
-                    id,
-                    content: crate_tokenizer.id_to_token(id).unwrap_or_default(),
-                    origin: TokenOrigin::Template,
-                }));
-            }
-            // Special added tokens, with the ids the crate gives them.
-            let specials: Vec<&str> = json["added_tokens"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|t| t["special"] == true)
-                .filter_map(|t| t["content"].as_str())
-                .collect();
-            Ok(known
-                .iter()
-                .filter(|name| specials.contains(name))
-                .find_map(|name| {
-                    Some(SpecialToken {
-                        id: crate_tokenizer.token_to_id(name)?,
-                        content: name.to_string(),
-                        origin: TokenOrigin::KnownName,
-                    })
-                }))
+        let lookup = Lookup {
+            crate_tokenizer: &crate_tokenizer,
+            json: &json,
+            path: &json_path,
         };
         let template_bos = template.as_ref().and_then(|(p, _)| p.first().copied());
         let template_eos = template.as_ref().and_then(|(_, s)| s.last().copied());
-        let bos = lookup(
+        let bos = lookup.special(
             &options.bos_token,
             configured.bos,
             "bos_token",
             template_bos,
             &KNOWN_BOS,
         )?;
-        let eos = lookup(
+        let eos = lookup.special(
             &options.eos_token,
             configured.eos,
             "eos_token",
@@ -741,31 +773,16 @@ impl Encoder {
         }
         match &inner.model {
             Model::Fast(f) => f.encode_into(text, inner.add_special_tokens, &mut self.scratch, out),
-            Model::Crate(t) => {
-                let done = catch_unwind(AssertUnwindSafe(|| {
-                    t.encode_fast(text, inner.add_special_tokens)
-                }));
-                match done {
-                    Ok(Ok(encoding)) => out.extend_from_slice(encoding.get_ids()),
-                    Ok(Err(e)) => {
-                        out.truncate(start);
-                        return Err(crate_error(
-                            &inner.path,
-                            format!("the tokenizers library failed on a document: {e}"),
-                        ));
-                    }
-                    Err(panic) => {
-                        out.truncate(start);
-                        return Err(crate_error(
-                            &inner.path,
-                            format!(
-                                "the tokenizers library failed on a document: {}",
-                                panic_message(panic.as_ref())
-                            ),
-                        ));
-                    }
+            Model::Crate(t) => match crate_encode(t, text, inner.add_special_tokens) {
+                Ok(encoding) => out.extend_from_slice(encoding.get_ids()),
+                Err(what) => {
+                    out.truncate(start);
+                    return Err(crate_error(
+                        &inner.path,
+                        format!("the tokenizers library failed on a document: {what}"),
+                    ));
                 }
-            }
+            },
         }
         if let Some(eos) = inner.append {
             out.push(eos);

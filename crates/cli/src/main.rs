@@ -1,4 +1,5 @@
-//! The `gpufeed` command: pack data sets, inspect packed files, measure the loader.
+//! The `gpufeed` command: pack data sets, inspect packed files, measure the loader, tokenize
+//! text.
 
 mod bench;
 mod checks;
@@ -7,8 +8,10 @@ mod images;
 mod inspect;
 mod messages;
 mod open;
+mod output;
 mod pack;
 mod read_mode;
+mod tokenize;
 
 use std::io::Write;
 
@@ -38,6 +41,10 @@ enum Command {
     /// Measure the loader end to end (on an embedded default data set unless one is named),
     /// or the image pipeline (--images DIR|PACKED).
     Bench(Box<bench::Args>),
+    /// Tokenize a text field of data sets (Parquet, Arrow, JSON lines, ...) with a
+    /// tokenizer.json into Megatron's PREFIX.bin/.idx (or nanoGPT's flat .bin), with the ids
+    /// and document boundaries of Megatron's preprocess_data.py --append-eod.
+    Tokenize(tokenize::Args),
 }
 
 /// Writes `text` and a newline to standard output. A closed pipe (`gpufeed ... | head -1`)
@@ -68,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::Pack(args) => pack::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Bench(args) => bench::run(*args),
+        Command::Tokenize(args) => tokenize::run(args),
     };
     // A signal is ending the process: what the run returned (an error about a temporary file
     // the cleanup removed under it, say) is the cleanup's doing, not the run's; the signal

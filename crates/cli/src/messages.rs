@@ -40,6 +40,8 @@ pub fn flag_of(setting: &str) -> Option<&'static str> {
         "cache_limit" => "--cache-limit",
         "weights" => "--tokens PATH=WEIGHT",
         "sources" => "--tokens",
+        "eos_token" => "--eos-token",
+        "text_field" => "--text-field",
         _ => return None,
     })
 }

@@ -26,14 +26,13 @@
 //! or a signal before the index is written removes the shards already finished, as it removes
 //! temporaries.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use gpufeed::format::{
     DType, Field, PackSummary, RecordSink, RecordWriter, Schema, pack_raw_records,
 };
-use gpufeed::memory::human_bytes;
 use gpufeed::memory::{human_rate, significant};
 use gpufeed::source::shards::packed::{
     ExistingShards, ShardWriter, ShardWriterOptions, parse_byte_size,
@@ -41,6 +40,8 @@ use gpufeed::source::shards::packed::{
 
 use gpufeed::{Dataset, Error, NpyArray, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::output::{OutputFile, kind_of};
 
 /// What the inputs of `gpufeed pack` are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -246,34 +247,6 @@ impl RecordSink for PackWriter {
     }
 }
 
-/// Device and inode: what makes two paths the same file.
-fn identity(meta: &std::fs::Metadata) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt;
-    (meta.dev(), meta.ino())
-}
-
-/// What a file that is not a regular file is, in words.
-fn kind_of(ft: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_symlink() {
-        "a symbolic link"
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_file() {
-        "a regular file"
-    } else {
-        "not a regular file"
-    }
-}
-
 /// Refuses inputs that are not regular files (before `.npy` mapping says "No such device").
 pub fn check_inputs(inputs: &[&Path], takes: &str) -> Result<()> {
     for path in inputs {
@@ -299,8 +272,18 @@ pub fn check_inputs(inputs: &[&Path], takes: &str) -> Result<()> {
 }
 
 impl Output<'_> {
+    /// The output as one file, for the checks every writing command makes.
+    fn file(&self) -> OutputFile<'_> {
+        OutputFile {
+            path: self.path,
+            replace: self.replace,
+            command: "pack",
+            example: "such as DIR/train.gfd",
+        }
+    }
+
     fn refuse(&self, what: impl std::fmt::Display) -> Error {
-        Error::user(format!("-o {}: {what}", self.path.display()))
+        self.file().refuse(what)
     }
 
     /// Checks the output before anything is read or written: see the module docs. `inputs`
@@ -309,105 +292,14 @@ impl Output<'_> {
         if self.shard_bytes.is_some() {
             return self.check_shard_dir(inputs);
         }
-        if let Some(meta) = self.existing()? {
-            for input in inputs {
-                if let Ok(m) = std::fs::metadata(input)
-                    && identity(&m) == identity(&meta)
-                {
-                    return Err(self.refuse(format_args!(
-                        "is the input {} (the same file{}): packing into it would destroy it; choose another -o",
-                        input.display(),
-                        if input == &self.path {
-                            ""
-                        } else {
-                            ", through a link"
-                        }
-                    )));
-                }
-            }
-            if let Some(what) = gpufeed::format::foreign_file(self.path)? {
-                return Err(self.refuse(format_args!(
-                    "exists, and is {what}: pack replaces (with --force) only a packed file; \
-                     if it is to go, remove it yourself, or choose another -o"
-                )));
-            }
-            if !self.replace {
-                return Err(self.refuse("exists; pass --force to replace it, or choose another -o"));
-            }
-        }
-        self.check_directory()?;
-        self.clear_stale()
-    }
-
-    /// The output's metadata if it exists (as a regular file: anything else is refused).
-    fn existing(&self) -> Result<Option<std::fs::Metadata>> {
-        let ends_in_slash = self.path.as_os_str().as_encoded_bytes().ends_with(b"/");
-        match std::fs::symlink_metadata(self.path) {
-            Ok(meta) if meta.is_file() && !ends_in_slash => Ok(Some(meta)),
-            Ok(meta) => {
-                let what = kind_of(meta.file_type());
-                let advice = if meta.is_dir() {
-                    "; -o names the file to write, such as DIR/train.gfd"
-                } else {
-                    "; gpufeed pack writes a new regular file and replaces nothing else: choose another -o"
-                };
-                Err(self.refuse(format_args!("is {what}{advice}")))
-            }
-            // Absent, or under a path that is not a directory: `check_directory` says which.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
-                ) =>
-            {
-                if ends_in_slash {
-                    return Err(self.refuse("names a directory; -o names the file to write"));
-                }
-                Ok(None)
-            }
-            Err(e) => Err(Error::Io {
-                path: self.path.to_path_buf(),
-                op: "stat",
-                source: e,
-            }),
-        }
-    }
-
-    /// The directory the output goes in: it must exist and be writable.
-    fn check_directory(&self) -> Result<()> {
-        let dir = match self.path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        match std::fs::metadata(dir) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(self.refuse(format_args!("{} is not a directory", dir.display())));
-            }
-            Err(e) => {
-                return Err(self.refuse(format_args!(
-                    "its directory {} cannot be used: {e}",
-                    dir.display()
-                )));
-            }
-        }
-        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-            .map_err(|_| self.refuse("the path holds a NUL byte"))?;
-        // SAFETY: `c` is a NUL-terminated path that lives across the call; access reads it only.
-        if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
-            return Err(self.refuse(format_args!(
-                "its directory {} cannot be written: {}",
-                dir.display(),
-                std::io::Error::last_os_error()
-            )));
-        }
-        Ok(())
+        self.file()
+            .check(inputs, gpufeed::format::foreign_file, "a packed file")
     }
 
     /// The image folder's files are the inputs of `--from imagefolder`: refuse an output
     /// among them, then check as for other inputs.
     fn check_beside_folder(&self, dir: &Path) -> Result<()> {
-        if self.existing()?.is_some() {
+        if self.file().existing()?.is_some() {
             let inside = match (std::fs::canonicalize(dir), std::fs::canonicalize(self.path)) {
                 (Ok(d), Ok(o)) => o.starts_with(d),
                 _ => false,
@@ -420,22 +312,6 @@ impl Output<'_> {
             }
         }
         self.check(&[])
-    }
-
-    /// Removes the temporaries that killed packs to this output left, and says so.
-    fn clear_stale(&self) -> Result<()> {
-        let removed = gpufeed::format::remove_stale_temporaries(self.path)?;
-        if !removed.is_empty() {
-            let bytes: u64 = removed.iter().map(|(_, b)| b).sum();
-            let _ = writeln!(
-                std::io::stderr(),
-                "gpufeed pack: removed {} temporary file(s) ({}) that killed packs to {} left behind",
-                removed.len(),
-                human_bytes(bytes),
-                self.path.display()
-            );
-        }
-        Ok(())
     }
 
     /// The shard directory: absent (its parent is then checked as for a file) or a directory
@@ -483,7 +359,7 @@ impl Output<'_> {
                     replace: self.replace,
                     shard_bytes: None,
                 };
-                parent.check_directory()
+                parent.file().check_directory()
             }
             Err(e) => Err(Error::Io {
                 path: self.path.to_path_buf(),
@@ -526,7 +402,8 @@ impl Output<'_> {
     }
 }
 
-fn config(setting: &'static str, what: &str) -> Error {
+/// An error about the flag `setting`.
+pub(crate) fn config(setting: &'static str, what: &str) -> Error {
     Error::InvalidConfig {
         setting,
         what: what.to_string(),

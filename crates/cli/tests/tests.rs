@@ -15,6 +15,7 @@ mod cli_pack_safety;
 mod cli_remote;
 mod cli_shards;
 mod cli_tables;
+mod cli_tokenize;
 mod cli_tokens;
 #[cfg(feature = "s3")]
 #[path = "../../../tests/s3_common/mod.rs"]
