@@ -10,7 +10,9 @@
 #      RandomResizedCrop 224 + flip to f16 on the GPU, batch 128, 4 epochs, CPU decode and
 #      --decode gpu, 16 workers, 2 rounds;
 #  (c) memory: the Parquet run's chunk cache (peak bytes) and the process's peak RSS with 4
-#      and with 16 workers.
+#      and with 16 workers;
+#  (d) text tokenized on the fly against its Megatron output (gpufeed tokenize), 4 and 16
+#      workers; (e) the GPU tests.
 #
 # Stage on the build machine, from the repository's root:
 #   CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
@@ -19,6 +21,9 @@
 #     cargo build --release -p gpufeed-bench --example hub_tables
 #   mkdir -p .gpu/bin && cp target/release/gpufeed target/release/examples/hub_tables .gpu/bin/
 #   cp /work/shared/bench/torch_baseline.py .gpu/
+#   cp target/release/deps/cuda-* .gpu/tests/cuda   (cargo test --release -p gpufeed --features cuda --test cuda --no-run)
+#   mkdir -p .gpu/wheels && pip download -q --no-deps nvidia-nvjpeg-cu12 -d .gpu/wheels
+#   mkdir -p .gpu/text && cp -r target/tokenizer-tests/fixtures/gpt2 target/tokenizer-tests/corpus/corpus.jsonl .gpu/text/
 # then the device tool's `run` with carry [".gpu"] and `bash crates/bench/scripts/device_hub_tables.sh`.
 # Every bench line goes to $OUT/bench.jsonl (tagged with its case), the summary to stdout.
 set -u
@@ -95,6 +100,36 @@ for round in 1 2; do
   img "folder_gpu_16w" "$JPEGS" gpu
 done
 
+step "(d) text to tokens: gpufeed tokenize on 16 cores, then the token loader to the GPU over the text (tokenized on the fly) and over its Megatron output, 4 and 16 workers, alternated"
+if [ -e "$G/text/corpus.jsonl" ]; then
+  TEXT=$DATA/text
+  mkdir -p "$TEXT"
+  # The tokenizer tests' corpus (Debian man pages in ten languages) 16 times: 43 MB of text.
+  for i in $(seq 16); do cat "$G/text/corpus.jsonl"; done > "$TEXT/corpus.jsonl"
+  TIMEFORMAT="tokenize: %R s wall, %U s user"
+  time "$G/bin/gpufeed" tokenize "$TEXT/corpus.jsonl" --tokenizer "$G/text/gpt2" --text-field text \
+    -o "$TEXT/corpus" 2>&1 | tail -3
+  ls -la "$TEXT"
+  for round in 1 2; do
+    bench "tokens_megatron_4w" --tokens "$TEXT/corpus" --device 0 --workers 4 --batch-size 32 --seq-len 2048 --epochs 3
+    bench "tokens_text_4w" --tokens "$TEXT/corpus.jsonl" --tokenizer "$G/text/gpt2/tokenizer.json" --text-field text --device 0 --workers 4 --batch-size 32 --seq-len 2048 --epochs 3
+    bench "tokens_text_16w" --tokens "$TEXT/corpus.jsonl" --tokenizer "$G/text/gpt2/tokenizer.json" --text-field text --device 0 --workers 16 --batch-size 32 --seq-len 2048 --epochs 3
+    bench "tokens_megatron_16w" --tokens "$TEXT/corpus" --device 0 --workers 16 --batch-size 32 --seq-len 2048 --epochs 3
+  done
+fi
+
+step "(e) the GPU tests (GPUFEED_REQUIRE_GPU=1), the JPEG decode's first"
+if [ -e "$G/tests/cuda" ]; then
+  for lib in "$G"/wheels/*.whl; do [ -e "$lib" ] && python3 -m pip install -q --no-deps "$lib" 2>/dev/null; done
+  if [ "$(left)" -gt 60 ]; then
+    GPUFEED_REQUIRE_GPU=1 timeout $(( $(left) - 30 )) "$G/tests/cuda" --test-threads=1 >"$OUT/tests_cuda.log" 2>&1 \
+      && echo "ok: $(grep -E 'test result' "$OUT/tests_cuda.log" | tail -1)" \
+      || { echo "FAILED: GPU tests"; grep -E "FAILED|panicked|test result" "$OUT/tests_cuda.log" | head -20; }
+  else
+    echo "skipped the GPU tests: $(left) s left"
+  fi
+fi
+
 step "summary: medians of each case, and the ratios"
 python3 - "$OUT/bench.jsonl" <<'PY'
 import json, statistics, sys
@@ -111,7 +146,8 @@ for case, rs in by.items():
 for a, b in [("parquet_16w", "npy_16w"), ("parquet_4w", "npy_4w")]:
     if med(b, "steady_bytes_per_sec"):
         print(f"{a}/{b}: {med(a, 'steady_bytes_per_sec') / med(b, 'steady_bytes_per_sec'):.2f}")
-for a, b in [("parquet_cpu_16w", "folder_cpu_16w"), ("parquet_gpu_16w", "folder_gpu_16w")]:
+for a, b in [("parquet_cpu_16w", "folder_cpu_16w"), ("parquet_gpu_16w", "folder_gpu_16w"),
+             ("tokens_text_4w", "tokens_megatron_4w"), ("tokens_text_16w", "tokens_megatron_16w")]:
     k = "steady_samples_per_sec"
     if med(b, k):
         print(f"{a}/{b}: {med(a, k) / med(b, k):.2f}")
