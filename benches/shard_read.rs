@@ -40,12 +40,15 @@ use gpufeed::Dataset;
 use gpufeed::format::{Codec, DType, Field, Schema};
 use gpufeed::source::shards::mds::MdsDataset;
 use gpufeed::source::shards::packed::{PackedShards, ShardWriter};
-use gpufeed::source::shards::tar::TarBuilder;
 use gpufeed::source::shards::webdataset::{WebDataset, WebDatasetOptions};
 use gpufeed::source::shards::{
     IndexedFormat, LocalDir, ShardBytes, ShardOptions, ShardStat, ShardStore, ShardedDataset,
     ShardedSource,
 };
+
+#[path = "../tests/tar_common/mod.rs"]
+mod tar_common;
+use tar_common::TarBuilder;
 
 const SAMPLE: usize = 112 << 10;
 const TOTAL: usize = 128 << 20;

@@ -1,6 +1,6 @@
 //! Device batches shared by consumers that name their streams by raw handle (DLPack, PyTorch):
 //! `wait_on_raw`, `release_on_raw`, drops on other threads, `next_timeout`, the mask and
-//! indices fields, and the pool and context outliving the loader (issue 13). Each test skips
+//! indices fields, and the pool and context outliving the loader. Each test skips
 //! without a GPU (see cuda_common).
 //!
 //! The technique of `cuda_sound.rs`: hold the consumer's stream busy (here: make it wait on an

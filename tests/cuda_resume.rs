@@ -1,5 +1,5 @@
 //! The GPU path at the edges of an epoch: no batch lost at the budget, resume and set_epoch
-//! on `DeviceLoader` as on `Loader` (issue 9, items 1 to 3). Each test skips without a GPU.
+//! on `DeviceLoader` as on `Loader`. Each test skips without a GPU.
 
 use crate::cuda_common;
 use gpufeed::BatchStream;

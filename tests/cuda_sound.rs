@@ -1,5 +1,5 @@
 //! Device memory on a real GPU: no block is reused or freed under work that still uses it,
-//! whichever safe call enqueued that work (issue 9, item 4). Each test skips without a GPU (see
+//! whichever safe call enqueued that work. Each test skips without a GPU (see
 //! cuda_common) and says how it fails against the code before the fix.
 //!
 //! The common technique: hold a stream busy with `Device::spin`, enqueue work that uses a block

@@ -1,4 +1,4 @@
-//! Files that change under an open source (issue 9, item 5): `Dataset::check_unchanged` reports
+//! Files that change under an open source: `Dataset::check_unchanged` reports
 //! a file replaced (np.save-like: a new file renamed over the path), written in place,
 //! truncated, extended or removed, naming the file; a source opened with `ReadMode::Pread`
 //! turns a read past a truncation into a typed error instead of `SIGBUS`.
@@ -445,7 +445,7 @@ fn a_packed_shard_rewritten_between_epochs_fails_the_next_epoch_naming_it() {
 }
 
 fn tar_shards(dir: &Path) -> Vec<PathBuf> {
-    use gpufeed::source::shards::tar::TarBuilder;
+    use crate::tar_common::TarBuilder;
     (0..3)
         .map(|k| {
             let mut tar = TarBuilder::new();
@@ -541,7 +541,7 @@ fn open_shards_of_every_format_are_checked_and_unopened_ones_are_not() {
     }
 }
 
-// ---- Bytes written in place with the times put back (issue 18, item 3) ---------------------
+// ---- Bytes written in place with the times put back -------------------------------------
 
 /// The status-change time of `path` (seconds, nanoseconds).
 #[cfg(unix)]
@@ -599,7 +599,7 @@ pub(crate) fn rewrite_keeping_times(path: &Path, at: u64) {
     assert_eq!(now.modified().unwrap(), meta.modified().unwrap());
 }
 
-/// Issue 18, item 3: a file written in place whose modification time was put back passed the
+/// A file written in place whose modification time was put back passed the
 /// check (device, inode, size and modification time all as they were), and its new bytes were
 /// read: packed and `.npy`, mapped and `pread`. Its status-change time tells.
 #[cfg(unix)]

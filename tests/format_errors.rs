@@ -239,7 +239,7 @@ fn decreasing_or_repeated_offsets_are_bad_records() {
     assert!(matches!(f.get(2), Err(Error::BadRecord { record: 2, .. })));
 }
 
-/// Issue 9, item 7: in a file of fixed-size records, offsets that moved by a whole stride
+/// In a file of fixed-size records, offsets that moved by a whole stride
 /// (still increasing, still aligned, still inside the data) made `get(2)` return record 3.
 #[test]
 fn moved_offset_in_a_fixed_size_file_is_a_bad_record_not_another_record() {

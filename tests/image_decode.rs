@@ -250,7 +250,7 @@ fn png_declaring(w: u32, h: u32, depth: u8, color: u8, total: usize) -> Vec<u8> 
     b
 }
 
-/// Issue 9, item 7: a 184-byte PNG that declares 13375 x 13375 RGBA16 made every worker
+/// A 184-byte PNG that declares 13375 x 13375 RGBA16 made every worker
 /// allocate and zero-fill about 2 GB before any pixel data was checked.
 #[test]
 fn png_declaring_more_pixels_than_its_data_can_hold_is_refused_before_allocating() {
@@ -281,7 +281,7 @@ fn jpeg_declaring(w: u16, h: u16, total: usize) -> Vec<u8> {
     j
 }
 
-/// Issue 9, item 7: a 1,240-byte JPEG declaring 65496 x 226 decoded for 23 s under the fuzzer
+/// A 1,240-byte JPEG declaring 65496 x 226 decoded for 23 s under the fuzzer
 /// (lenient decoding fills what the data lacks).
 #[test]
 fn jpeg_declaring_more_pixels_than_its_data_can_hold_is_refused_before_decoding() {
@@ -299,7 +299,7 @@ fn jpeg_declaring_more_pixels_than_its_data_can_hold_is_refused_before_decoding(
     assert_image_error(r, "65496x226");
 }
 
-/// Issue 18, item 5: two bytes, `FF 00`, inserted after SOI ended the marker walk that found
+/// Two bytes, `FF 00`, inserted after SOI ended the marker walk that found
 /// the frame header, so the check of the declared size against the bytes was skipped; the
 /// decoder skips them and decoded the declared 65496x226 (7 s, 353 MB). Other bytes that are
 /// not a marker do the same, or make the decoder fail: either way nothing is allocated.
@@ -606,7 +606,7 @@ mod region {
         assert!(cause.is::<turbojpeg::Error>(), "{cause:?}");
     }
 
-    /// Issue 18, item 5, through libjpeg-turbo: the bomb whose markers cannot be walked is
+    /// Through libjpeg-turbo: the bomb whose markers cannot be walked is
     /// refused before anything is allocated, and so is one libjpeg-turbo reads itself (its
     /// frame found by the walk), with each subsampling.
     #[test]

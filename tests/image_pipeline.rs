@@ -8,7 +8,7 @@ use common::*;
 use gpufeed::format::{DType, RecordFile};
 use gpufeed::source::{Dataset, ImageFolder, pack_image_folder};
 use gpufeed::transform::SampleContext;
-use gpufeed::transform::image::{ImageTransform, Layout, Normalize, OnBadImage};
+use gpufeed::transform::image::{Decode, ImageTransform, Layout, Normalize, OnBadImage};
 use gpufeed::{Error, Loader};
 use image::ExtendedColorType as E;
 
@@ -324,7 +324,7 @@ fn empty_box_transform(policy: OnBadImage) -> ImageTransform {
         .unwrap()
 }
 
-/// Issue 9, item 7: the empty fallback box made `apply_image` return `Ok` without writing the
+/// The empty fallback box made `apply_image` return `Ok` without writing the
 /// slot, so a batch kept an earlier sample's pixels under this sample's label.
 #[test]
 fn an_empty_crop_box_is_an_image_error_not_stale_pixels() {
@@ -473,7 +473,7 @@ fn through(t: ImageTransform, px: &[u8], w: u32, h: u32) -> Vec<u8> {
     batches(loader).remove(0).0
 }
 
-/// New-user report (issue 18): a centre crop that fits the resized image was refused when it
+/// A new user's report: a centre crop that fits the resized image was refused when it
 /// was not square: `size=(400, 600), resize=400` on a 600x400 image is torchvision's
 /// `Resize(400)` (which leaves it as it is) then `CenterCrop((400, 600))`: the image itself.
 #[test]
@@ -614,4 +614,46 @@ fn a_padded_centre_crop_of_a_jpeg_is_its_decoded_image_with_zeros_around() {
     }
     let mean = sum as f64 / (32 * row) as f64;
     assert!(mean < 1.5, "mean abs diff {mean}");
+}
+
+/// The GPU decode asked of a loader that feeds no GPU is refused, naming the loader that does;
+/// `Decode::Auto` decodes on the CPU there. (What the workers gather for the GPU is tested in
+/// the crate, `src/transform/image/gpu_gather_tests.rs`: the records are the crate's own.)
+#[test]
+fn a_host_loader_refuses_the_gpu_decode() {
+    let dir = tempfile::tempdir().unwrap();
+    common::kinds_folder(dir.path(), 1);
+    let t = ImageTransform::train(32)
+        .decode(Decode::Gpu)
+        .build()
+        .unwrap();
+    let e = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidConfig {
+                setting: "decode",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("DeviceLoader::from_builder"), "{e}");
+    // Auto decodes on the CPU there.
+    let t = ImageTransform::train(32)
+        .decode(Decode::Auto)
+        .build()
+        .unwrap();
+    let mut loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
+        .transform(t)
+        .batch_size(7)
+        .build()
+        .unwrap();
+    assert_eq!(
+        loader.next().unwrap().unwrap().shape("image").unwrap(),
+        [7, 3, 32, 32]
+    );
 }

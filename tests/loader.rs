@@ -605,7 +605,7 @@ fn a_dataset_that_panics_fails_its_batch_and_does_not_hang() {
     }
 }
 
-// ---- Issue 9: no batch lost or repeated at the budget or at resume ----
+// ---- No batch lost or repeated at the budget or at resume ----
 
 fn numbers_of(batch: &gpufeed::Batch) -> u64 {
     batch.number()

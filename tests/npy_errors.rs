@@ -183,7 +183,7 @@ fn bad_magic_empty_and_garbled_headers_are_malformed() {
     ));
 }
 
-/// Issue 9, item 7: rows of zero bytes and a huge first axis made a 128-byte file a dataset of
+/// Rows of zero bytes and a huge first axis made a 128-byte file a dataset of
 /// 2^64 - 1 empty samples (`pack` looped until it ran out of memory, `bench` never ended).
 #[test]
 fn zero_byte_rows_are_refused_at_open() {

@@ -1,4 +1,4 @@
-//! `ReadMode::Pread`'s path into the batch slot allocates nothing per sample (issue 9, item 5):
+//! `ReadMode::Pread`'s path into the batch slot allocates nothing per sample:
 //! counted by a global allocator, over `get` + `copy_field_into` of every field (what
 //! `CopyFields` does), for a packed file and a `.npy` array. The reads through a buffer (a
 //! checksum to verify, a transform that wants bytes) reuse a per-thread buffer: nothing either

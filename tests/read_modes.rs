@@ -1,4 +1,4 @@
-//! `ReadMode::Pread` against `ReadMode::Map` (issue 9, item 5): the same samples, the same
+//! `ReadMode::Pread` against `ReadMode::Map`: the same samples, the same
 //! batches, the same errors; checksum verification on the loader's read path in both modes.
 
 use gpufeed::BatchStream;
@@ -215,9 +215,9 @@ fn loader_batches_are_the_same_in_both_modes() {
     }
 }
 
-/// Issue 9, item 5: bytes overwritten in place under a running loader were read silently.
+/// Bytes overwritten in place under a running loader were read silently.
 /// Between epochs, the loader's check of the file now reports them, whether the modification
-/// time was put back or not (issue 18, item 3: by the status-change time). Within an epoch,
+/// time was put back or not (by the status-change time). Within an epoch,
 /// after that check, only `verify_checksums` tells: the batch that holds the record fails,
 /// naming the file and the record; without it, the new bytes are read (as documented).
 #[cfg(unix)]
@@ -306,7 +306,7 @@ impl<D: Dataset> Dataset for ReadsOnly<D> {
     }
 }
 
-/// Issue 18, item 3: a `.npy` array could not be verified at all (`verify_checksums` was
+/// A `.npy` array could not be verified at all (`verify_checksums` was
 /// refused), so rows written in place were read as data. Opened with it, the array takes its
 /// checksums at open and refuses a row whose bytes changed since, naming the file and the row,
 /// in both modes: rows smaller than a checksum group (many to a group), larger (one a group),

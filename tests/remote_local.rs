@@ -357,7 +357,7 @@ fn two_stores_on_one_cache_fetch_each_shard_once() {
 
 #[test]
 fn tar_shards_from_a_url_read_back() {
-    use gpufeed::source::shards::tar::TarBuilder;
+    use crate::tar_common::TarBuilder;
     let (data, cache, index_cache) = (
         tempfile::tempdir().unwrap(),
         tempfile::tempdir().unwrap(),
@@ -395,7 +395,7 @@ fn the_cache_at_work_is_not_a_change_between_epochs() {
     let (data, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     write_packed(data.path(), 200, 64 << 10);
     let tars = tempfile::tempdir().unwrap();
-    let tar = gpufeed::source::shards::tar::TarBuilder::new()
+    let tar = crate::tar_common::TarBuilder::new()
         .file("a.txt", b"one")
         .file("b.txt", b"two")
         .finish();
@@ -445,7 +445,7 @@ fn the_cache_at_work_is_not_a_change_between_epochs() {
 /// `shards` tar shards of `per` samples (`NNNNNN.data`: `record(n)`, `NNNNNN.label`: `n` as
 /// u32 LE) in `dir`, named `shard-NNN.tar`; returns the largest one's size.
 fn write_tars(dir: &Path, shards: u32, per: u32) -> u64 {
-    use gpufeed::source::shards::tar::TarBuilder;
+    use crate::tar_common::TarBuilder;
     let mut largest = 0;
     for s in 0..shards {
         let mut t = TarBuilder::new();
@@ -602,4 +602,77 @@ fn compressed_mds_shards_from_a_url_are_fetched_compressed_and_decompressed_into
         }
         other => panic!("expected a checksum error, got {other:?}"),
     }
+}
+
+/// Parquet files and JSON lines at a URL: one file, a pattern, a prefix; each fetched once
+/// into the cache, then read as the local files are.
+#[test]
+fn tables_at_a_url_are_fetched_once_into_the_cache_and_read_as_local_files() {
+    use crate::table_common::{every_kind, write_parquet};
+    use gpufeed::source::{Format, OpenOptions, detect, open};
+    let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut batches = Vec::new();
+    for (k, start) in [0usize, 40].into_iter().enumerate() {
+        let (batch, _) = every_kind(start, 40, false);
+        write_parquet(
+            &dir.path().join(format!("train-{k:05}.parquet")),
+            std::slice::from_ref(&batch),
+            15,
+            5,
+        );
+        batches.push(batch);
+    }
+    std::fs::write(dir.path().join("README.md"), "not data").unwrap();
+    let lines = tempfile::tempdir().unwrap();
+    std::fs::write(
+        lines.path().join("a.jsonl"),
+        "{\"text\": \"one\"}\n{\"text\": \"two\"}\n",
+    )
+    .unwrap();
+    let o = OpenOptions {
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..OpenOptions::default()
+    };
+    let base = url(dir.path());
+    let local = open(dir.path(), &OpenOptions::default()).unwrap();
+    for name in [
+        format!("{base}/train-*.parquet"),
+        format!("{base}/"),
+        format!("{base}/train-00001.parquet"),
+    ] {
+        // A prefix is told apart only by what is under it (detect fetches nothing).
+        if !name.ends_with('/') {
+            assert_eq!(detect(&name).unwrap(), Format::Parquet, "{name}");
+        }
+        let d = open(&name, &o).unwrap();
+        assert_eq!(d.format(), Format::Parquet);
+        let offset = if name.ends_with("00001.parquet") {
+            40
+        } else {
+            0
+        };
+        assert_eq!(d.len(), 80 - offset, "{name}");
+        for i in 0..d.len() {
+            let (a, b) = (d.get(i).unwrap(), local.get(i + offset).unwrap());
+            for k in 0..d.schema().fields().len() {
+                assert_eq!(a.field(k), b.field(k), "{name}: row {i}, field {k}");
+            }
+        }
+    }
+    // Each file fetched once, whatever the number of opens.
+    let cached: Vec<_> = walk(cache.path())
+        .into_iter()
+        .filter(|p| p.contains(".parquet~") && !p.ends_with(".lock"))
+        .collect();
+    assert_eq!(cached.len(), 2, "{cached:?} {:?}", walk(cache.path()));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
+    std::io::Write::write_all(&mut gz, b"{\"text\": \"three\"}\n").unwrap();
+    std::fs::write(lines.path().join("b.jsonl.gz"), gz.finish().unwrap()).unwrap();
+    let j = open(format!("{}/*.jsonl*", url(lines.path())), &o).unwrap();
+    assert_eq!(j.format(), Format::JsonLines);
+    assert_eq!(j.len(), 3);
+    assert_eq!(j.get(1).unwrap().field_named("text"), Some(&b"two"[..]));
+    assert_eq!(j.get(2).unwrap().field_named("text"), Some(&b"three"[..]));
+    let e = open(format!("{base}/nothing-*.parquet"), &o).err().unwrap();
+    assert!(e.to_string().contains("no object matches"), "{e}");
 }

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::tar_common::TarBuilder;
 use gpufeed::BatchStream;
 use gpufeed::format::{DType, Field, Schema};
 use gpufeed::source::shards::ShardedSource;
 use gpufeed::source::shards::packed::ShardWriter;
 use gpufeed::source::shards::remote::{RemoteOptions, open_url_with};
-use gpufeed::source::shards::tar::TarBuilder;
 use gpufeed::source::shards::webdataset::WebDatasetOptions;
 use gpufeed::{Dataset, Error, Loader, RemoteErrorKind, Result};
 use s3_common::{FaultProxy, create_bucket, moto, put, put_dir};

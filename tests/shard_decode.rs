@@ -6,10 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::tar_common::TarBuilder;
 use gpufeed::format::{Codec, DType, FieldKind};
 use gpufeed::source::npy_header;
 use gpufeed::source::shards::mds::MdsDataset;
-use gpufeed::source::shards::tar::TarBuilder;
 use gpufeed::source::shards::webdataset::{WebDataset, WebDatasetOptions};
 use gpufeed::source::shards::{FieldDecode, ShardOptions};
 use gpufeed::{CopyFields, Dataset, Error, Loader};

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::tar_common::TarBuilder;
 use bytes::Bytes;
 use gpufeed::format::{Codec, DType, Field, Schema};
 use gpufeed::source::shards::mds::MdsDataset;
 use gpufeed::source::shards::packed::{PackedShards, ShardWriter};
-use gpufeed::source::shards::tar::TarBuilder;
 use gpufeed::source::shards::webdataset::{MissingFieldPolicy, WebDataset, WebDatasetOptions};
 use gpufeed::source::shards::{
     self, LocalDir, MemoryStore, ShardArrival, ShardBytes, ShardOptions, ShardStat, ShardStore,

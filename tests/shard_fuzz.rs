@@ -13,8 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use crate::tar_common::TarBuilder;
 use gpufeed::source::shards::mds::MdsDataset;
-use gpufeed::source::shards::tar::TarBuilder;
 use gpufeed::source::shards::webdataset::{
     MissingFieldPolicy, TarIndex, UnkeyedPolicy, WebDataset, WebDatasetOptions,
 };

@@ -3,6 +3,7 @@
 
 mod image_common;
 mod table_common;
+mod tar_common;
 mod token_common;
 
 mod batch_parts;
@@ -13,7 +14,6 @@ mod format_roundtrip;
 mod format_writer;
 mod image_decode;
 mod image_fuzz;
-mod image_gpu_gather;
 mod image_pipeline;
 mod jsonl;
 mod jsonl_errors;
@@ -35,6 +35,7 @@ mod table_arrow;
 mod table_errors;
 mod table_parquet;
 mod token_checks;
+mod token_text;
 mod tokens;
 mod trace;
 mod typed_transforms;

@@ -79,6 +79,8 @@ class LoaderCore:
         trace: Optional[str] = None,
         read_mode: Optional[str] = None,
         verify: bool = False,
+        split: Optional[str] = None,
+        fill: Optional[List[Tuple[str, Union[int, float, str, bytes]]]] = None,
     ) -> None: ...
     def iter_epoch(self) -> "LoaderCore": ...
     def __iter__(self) -> "LoaderCore": ...
@@ -124,6 +126,8 @@ def token_core(
     trace: Optional[str] = None,
     device: Optional[int] = None,
     read_mode: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    text_field: Optional[str] = None,
 ) -> LoaderCore: ...
 def pack(
     inputs: Sequence[str],

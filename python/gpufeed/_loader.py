@@ -117,6 +117,32 @@ def _trace_file(trace: Optional[PathLike]) -> Optional[str]:
         raise config_error("trace", f"{trace!r} is not a file name") from None
 
 
+def _split(split: Optional[str]) -> Optional[str]:
+    """``split=``: the split of a ``DatasetDict`` saved by ``datasets`` (``"train"``)."""
+    if split is None:
+        return None
+    if not isinstance(split, str) or not split:
+        raise config_error("split", f"{split!r} is not the name of a split, such as 'train'")
+    return split
+
+
+def _fill(fill: Optional[Mapping[str, Any]]) -> Optional[List[Tuple[str, Any]]]:
+    """``fill=``: a value for the nulls of each field named (an int, a float, a str, bytes)."""
+    if fill is None:
+        return None
+    if not isinstance(fill, Mapping):
+        raise config_error("fill", f"{fill!r} is not a dict of field name -> value")
+    out = []
+    for name, value in fill.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, str, bytes)):
+            raise config_error(
+                "fill",
+                f"the value for {name!r} is {value!r}: give an int, a float, a str or bytes",
+            )
+        out.append((str(name), value))
+    return out
+
+
 def _read_mode(read_mode: Optional[str]) -> Optional[str]:
     """``read_mode=``: ``"mmap"``, ``"pread"``, or None (not given: a mapping)."""
     if read_mode is None:
@@ -603,6 +629,11 @@ class Loader(_Batches):
       array takes its own at open, one pass over it): a record whose bytes changed or were
       corrupted raises a DataError naming the file and record, never data. Costs one hash pass
       per record.
+    - ``split``: for a directory that ``datasets``' ``DatasetDict.save_to_disk`` wrote, the
+      split to read (``"train"``, ``"test"``, ...).
+    - ``fill``: tables (Parquet, Arrow, JSON lines): a value for the nulls (and, in JSON lines,
+      missing keys) of each field named, ``{"label": -1, "caption": ""}``; a null in a field
+      without one raises a DataError naming the file, the row and the column.
 
     Ragged fields: a field whose samples differ in size (a WebDataset ``txt`` or ``cls``
     member, an MDS ``bytes``/``str`` column, a packed file's bytes field) is batched as the
@@ -679,6 +710,8 @@ class Loader(_Batches):
         trace: Optional[PathLike] = None,
         read_mode: Optional[str] = None,
         verify: bool = False,
+        split: Optional[str] = None,
+        fill: Optional[Mapping[str, Union[int, float, str, bytes]]] = None,
     ) -> None:
         paths = _paths(path_or_paths)
         output_given = output is not None
@@ -747,6 +780,8 @@ class Loader(_Batches):
             trace=trace_file,
             read_mode=_read_mode(read_mode),
             verify=bool(verify),
+            split=_split(split),
+            fill=_fill(fill),
         )
         if self.output == "numpy":
             bf16 = [name for name, dtype, _, _ in self._core.fields if dtype == "bfloat16"]

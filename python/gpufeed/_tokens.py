@@ -230,6 +230,25 @@ class TokenLoader(_Batches):
       tokens) and the GPU widens them to the dtypes asked for after the copy: PCIe carries
       about half the bytes.
 
+    Text, tokenized as it is read:
+
+    - ``tokenizer``: a ``tokenizer.json`` (or a directory in the hub's layout holding one, its
+      ``tokenizer_config.json`` naming the EOS): every source that is not token ids (a
+      Megatron dataset, a ``.npy``, a ``.bin``) is then data the front door opens (Parquet,
+      Arrow, JSON lines, shards; local or S3) whose ``text_field`` is tokenized in the
+      loader's worker threads (one encoder each, one document per call), each document's ids
+      as :class:`gpufeed.Tokenizer` gives them (the EOS appended; an empty document is the
+      EOS alone). Such a source may be blended with token files. Its token count is not known
+      ahead: ``samples_per_epoch`` is then the epoch's length if given, else an estimate from
+      its first window (``stats()["tokens"]``); a source's share of each epoch is exact in
+      rows, and its passes follow each other across epochs without a row lost or repeated.
+      Rows are shuffled within blocks (a packed window's rows; ``window`` consecutive
+      concatenated rows), not over the pass. The first batch needs only its windows; memory
+      is bounded (the cache of tokenized windows, 256 MiB, in ``pool_budget`` when given);
+      ``state_dict()`` resumes without tokenizing the pass up to its place, under any world
+      size and number of workers. Every rank tokenizes the whole stream.
+    - ``text_field``: the field of text (default ``"text"``).
+
     Every bad argument raises a :class:`gpufeed.ConfigError` naming it; a file that is missing,
     unreadable or corrupt (a Megatron index without its magic, a ``.bin`` shorter than its
     index says) raises a :class:`gpufeed.FileError` or :class:`gpufeed.DataError` naming it.
@@ -262,8 +281,12 @@ class TokenLoader(_Batches):
         trace: Optional[PathLike] = None,
         device: Any = None,
         read_mode: Optional[str] = None,
+        tokenizer: Optional[PathLike] = None,
+        text_field: Optional[str] = None,
     ) -> None:
         pairs = _sources(sources)
+        if text_field is not None and not isinstance(text_field, str):
+            raise TypeError(f"text_field must be a str, not {type(text_field).__name__}")
         ordinal = _cuda_ordinal(device)
         seq_len = _int("seq_len", seq_len, 1)
         batch_size = _int("batch_size", batch_size, 1)
@@ -303,6 +326,8 @@ class TokenLoader(_Batches):
             trace=_trace_file(trace),
             device=ordinal,
             read_mode=_read_mode(read_mode),
+            tokenizer=None if tokenizer is None else os.fsdecode(tokenizer),
+            text_field=text_field,
         )
         self.seq_len = seq_len
         self.batch_size = batch_size

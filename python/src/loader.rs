@@ -530,6 +530,32 @@ struct Settings {
     read_mode: Option<gpufeed::format::ReadMode>,
     /// Check each record against its checksum (`verify=True`).
     verify: bool,
+    /// The split of a `DatasetDict` directory (`split=`).
+    split: Option<String>,
+    /// Values for the nulls of a table's fields (`fill=`).
+    fill: std::collections::BTreeMap<String, gpufeed::source::table::Fill>,
+}
+
+/// One value of `fill=`: an int, a float, a str (its UTF-8 bytes) or bytes (`_loader.py` has
+/// checked which).
+pub(crate) struct FillArg(gpufeed::source::table::Fill);
+
+impl<'py> FromPyObject<'_, 'py> for FillArg {
+    type Error = PyErr;
+
+    fn extract(value: pyo3::Borrowed<'_, 'py, PyAny>) -> PyResult<FillArg> {
+        use gpufeed::source::table::Fill;
+        if let Ok(i) = value.extract::<i64>() {
+            return Ok(FillArg(Fill::Int(i)));
+        }
+        if let Ok(f) = value.extract::<f64>() {
+            return Ok(FillArg(Fill::Float(f)));
+        }
+        if let Ok(s) = value.extract::<String>() {
+            return Ok(FillArg(Fill::Bytes(s.into_bytes())));
+        }
+        Ok(FillArg(Fill::Bytes(value.extract::<Vec<u8>>()?)))
+    }
 }
 
 impl Settings {
@@ -629,6 +655,8 @@ fn open_dataset(s: &Settings) -> Result<Opened, BuildError> {
     });
     // A table decodes only the columns batched.
     options.table.columns.clone_from(&s.fields);
+    options.table.split.clone_from(&s.split);
+    options.table.fill.clone_from(&s.fill);
     if s.paths.is_empty() {
         return Err(BuildError::Argument(
             "path_or_paths",
@@ -1142,7 +1170,7 @@ impl LoaderCore {
         paths, *, batch_size, shuffle, workers, prefetch, batch_parts, drop_last, shard, shard_env,
         evaluation, images, fields, epoch, pool_budget, indices, convert, device=None,
         ragged_budget_each=None, ragged_budgets=None, ragged_list=false, trace=None,
-        read_mode=None, verify=false
+        read_mode=None, verify=false, split=None, fill=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -1170,6 +1198,8 @@ impl LoaderCore {
         trace: Option<PathBuf>,
         read_mode: Option<&str>,
         verify: bool,
+        split: Option<String>,
+        fill: Option<Vec<(String, FillArg)>>,
     ) -> PyResult<LoaderCore> {
         let images = images.map(|d| d.extract::<ImageArgs>()).transpose()?;
         let read_mode = read_mode_of(read_mode).map_err(|e| e.into_py(py, &[]))?;
@@ -1196,6 +1226,12 @@ impl LoaderCore {
             device,
             read_mode,
             verify,
+            split,
+            fill: fill
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, value)| (name, value.0))
+                .collect(),
         };
         let defaults = settings.defaults();
         let b = built(py, &defaults, || build(settings))?;

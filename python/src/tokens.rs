@@ -13,8 +13,10 @@
 
 use std::path::PathBuf;
 
-use gpufeed::source::ReadMode;
-use gpufeed::source::tokens::{TokenSource, open_tokens};
+use gpufeed::format::ReadOptions;
+use gpufeed::source::tokens::{TextTokens, TokenSource, is_token_file, open_tokens};
+use gpufeed::source::{OpenOptions, ReadMode};
+use gpufeed::tokenizer::Tokenizer;
 use gpufeed::tokens::{CU_SEQLENS, SampleMode, TokenLoader, TokenStats};
 use gpufeed::trace::Trace;
 use gpufeed::{Batch, DType, Error, Loader, OutputField, Setting};
@@ -73,6 +75,10 @@ impl Handed for TokenLoader<gpufeed::cuda::DeviceLoader> {
 struct TokenSettings {
     /// Each source's path and weight.
     sources: Vec<(PathBuf, f64)>,
+    /// The tokenizer.json (or hub directory) that makes the text sources' ids (`tokenizer=`).
+    tokenizer: Option<PathBuf>,
+    /// The text sources' field of text (`text_field=`).
+    text_field: Option<String>,
     token_dtype: Option<DType>,
     seq_len: usize,
     batch_size: usize,
@@ -161,6 +167,18 @@ fn open_source(
     }
 }
 
+/// The tokenizer of `tokenizer=`, a file that is not one named as that argument.
+fn open_tokenizer(path: &std::path::Path) -> Result<Tokenizer, BuildError> {
+    Tokenizer::open(path).map_err(|e| match e {
+        Error::InvalidConfig { what, .. } => BuildError::Argument("tokenizer", what),
+        Error::Malformed { path, what, .. } => BuildError::Argument(
+            "tokenizer",
+            format!("{} is not a tokenizer.json: {what}", path.display()),
+        ),
+        other => other.into(),
+    })
+}
+
 /// The library's settings that the Python arguments call otherwise.
 fn argument_of(setting: &str) -> Option<&'static str> {
     match setting {
@@ -182,11 +200,38 @@ fn build(s: TokenSettings) -> Result<Box<dyn Feed>, BuildError> {
         .position_dtype(s.position_dtype)
         .epoch(s.epoch);
     let mut used = false;
+    let tokenizer = s.tokenizer.as_deref().map(open_tokenizer).transpose()?;
+    if s.text_field.is_some() && tokenizer.is_none() {
+        return Err(BuildError::Argument(
+            "text_field",
+            "text_field= names the text that tokenizer= tokenizes: give tokenizer= too".into(),
+        ));
+    }
     for (path, weight) in &s.sources {
-        builder = builder.weighted(
-            open_source(path, s.token_dtype, s.read_mode, &mut used)?,
-            *weight,
-        );
+        match &tokenizer {
+            Some(t) if !is_token_file(path) => {
+                let options = OpenOptions::read(ReadOptions {
+                    mode: s.read_mode,
+                    verify_checksums: false,
+                });
+                let field = s.text_field.as_deref().unwrap_or("text");
+                let text =
+                    TextTokens::open(path, &options, field, t.clone()).map_err(|e| match e {
+                        Error::InvalidConfig {
+                            setting: "text_field",
+                            what,
+                        } => BuildError::Argument("text_field", what),
+                        other => other.into(),
+                    })?;
+                builder = builder.weighted_text(std::sync::Arc::new(text), *weight);
+            }
+            _ => {
+                builder = builder.weighted(
+                    open_source(path, s.token_dtype, s.read_mode, &mut used)?,
+                    *weight,
+                );
+            }
+        }
     }
     if let Some(d) = s.token_dtype.filter(|_| !used) {
         return Err(BuildError::Argument(
@@ -258,7 +303,7 @@ fn build(s: TokenSettings) -> Result<Box<dyn Feed>, BuildError> {
     sources, *, seq_len, batch_size, mode, token_dtype, shuffle, window, samples_per_epoch,
     shard, shard_env, drop_last, ignore_index, mask_document_ends, pad_id, input_dtype,
     label_dtype, position_dtype, workers, prefetch, batch_parts, pool_budget, epoch, convert,
-    trace=None, device=None, read_mode=None
+    trace=None, device=None, read_mode=None, tokenizer=None, text_field=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn token_core(
@@ -289,6 +334,8 @@ pub fn token_core(
     trace: Option<PathBuf>,
     device: Option<usize>,
     read_mode: Option<&str>,
+    tokenizer: Option<PathBuf>,
+    text_field: Option<String>,
 ) -> PyResult<LoaderCore> {
     let read_mode = crate::loader::read_mode_of(read_mode)
         .map_err(|e| e.into_py(py, &[]))?
@@ -307,6 +354,8 @@ pub fn token_core(
     };
     let settings = TokenSettings {
         sources,
+        tokenizer,
+        text_field,
         token_dtype: token_dtype
             .map(|d| dtype_of(py, "token_dtype", d))
             .transpose()?,

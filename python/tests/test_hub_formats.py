@@ -5,6 +5,7 @@ byte; nulls, corrupt pages and DatasetDicts give errors that say what is wrong."
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +156,19 @@ def test_a_null_names_its_row_and_column(tmp_path):
     with pytest.raises(gpufeed.DataError, match=r"record 6.*`text` is null") as e:
         list(loader)
     assert "n.parquet" in str(e.value)
+    # fill= gives the nulls a value, for Parquet and JSON lines alike.
+    loader = gpufeed.Loader(
+        str(p), batch_size=10, fields=["id", "text"], fill={"text": "?"}, output="numpy", ragged="list"
+    )
+    (batch,) = list(loader)
+    assert bytes(batch["text"][6]) == b"?"
+    lines = tmp_path / "n.jsonl"
+    lines.write_text("".join(json.dumps({"id": i, "label": None if i == 3 else i}) + "\n" for i in range(5)))
+    loader = gpufeed.Loader(str(lines), batch_size=5, fill={"label": -1}, output="numpy")
+    (batch,) = list(loader)
+    assert batch["label"].reshape(-1).tolist() == [0, 1, 2, -1, 4]
+    with pytest.raises(gpufeed.ConfigError, match="fill"):
+        gpufeed.Loader(str(lines), batch_size=5, fill={"label": [1]})
 
 
 def test_a_corrupt_page_is_caught_by_its_checksum(tmp_path):
@@ -215,6 +229,12 @@ def test_datasets_dataset_dict_by_split(tmp_path):
     with pytest.raises(gpufeed.ConfigError, match="train, test"):
         gpufeed.Loader(str(d), batch_size=4, fields=["id"])
     assert_reads_as_pyarrow(d / "test", dd["test"].data.table)
+    # split= reads one split of the dictionary's directory.
+    loader = gpufeed.Loader(str(d), batch_size=64, fields=["id"], split="test", output="numpy")
+    ids = np.concatenate([b["id"] for b in loader])
+    assert ids.tolist() == dd["test"]["id"]
+    with pytest.raises(gpufeed.ConfigError, match="split"):
+        gpufeed.Loader(str(d), batch_size=4, fields=["id"], split="validation")
 
 
 def png(i: int) -> bytes:

@@ -302,7 +302,7 @@ fn jpeg_frame_found(bytes: &[u8]) -> bool {
 /// the frame with, or the candidates when it does not say exactly which: the bound takes the
 /// fewest MCUs among them. The size and factors must be the decoder's own (read by the
 /// decoder that will decode the image), never a walk of the markers of ours: a decoder skips
-/// bytes that end such a walk (`FF 00` after SOI, issue 18) and decodes what follows.
+/// bytes that end such a walk (`FF 00` after SOI, say) and decodes what follows.
 fn check_jpeg_data(
     name: &str,
     bytes: &[u8],

@@ -58,7 +58,7 @@ pub use sizing::{
     CpuBudget, MAX_AUTO_WORKERS, MAX_WORKERS, default_parts, default_prefetch,
     default_ragged_budget, default_workers, rank_from_env,
 };
-pub use state::{LoaderState, TokenSourceState, TokenState};
+pub use state::{LoaderState, TextPlace, TokenSourceState, TokenState};
 pub(crate) use state::{OrderWords, Position, order_differences};
 #[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
 pub(crate) use stats::ConsumerTimeline;
@@ -66,9 +66,7 @@ pub(crate) use stats::Delivered;
 pub use stats::{LoaderStats, StageSnapshot};
 pub use stream::{BatchStream, Next};
 pub(crate) use stream::{deadline, next_blocking};
-pub use tune::{
-    Auto, Choice, Setting, TOLERANCE, TRIAL_LIMIT, TUNE_LIMIT, Trial, Tuning, choose, past_the_knee,
-};
+pub use tune::{Auto, Choice, Setting, TUNE_LIMIT, Trial, Tuning};
 pub use verdict::{BUFFER_WAIT, BUSY, Bound, Verdict, WAITED_LITTLE};
 
 use crate::error::Result;

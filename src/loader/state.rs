@@ -159,6 +159,25 @@ pub struct TokenSourceState {
     /// packer filled: rows are counted from 0 in the epoch's shuffled order, so row `r` is the
     /// `r`-th row this source gives in that epoch.
     pub row: u64,
+    /// For a text source (tokenized as it is read; its `tokens` and `rows` are the build's
+    /// estimate of one pass, `epoch` is its pass): where in the pass its stream stands, what a
+    /// resume starts from without tokenizing the pass up to there. `None` for pre-tokenized
+    /// sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<TextPlace>,
+}
+
+/// Where a text source's stream stands in a state: the window its next row's tokens start
+/// in (for concatenated rows, the start of the block of rows shuffled together), so that a
+/// resume tokenizes from that window on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TextPlace {
+    /// The row of the source's stream (all its passes end to end) that the pass starts at.
+    pub first_row: u64,
+    /// The window's place in the pass's order of windows.
+    pub window: u64,
+    /// Tokens (concatenated rows) or rows (packed rows) of the pass before that window.
+    pub before: u64,
 }
 
 impl LoaderState {

@@ -62,10 +62,10 @@ impl From<Auto> for Setting {
 
 /// A count within this fraction of the best measured rate counts as good as the best: the
 /// fewest workers that reach it are chosen.
-pub const TOLERANCE: f64 = 0.03;
+pub(crate) const TOLERANCE: f64 = 0.03;
 
 /// The longest one candidate count is measured (its settling included).
-pub const TRIAL_LIMIT: Duration = Duration::from_secs(1);
+pub(crate) const TRIAL_LIMIT: Duration = Duration::from_secs(1);
 
 /// The longest the choice of workers takes, all candidates together.
 pub const TUNE_LIMIT: Duration = Duration::from_secs(4);
@@ -94,13 +94,14 @@ pub struct Trial {
     pub seconds: f64,
 }
 
-/// Why [`choose`] chose what it chose.
+/// Why the loader chose the workers it chose.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Choice {
     /// The count measured fastest.
     Fastest,
-    /// Fewer workers than the fastest count, within [`TOLERANCE`] of its rate.
+    /// Fewer workers than the fastest count, within 3% of its rate: the fewest that come so
+    /// close.
     FewestWithinTolerance,
     /// The consumer takes fewer samples per second than these workers make: more would wait.
     ConsumerBound,
@@ -110,7 +111,7 @@ pub enum Choice {
 /// the time it did not wait; `None` when unknown): the fewest workers whose rate, bounded by
 /// the consumer's, is within [`TOLERANCE`] of the best. `None` without trials. Deterministic:
 /// the same rates give the same choice.
-pub fn choose(trials: &[Trial], demand: Option<f64>) -> Option<(usize, Choice)> {
+pub(crate) fn choose(trials: &[Trial], demand: Option<f64>) -> Option<(usize, Choice)> {
     let bound = demand.filter(|d| d.is_finite() && *d > 0.0);
     let effective = |t: &Trial| match bound {
         Some(d) => t.samples_per_sec.min(d),
@@ -141,7 +142,7 @@ pub fn choose(trials: &[Trial], demand: Option<f64>) -> Option<(usize, Choice)> 
 /// the consumer's rate (`demand`) as in [`choose`]. Fewer workers are then not measured: they
 /// cannot come within the tolerance unless the rate rises again as workers go, which a rate
 /// that already fell does not.
-pub fn past_the_knee(trials: &[Trial], demand: Option<f64>) -> bool {
+pub(crate) fn past_the_knee(trials: &[Trial], demand: Option<f64>) -> bool {
     let bound = demand.filter(|d| d.is_finite() && *d > 0.0);
     let effective = |t: &Trial| match bound {
         Some(d) => t.samples_per_sec.min(d),

@@ -214,8 +214,13 @@ impl fmt::Display for PoolStats {
     }
 }
 
+// How gpufeed writes figures, sizes and rates in its messages and reports: public for the
+// `gpufeed` command, whose reports must read as the library's messages do, and hidden from
+// the docs, so not promised to users (see the crate's docs, "What is stable").
+
 /// `v` with three significant digits (`41.2`, `3.07`, `0.0123`; from 100 on, whole: `512`,
 /// `1500`), as gpufeed's reports print figures whose size varies by orders of magnitude.
+#[doc(hidden)]
 pub fn significant(v: f64) -> String {
     let a = v.abs();
     if !v.is_finite() || a >= 100.0 {
@@ -231,6 +236,7 @@ pub fn significant(v: f64) -> String {
 /// Formats a rate in bytes per second with a decimal unit and three significant digits
 /// (`41.2 GB/s`, `512 MB/s`, `3.07 kB/s`): how every report of gpufeed's gives rates (sizes
 /// are binary: `1.5 MiB`).
+#[doc(hidden)]
 pub fn human_rate(bytes_per_sec: f64) -> String {
     const UNITS: [&str; 5] = ["B/s", "kB/s", "MB/s", "GB/s", "TB/s"];
     let mut v = bytes_per_sec;
@@ -243,6 +249,7 @@ pub fn human_rate(bytes_per_sec: f64) -> String {
 }
 
 /// Formats a byte count with a binary unit (`1.5 MiB`).
+#[doc(hidden)]
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;

@@ -137,6 +137,26 @@ impl OpenOptions {
 /// cache asked for in `o`.
 #[cfg(feature = "remote")]
 fn open_url(url: &str, o: &OpenOptions) -> Result<Box<dyn Source>> {
+    let remote = remote_options(o)?;
+    match shards::remote::open_url_with(url, &o.shard_options(), remote) {
+        Ok(d) => sharded(d),
+        // No index and no tar objects under the URL: the tables there, if any.
+        Err(
+            e @ Error::Remote {
+                kind: crate::error::RemoteErrorKind::NotFound,
+                ..
+            },
+        ) => match open_table_url(url, None, o)? {
+            Some(table) => Ok(table),
+            None => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// The store's settings from the environment, with the cache asked for in `o`.
+#[cfg(feature = "remote")]
+fn remote_options(o: &OpenOptions) -> Result<shards::remote::RemoteOptions> {
     let mut remote = shards::remote::RemoteOptions::from_env()?;
     if let Some(dir) = &o.cache_dir {
         remote.cache_dir = Some(dir.clone());
@@ -144,11 +164,143 @@ fn open_url(url: &str, o: &OpenOptions) -> Result<Box<dyn Source>> {
     if let Some(limit) = o.cache_limit {
         remote.cache_limit = limit;
     }
-    sharded(shards::remote::open_url_with(
-        url,
-        &o.shard_options(),
-        remote,
-    )?)
+    Ok(remote)
+}
+
+/// The format of a table file by its name, for names in object storage (where no first
+/// bytes are at hand): `.parquet`, `.arrow`, JSON lines' names (plain, `.gz`, `.zst`).
+fn table_format_of(name: &str) -> Option<Format> {
+    let lower = name.to_ascii_lowercase();
+    let stem = [".gz", ".zst", ".zstd"]
+        .iter()
+        .find_map(|c| lower.strip_suffix(c))
+        .unwrap_or(&lower);
+    if lower.ends_with(".parquet") {
+        Some(Format::Parquet)
+    } else if lower.ends_with(".arrow") {
+        Some(Format::Arrow)
+    } else if [".jsonl", ".ndjson", ".json"]
+        .iter()
+        .any(|s| stem.ends_with(s))
+    {
+        Some(Format::JsonLines)
+    } else {
+        None
+    }
+}
+
+/// The table an object store URL names by its last component (`.../train-00000.parquet`, or
+/// a pattern `.../train-*.parquet`, `.../*.jsonl*`), if it names one.
+fn url_table_format(url: &str) -> Option<Format> {
+    let last = url.trim_end_matches('/').rsplit('/').next()?;
+    table_format_of(last.trim_end_matches(['*', '?']))
+}
+
+/// Opens the table files at the object store URL `url`: the object it names, the objects
+/// matching the pattern its last component is, or (`format` `None`: a prefix) the table files
+/// directly under it, all of one format. Each file is fetched whole into the cache, once per
+/// machine (processes sharing the cache wait for one another's fetch), several at a time,
+/// before the data set opens: a table's rows are counted from every file's footer or lines.
+/// `None` when a prefix holds no table file.
+#[cfg(feature = "remote")]
+fn open_table_url(
+    url: &str,
+    format: Option<Format>,
+    o: &OpenOptions,
+) -> Result<Option<Box<dyn Source>>> {
+    use shards::ShardStore;
+    let trimmed = url.trim_end_matches('/');
+    let (dir, names) = match format {
+        Some(_) => {
+            let (dir, last) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+            let store = shards::remote::RemoteStore::new(dir, remote_options(o)?)?;
+            let names = if table::files::is_pattern(last) {
+                store
+                    .list("")?
+                    .into_iter()
+                    .filter(|n| !n.contains('/') && table::files::name_matches(last, n))
+                    .collect()
+            } else {
+                vec![last.to_owned()]
+            };
+            (store, names)
+        }
+        None => {
+            let store = shards::remote::RemoteStore::new(trimmed, remote_options(o)?)?;
+            let names: Vec<String> = store
+                .list("")?
+                .into_iter()
+                .filter(|n| !n.contains('/') && table_format_of(n).is_some())
+                .collect();
+            (store, names)
+        }
+    };
+    let Some(first) = names.first() else {
+        return match format {
+            Some(_) => Err(Error::Remote {
+                shard: PathBuf::from(trimmed),
+                kind: crate::error::RemoteErrorKind::NotFound,
+                what: "no object matches this pattern".into(),
+            }),
+            None => Ok(None),
+        };
+    };
+    let kind = table_format_of(first).unwrap_or(Format::Parquet);
+    if let Some(other) = names.iter().find(|n| table_format_of(n) != Some(kind)) {
+        return Err(Error::config(
+            "path",
+            format!(
+                "{trimmed}: holds {} and {}: name the files of one format (a pattern such as \
+                 `*.parquet`)",
+                first, other
+            ),
+        ));
+    }
+    // Fetched several at a time; the first error wins.
+    let slots: Vec<std::sync::Mutex<Option<Result<PathBuf>>>> =
+        names.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..names.len().min(8) {
+            scope.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(name) = names.get(k) else { break };
+                    let got = dir.local_file(name);
+                    if let Ok(mut slot) = slots[k].lock() {
+                        *slot = Some(got);
+                    }
+                }
+            });
+        }
+    });
+    let files = slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| Err(Error::user("a fetch of a table file stopped")))
+        })
+        .collect::<Result<Vec<PathBuf>>>()?;
+    let table = o.table_options();
+    Ok(Some(match kind {
+        Format::Arrow => Box::new(table::arrow::ArrowDataset::open_files(&files, &table)?),
+        Format::JsonLines => Box::new(table::JsonLines::open_files(
+            &files,
+            &o.json_lines_options()?,
+        )?),
+        _ => Box::new(table::parquet::ParquetDataset::open_files(&files, &table)?),
+    }))
+}
+
+#[cfg(not(feature = "remote"))]
+fn open_table_url(
+    url: &str,
+    _: Option<Format>,
+    o: &OpenOptions,
+) -> Result<Option<Box<dyn Source>>> {
+    open_url(url, o).map(Some)
 }
 
 #[cfg(not(feature = "remote"))]
@@ -288,6 +440,19 @@ struct Row {
 
 /// The table, in the order the rows are tried.
 const ROWS: &[Row] = &[
+    Row {
+        format: Format::Parquet,
+        looks_for: "Parquet, Arrow or JSON lines files at an object store URL (one file, or a * pattern)",
+        recognise: |s| matches!(s.kind, Kind::Url) && url_table_format(&s.name).is_some(),
+        open: |s, o| {
+            let format = url_table_format(&s.name);
+            open_table_url(&s.name, format, o)?.ok_or_else(|| Error::Remote {
+                shard: PathBuf::from(&s.name),
+                kind: crate::error::RemoteErrorKind::NotFound,
+                what: "no table file here".into(),
+            })
+        },
+    },
     Row {
         format: Format::WebDataset,
         looks_for: "shards at an object store URL (s3://, gs://, az://, http(s)://, file://)",
@@ -451,7 +616,8 @@ fn megatron_index(seen: &Seen) -> Option<PathBuf> {
 ///
 /// | format | recognised by |
 /// |---|---|
-/// | object store URL | `scheme://...` (`s3`, `gs`, `az`, `http(s)`, `file`): its `index.json`, else its `.tar` objects |
+/// | tables at an object store URL | `scheme://.../NAME.parquet` (`.arrow`, `.jsonl`, `.jsonl.gz`, ...) or a `*` pattern of them: each file fetched whole into the cache, once per machine, then opened as a local one |
+/// | object store URL | `scheme://...` (`s3`, `gs`, `az`, `http(s)`, `file`): its `index.json`, else its `.tar` objects, else the table files directly under it |
 /// | WebDataset tar shards | a brace pattern or `::` list, a `.tar` file, a directory of `.tar` files |
 /// | packed shards / MDS | a directory with an `index.json` (told apart by its content) |
 /// | Arrow (Hugging Face `datasets`) | a directory with `state.json`, `dataset_info.json` or `dataset_dict.json`; `.arrow` files; a file that starts `ARROW1` or an IPC stream's marker |
@@ -468,7 +634,11 @@ fn megatron_index(seen: &Seen) -> Option<PathBuf> {
 /// format is recognised by.
 pub fn detect(name: impl AsRef<Path>) -> Result<Format> {
     let seen = Seen::of(utf8(name.as_ref())?)?;
-    row_of(&seen).map(|r| r.format)
+    // One row opens every table at a URL: the file's name says which.
+    let url_table = matches!(seen.kind, Kind::Url)
+        .then(|| url_table_format(&seen.name))
+        .flatten();
+    row_of(&seen).map(|r| url_table.unwrap_or(r.format))
 }
 
 /// A name as text: every format's rules (patterns, URLs, extensions) are about text.

@@ -16,21 +16,50 @@ use std::time::Duration;
 use super::blend::{Blend, check_weights};
 use super::index::{SampleMode, SourceIndex};
 use super::rows::{Labels, RowDtypes, RowSlots, RowWriter};
-use super::stream::{Shares, Stream};
+use super::stream::{Shares, Stream, StreamSource, source_seed};
+use super::text::{DEFAULT_CACHE_BYTES, TextIndex, TextStats};
 use crate::error::{Error, Result};
 use crate::file::fingerprint_hex;
 use crate::format::DType;
 use crate::loader::{
     BatchInfo, BatchStream, Loader, LoaderBuilder, LoaderState, Next, OrderWords, Setting,
-    TokenSourceState, TokenState, order_differences, rank_from_env,
+    TokenSourceState, TokenState, default_workers, order_differences, rank_from_env,
 };
 use crate::sampler::{OrderSpec, Remainder};
-use crate::source::tokens::TokenSource;
+use crate::source::tokens::{TextTokens, TokenSource};
 use crate::trace::Trace;
+
+/// A source as given to the builder: token ids, or text and a tokenizer.
+#[derive(Clone)]
+enum Given {
+    Tokens(Arc<dyn TokenSource>),
+    Text(Arc<TextTokens>),
+}
+
+impl Given {
+    fn name(&self) -> String {
+        match self {
+            Given::Tokens(s) => s.name(),
+            Given::Text(t) => t.name(),
+        }
+    }
+
+    /// The dtype its ids fit: a token file's, or the narrowest of u16 and u32 that holds the
+    /// tokenizer's vocabulary.
+    #[cfg(feature = "cuda")]
+    fn dtype(&self) -> DType {
+        match self {
+            Given::Tokens(s) => s.dtype(),
+            Given::Text(t) if t.tokenizer().vocab_size() <= 1 << 16 => DType::U16,
+            Given::Text(_) => DType::U32,
+        }
+    }
+}
 
 /// Settings of a [`TokenLoader`]; see [`TokenLoader::builder`].
 pub struct TokenLoaderBuilder {
-    sources: Vec<(Arc<dyn TokenSource>, f64)>,
+    sources: Vec<(Given, f64)>,
+    text_cache: u64,
     seq_len: usize,
     global_batch: usize,
     mode: SampleMode,
@@ -84,7 +113,29 @@ impl TokenLoaderBuilder {
     /// Adds a source of this weight in the blend: each epoch takes its share of the epoch's
     /// samples exactly (see [`Blend`]). Weights need not sum to 1.
     pub fn weighted(mut self, source: Arc<dyn TokenSource>, weight: f64) -> Self {
-        self.sources.push((source, weight));
+        self.sources.push((Given::Tokens(source), weight));
+        self
+    }
+
+    /// Adds a text source with weight 1 (see [`weighted_text`](Self::weighted_text)).
+    pub fn text(self, source: Arc<TextTokens>) -> Self {
+        self.weighted_text(source, 1.0)
+    }
+
+    /// Adds a text source ([`TextTokens`]: a text field and a tokenizer) of this weight,
+    /// tokenized in the workers as the stream reaches it (see the [module docs](super), "Text
+    /// sources"): its token counts are not known ahead, so an epoch's length is
+    /// [`samples_per_epoch`](Self::samples_per_epoch) if given, else estimated from its first
+    /// window, and its share of each epoch is exact in rows, not in passes over it.
+    pub fn weighted_text(mut self, source: Arc<TextTokens>, weight: f64) -> Self {
+        self.sources.push((Given::Text(source), weight));
+        self
+    }
+
+    /// The byte limit of each text source's cache of tokenized windows (default 256 MiB),
+    /// counted in the [`pool_budget`](Self::pool_budget) when one is given.
+    pub fn text_cache(mut self, bytes: u64) -> Self {
+        self.text_cache = bytes;
         self
     }
 
@@ -323,14 +374,61 @@ impl TokenLoaderBuilder {
         let name = |i: usize| self.sources[i].0.name();
         check_weights(&weights, &name)?;
         let seq_len = self.seq_len as u64;
+        // Windows a text source tokenizes at once: one per worker.
+        let workers = match self.workers {
+            Some(Setting::Fixed(n)) => n.max(1),
+            _ => default_workers(false),
+        };
         let indexes = self
             .sources
             .iter()
-            .map(|(s, _)| SourceIndex::build(Arc::clone(s), self.mode, seq_len, self.window))
+            .enumerate()
+            .map(|(i, (s, _))| match s {
+                Given::Tokens(s) => Ok(StreamSource::Tokens(SourceIndex::build(
+                    Arc::clone(s),
+                    self.mode,
+                    seq_len,
+                    self.window,
+                )?)),
+                Given::Text(t) => Ok(StreamSource::Text(Box::new(TextIndex::build(
+                    Arc::clone(t),
+                    self.mode,
+                    seq_len,
+                    self.window,
+                    source_seed(self.seed, i),
+                    workers,
+                    self.text_cache,
+                )?))),
+            })
             .collect::<Result<Vec<_>>>()?;
+        // The tokenizers' memory (the model, an encoder per worker) and the caches of
+        // tokenized windows come out of the budget the user gave.
+        let text_bytes: u64 = self
+            .sources
+            .iter()
+            .filter_map(|(s, _)| match s {
+                Given::Text(t) => {
+                    let m = t.tokenizer().memory();
+                    Some(m.model as u64 + (m.per_encoder as u64) * workers as u64 + self.text_cache)
+                }
+                Given::Tokens(_) => None,
+            })
+            .sum();
+        let pool_budget = match self.pool_budget {
+            Some(b) if text_bytes > 0 && b <= text_bytes => {
+                return Err(Error::config(
+                    "pool_budget",
+                    format!(
+                        "{b} bytes do not hold the text sources' tokenizers and caches of                          tokenized windows ({text_bytes} bytes with {workers} workers) and any                          batch: raise it, or lower text_cache"
+                    ),
+                ));
+            }
+            Some(b) => Some(b - text_bytes),
+            None => None,
+        };
         let samples = self
             .samples_per_epoch
-            .unwrap_or_else(|| indexes.iter().map(|i| i.rows).sum());
+            .unwrap_or_else(|| indexes.iter().map(StreamSource::rows).sum());
         if samples == 0 {
             return Err(Error::config(
                 "samples_per_epoch",
@@ -403,7 +501,7 @@ impl TokenLoaderBuilder {
         if let Some(p) = self.batch_parts {
             inner = inner.batch_parts(p);
         }
-        if let Some(b) = self.pool_budget {
+        if let Some(b) = pool_budget {
             inner = inner.pool_budget(b);
         }
         if let Some(t) = &self.trace {
@@ -427,8 +525,9 @@ impl TokenLoaderBuilder {
 }
 
 impl Settings {
-    /// The token part of a state of this stream at global batch `next_batch` of `epoch`.
-    fn token_state(&self, epoch: u64, next_batch: u64) -> TokenState {
+    /// The token part of a state of this stream at global batch `next_batch` of `epoch`;
+    /// with `places`, each text source's place too (which may tokenize up to it).
+    fn token_state(&self, epoch: u64, next_batch: u64, places: bool) -> TokenState {
         let g = next_batch
             .saturating_mul(self.shares.global_batch)
             .min(self.shares.samples);
@@ -439,17 +538,33 @@ impl Settings {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let place = self.stream.place_of(i, epoch, taken[i]).ok();
+                let (source_epoch, row, text) = match s {
+                    StreamSource::Tokens(_) => {
+                        let place = self.stream.place_of(i, epoch, taken[i]).ok();
+                        (
+                            place.map_or(0, |p| p.source_epoch),
+                            place.map_or(0, |p| p.row),
+                            None,
+                        )
+                    }
+                    StreamSource::Text(t) if places => self
+                        .stream
+                        .stream_row(i, epoch, taken[i])
+                        .and_then(|q| t.place(q))
+                        .map_or((0, 0, None), |(pass, row, place)| (pass, row, Some(place))),
+                    StreamSource::Text(_) => (0, 0, None),
+                };
                 TokenSourceState {
-                    name: s.source.name(),
-                    fingerprint: Some(fingerprint_hex(s.fingerprint)),
-                    documents: s.documents,
-                    tokens: s.tokens,
-                    rows: s.rows,
+                    name: s.name(),
+                    fingerprint: Some(fingerprint_hex(s.fingerprint())),
+                    documents: s.documents(),
+                    tokens: s.tokens(),
+                    rows: s.rows(),
                     per_epoch: self.stream.blend.counts()[i],
                     taken: taken[i],
-                    epoch: place.map_or(0, |p| p.source_epoch),
-                    row: place.map_or(0, |p| p.row),
+                    epoch: source_epoch,
+                    row,
+                    text,
                 }
             })
             .collect();
@@ -459,6 +574,29 @@ impl Settings {
             window: self.window,
             sources,
         }
+    }
+
+    /// Puts each text source's stream at the state's place (a state checked to be this
+    /// stream's), so that it tokenizes from there on.
+    fn resume_text(&self, state: &LoaderState, saved: &TokenState) -> Result<()> {
+        let g = state
+            .next_batch
+            .saturating_mul(self.shares.global_batch)
+            .min(self.shares.samples);
+        let taken = self.stream.blend.taken_before(g);
+        for (i, s) in self.stream.sources.iter().enumerate() {
+            let StreamSource::Text(t) = s else { continue };
+            let Some(place) = saved.sources[i].text else {
+                return Err(Error::mismatch(format!(
+                    "cannot resume: the state has no place for source {i} ({}), a text source: \
+                     it was saved by a loader that could not tell where that source stood",
+                    s.name()
+                )));
+            };
+            let q = self.stream.stream_row(i, state.epoch, taken[i])?;
+            t.resume_at(q, saved.sources[i].epoch, &place)?;
+        }
+        Ok(())
     }
 
     /// The inner loader's state for a token loader's `state`, checked against these settings
@@ -476,7 +614,7 @@ impl Settings {
                 "cannot resume: the state is not a token loader's (it has no token stream settings)",
             ));
         };
-        let ours = self.token_state(state.epoch, state.next_batch);
+        let ours = self.token_state(state.epoch, state.next_batch, false);
         let differences = stream_differences(tokens, &ours);
         if !differences.is_empty() {
             return Err(Error::mismatch(format!(
@@ -491,6 +629,7 @@ impl Settings {
                 state.next_batch
             )));
         }
+        self.resume_text(state, tokens)?;
         Ok(LoaderState {
             epoch: state.epoch,
             next_batch: state.next_batch,
@@ -675,6 +814,7 @@ impl TokenLoader {
             samples_per_epoch: None,
             shard: None,
             shard_env: false,
+            text_cache: DEFAULT_CACHE_BYTES,
             drop_last: false,
             ignore_index: -100,
             mask_document_ends: None,
@@ -740,13 +880,28 @@ impl<L> TokenLoader<L> {
         self.settings.stream.blend.counts()
     }
 
-    /// Each source's rows in one of its own epochs, and its tokens.
+    /// Each source's rows in one of its own epochs, and its tokens (a text source's: the
+    /// build's estimate of one pass).
     pub fn source_sizes(&self) -> Vec<(u64, u64)> {
         self.settings
             .stream
             .sources
             .iter()
-            .map(|s| (s.rows, s.tokens))
+            .map(|s| (s.rows(), s.tokens()))
+            .collect()
+    }
+
+    /// Each source's tokenization so far (`None` for a pre-tokenized source): passes
+    /// completed, windows, documents and tokens tokenized, the estimate of a pass.
+    pub fn text_stats(&self) -> Vec<Option<TextStats>> {
+        self.settings
+            .stream
+            .sources
+            .iter()
+            .map(|s| match s {
+                StreamSource::Text(t) => Some(t.stats()),
+                StreamSource::Tokens(_) => None,
+            })
             .collect()
     }
 }
@@ -762,7 +917,7 @@ impl<L: BatchStream> TokenLoader<L> {
             next_batch,
             start: 0,
             order: self.settings.spec.clone(),
-            tokens: Some(self.settings.token_state(epoch, next_batch)),
+            tokens: Some(self.settings.token_state(epoch, next_batch, true)),
             fingerprint: None,
         }
     }

@@ -32,6 +32,7 @@
 //! | `index` | a source's windows, an epoch's order of them, the pieces of row `r` |
 //! | `stream` | the global stream (position -> source and row), the ranks' shares of a global batch |
 //! | `rows` | writing rows into batch slots; `cu_seqlens` and counts per batch |
+//! | `text` | a text source's rows: windows tokenized as the stream reaches them, a shared bounded cache, [`TextStats`] |
 //! | `loader` | [`TokenLoader`], [`TokenLoaderBuilder`] (host and, with `cuda`, device batches), states, [`TokenStats`] |
 //!
 //! # Rows
@@ -60,6 +61,56 @@
 //! next epoch (a new shuffle) within the loader's epoch, and one whose share is less continues
 //! its epoch in the loader's next. With one source and the default `samples_per_epoch` the two
 //! kinds of epoch are the same.
+//!
+//! # Text sources
+//!
+//! A text field of any source with the user's tokenizer ([`TextTokens`](crate::source::tokens::TextTokens),
+//! added with [`weighted_text`](TokenLoaderBuilder::weighted_text)) is a source like the
+//! others, in both row modes, in blends with pre-tokenized sources, with the same fields,
+//! labels, masks, `cu_seqlens`, ranks and states. It is tokenized in the loader's worker
+//! threads, each with its own [`Encoder`](crate::tokenizer::Encoder), one document per call
+//! (never the `tokenizers` crate's `encode_batch` or its thread pool); each document's ids are
+//! the tokenizer's, the EOS appended (an empty document is the template and the EOS alone).
+//! Its token counts are learned as it is read (the `text` module's docs have the mechanism):
+//!
+//! - **First batch within seconds, whatever the corpus size.** Building the loader tokenizes
+//!   one window of documents (the estimate below); the first batch needs only the windows
+//!   its rows are in (concatenated: the block of `window` rows they are shuffled in). No pass
+//!   over the corpus comes first.
+//! - **Memory bounded, independent of the corpus size.** The tokenized windows are kept in a
+//!   cache shared by the workers, bounded in bytes ([`text_cache`](TokenLoaderBuilder::text_cache),
+//!   256 MiB by default: counted in [`pool_budget`](TokenLoaderBuilder::pool_budget) when one
+//!   is given, with each tokenizer's model and an encoder per worker); at most one window per
+//!   worker is tokenized ahead of the rows asked for. What grows with the corpus is the
+//!   windows' running sums of the current and the previous pass: a few tens of bytes per
+//!   window of `window` documents, nothing per document (as pre-tokenized sources keep 8
+//!   bytes per window).
+//! - **Resume exact, without tokenizing the past.** The order of a pass is canonical: windows
+//!   permuted by (seed, pass), documents within a window by (seed, pass, window), packing
+//!   window by window; nothing depends on ranks or workers. A state names, for each text
+//!   source, its pass and the window its next row's block starts in, with the tokens (or rows)
+//!   of the pass before it ([`TextPlace`](crate::loader::TextPlace)); a loader of any world size
+//!   and number of workers resumed from it tokenizes from that window on, and its stream is the
+//!   uninterrupted one.
+//! - **What a weight means.** An epoch's length must be known when it starts (the blend's exact
+//!   counts need it): it is [`samples_per_epoch`](TokenLoaderBuilder::samples_per_epoch) if
+//!   given, else the pre-tokenized sources' rows plus, for each text source, an estimate of a
+//!   pass: the rows of its first window in file order (tokenized at build), times its documents
+//!   over the window's, the same whatever the ranks and workers. A source's share is then exact
+//!   in rows per loader epoch (its weight's share of `N`, Tijdeman's interleave, as for
+//!   pre-tokenized sources); a text source's passes follow each other across loader epochs
+//!   without a row lost or repeated, so what is not exact is that a loader epoch is one pass
+//!   of it. [`TokenLoader::text_stats`] reports the passes completed and the estimate.
+//! - **Order without shuffle.** Concatenated rows are the corpus's documents' ids end to end in
+//!   file order, the EOS after each.
+//!
+//! What it costs against pre-tokenized sources: rows are shuffled within blocks, not over the
+//! pass (packed: a window's rows; concatenated: `window` consecutive rows), so a batch's rows
+//! come from a few windows at a time where Megatron shuffles every sample of the epoch; every
+//! rank tokenizes the whole stream (the running sums need every window's size, and ranks do
+//! not talk), so the tokenizer's rate per rank must match the whole job's consumption; a pass
+//! is not a loader epoch; going back to an epoch before the one the loader started or resumed
+//! at (`set_epoch` backwards) tokenizes again from the last pass start known before it.
 //!
 //! # Fields
 //!
@@ -183,8 +234,10 @@ mod loader;
 pub mod pack;
 pub mod rows;
 mod stream;
+mod text;
 
 pub use blend::Blend;
 pub use index::SampleMode;
 pub use loader::{TokenLoader, TokenLoaderBuilder, TokenStats};
 pub use rows::{CU_SEQLENS, DOCUMENT_IDS, INPUT_IDS, LABELS, Labels, POSITION_IDS, RowDtypes};
+pub use text::TextStats;

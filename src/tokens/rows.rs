@@ -222,7 +222,7 @@ impl Dataset for RowSlots {
         self.stream
             .sources
             .iter()
-            .try_for_each(|s| s.source.check_unchanged())
+            .try_for_each(|s| s.check_unchanged())
     }
 }
 
@@ -259,17 +259,10 @@ impl SampleTransform for RowWriter {
         ROW.with(|scratch| {
             let scratch = &mut *scratch.borrow_mut();
             scratch.pieces.clear();
-            let mut source = 0;
+            scratch.tokens.clear();
             if let Some(g) = self.shares.position(batch, j) {
-                source = self.stream.row(ctx.epoch, g, &mut scratch.pieces)?;
-            }
-            let n: u64 = scratch.pieces.iter().map(|p| p.len).sum();
-            scratch.tokens.resize(n as usize, 0);
-            let mut at = 0usize;
-            let tokens = &self.stream.sources[source].source;
-            for p in &scratch.pieces {
-                tokens.read(p.doc, p.start, &mut scratch.tokens[at..at + p.len as usize])?;
-                at += p.len as usize;
+                self.stream
+                    .row(ctx.epoch, g, &mut scratch.pieces, &mut scratch.tokens)?;
             }
             self.write(scratch, slots)
         })

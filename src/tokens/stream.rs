@@ -19,9 +19,10 @@ use std::sync::{Arc, Mutex};
 
 use super::blend::Blend;
 use super::index::{EpochOrder, RowPiece, SourceIndex, key_of};
+use super::text::TextIndex;
 use crate::error::{Error, Result};
 
-/// Where a position of the stream comes from.
+/// Where a position of a pre-tokenized source's stream comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Place {
     pub source: usize,
@@ -29,12 +30,70 @@ pub(crate) struct Place {
     pub row: u64,
 }
 
+/// A source of the stream: pre-tokenized (sizes known at build), or text (tokenized as the
+/// stream reaches it: [`TextIndex`]).
+#[derive(Debug)]
+pub(crate) enum StreamSource {
+    Tokens(SourceIndex),
+    Text(Box<TextIndex>),
+}
+
+impl StreamSource {
+    /// What it is, for messages and states.
+    pub fn name(&self) -> String {
+        match self {
+            StreamSource::Tokens(s) => s.source.name(),
+            StreamSource::Text(t) => t.source.name(),
+        }
+    }
+
+    /// Its fingerprint, taken when the loader was built.
+    pub fn fingerprint(&self) -> u64 {
+        match self {
+            StreamSource::Tokens(s) => s.fingerprint,
+            StreamSource::Text(t) => t.fingerprint,
+        }
+    }
+
+    /// Its documents.
+    pub fn documents(&self) -> u64 {
+        match self {
+            StreamSource::Tokens(s) => s.documents,
+            StreamSource::Text(t) => t.documents,
+        }
+    }
+
+    /// Tokens of one of its epochs (a text source's pass: the build's estimate).
+    pub fn tokens(&self) -> u64 {
+        match self {
+            StreamSource::Tokens(s) => s.tokens,
+            StreamSource::Text(t) => t.estimated_tokens,
+        }
+    }
+
+    /// Rows of one of its epochs (a text source's pass: the build's estimate).
+    pub fn rows(&self) -> u64 {
+        match self {
+            StreamSource::Tokens(s) => s.rows,
+            StreamSource::Text(t) => t.estimated_rows,
+        }
+    }
+
+    /// Checks that its files are still the ones opened.
+    pub fn check_unchanged(&self) -> Result<()> {
+        match self {
+            StreamSource::Tokens(s) => s.source.check_unchanged(),
+            StreamSource::Text(t) => t.source.check_unchanged(),
+        }
+    }
+}
+
 /// The sources, their blend, and each source's epoch orders in use.
 #[derive(Debug)]
 pub(crate) struct Stream {
     /// Tells this stream's windows apart in the workers' caches.
     id: u64,
-    pub sources: Vec<SourceIndex>,
+    pub sources: Vec<StreamSource>,
     seeds: Vec<Option<u64>>,
     pub blend: Blend,
     /// The epoch orders in use, per source (a few: the loader makes the next epoch's first
@@ -47,13 +106,16 @@ const ORDERS: usize = 4;
 
 static STREAMS: AtomicU64 = AtomicU64::new(0);
 
+/// Source `i`'s own seed, drawn from the stream's.
+pub(crate) fn source_seed(seed: Option<u64>, i: usize) -> Option<u64> {
+    seed.map(|s| key_of(s, &[0x736f_7572_6365, i as u64]))
+}
+
 impl Stream {
     /// The stream of `sources` blended as `blend` says, shuffled with `seed` (each source with
-    /// a seed of its own drawn from it) or in file order.
-    pub fn new(sources: Vec<SourceIndex>, blend: Blend, seed: Option<u64>) -> Stream {
-        let seeds = (0..sources.len() as u64)
-            .map(|i| seed.map(|s| key_of(s, &[0x736f_7572_6365, i])))
-            .collect();
+    /// a seed of its own drawn from it: [`source_seed`]) or in file order.
+    pub fn new(sources: Vec<StreamSource>, blend: Blend, seed: Option<u64>) -> Stream {
+        let seeds = (0..sources.len()).map(|i| source_seed(seed, i)).collect();
         let orders = sources.iter().map(|_| Mutex::new(Vec::new())).collect();
         Stream {
             id: STREAMS.fetch_add(1, Ordering::Relaxed),
@@ -64,16 +126,10 @@ impl Stream {
         }
     }
 
-    /// Where position `g` of epoch `epoch` comes from.
-    pub fn place(&self, epoch: u64, g: u64) -> Result<Place> {
-        let (source, k) = self.blend.source_at(g);
-        self.place_of(source, epoch, k)
-    }
-
-    /// Where the `k`-th sample of `source` in epoch `epoch` comes from.
-    pub fn place_of(&self, source: usize, epoch: u64, k: u64) -> Result<Place> {
-        let rows = self.sources[source].rows;
-        let q = epoch
+    /// The row of `source`'s own stream (its epochs, or a text source's passes, end to end)
+    /// that its `k`-th sample of epoch `epoch` is.
+    pub fn stream_row(&self, source: usize, epoch: u64, k: u64) -> Result<u64> {
+        epoch
             .checked_mul(self.blend.counts()[source])
             .and_then(|q| q.checked_add(k))
             .ok_or_else(|| {
@@ -81,7 +137,13 @@ impl Stream {
                     "epoch",
                     format!("epoch {epoch} is too far along this stream to count its samples"),
                 )
-            })?;
+            })
+    }
+
+    /// Where the `k`-th sample of pre-tokenized `source` in epoch `epoch` comes from.
+    pub fn place_of(&self, source: usize, epoch: u64, k: u64) -> Result<Place> {
+        let q = self.stream_row(source, epoch, k)?;
+        let rows = self.sources[source].rows();
         Ok(Place {
             source,
             source_epoch: q / rows,
@@ -89,21 +151,42 @@ impl Stream {
         })
     }
 
-    /// The pieces of position `g` of epoch `epoch`, into `out`; returns its source.
-    pub fn row(&self, epoch: u64, g: u64, out: &mut Vec<RowPiece>) -> Result<usize> {
-        let place = self.place(epoch, g)?;
-        let order = self.order(place.source, place.source_epoch);
-        self.sources[place.source].row(&order, place.row, (self.id, place.source), out)?;
-        Ok(place.source)
+    /// The pieces of position `g` of epoch `epoch` into `pieces`, their tokens into `tokens`
+    /// (`seq_len + 1` at most); returns its source.
+    pub fn row(
+        &self,
+        epoch: u64,
+        g: u64,
+        pieces: &mut Vec<RowPiece>,
+        tokens: &mut Vec<u32>,
+    ) -> Result<usize> {
+        let (i, k) = self.blend.source_at(g);
+        match &self.sources[i] {
+            StreamSource::Tokens(s) => {
+                let place = self.place_of(i, epoch, k)?;
+                let order = self.order(i, s, place.source_epoch);
+                s.row(&order, place.row, (self.id, i), pieces)?;
+                let n: u64 = pieces.iter().map(|p| p.len).sum();
+                tokens.resize(n as usize, 0);
+                let mut at = 0usize;
+                for p in pieces.iter() {
+                    s.source
+                        .read(p.doc, p.start, &mut tokens[at..at + p.len as usize])?;
+                    at += p.len as usize;
+                }
+            }
+            StreamSource::Text(t) => t.row(self.stream_row(i, epoch, k)?, pieces, tokens)?,
+        }
+        Ok(i)
     }
 
     /// Source `i`'s epoch `epoch`, made once and shared.
-    fn order(&self, i: usize, epoch: u64) -> Arc<EpochOrder> {
+    fn order(&self, i: usize, source: &SourceIndex, epoch: u64) -> Arc<EpochOrder> {
         let mut orders = self.orders[i].lock().unwrap_or_else(|p| p.into_inner());
         if let Some(o) = orders.iter().find(|o| o.epoch == epoch) {
             return Arc::clone(o);
         }
-        let order = Arc::new(self.sources[i].epoch(self.seeds[i], epoch));
+        let order = Arc::new(source.epoch(self.seeds[i], epoch));
         if orders.len() >= ORDERS {
             orders.remove(0);
         }

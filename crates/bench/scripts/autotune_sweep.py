@@ -1,4 +1,4 @@
-"""The autotune sweep and the trace's cost of benches/RESULTS.md (issue 24): `gpufeed bench
+"""The autotune sweep and the trace's cost of benches/RESULTS.md: `gpufeed bench
 --json` over one workload with each setting in turn within a round, round after round; prints
 each setting's median steady and whole-run rate, auto's ratios to the best fixed count and to
 the default (medians), the trace's on/off ratio per round, and the reasons auto gave.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Autotune against fixed worker counts, and what a trace costs (issue 24), on the H200 machine
+# Autotune against fixed worker counts, and what a trace costs, on the H200 machine
 # in one device call (about 8 minutes): every staged Rust GPU test with GPUFEED_REQUIRE_GPU=1,
 # then `autotune_sweep.py` over raw 4 KB records (4 and 16 epochs), 150,528-B records, token
 # rows (`--tokens`, 100 M uint16 tokens written by numpy, rows of 2,048, global batches of 8)
@@ -20,7 +20,7 @@
 #
 # Then the device tool's `run`, carry [".gpu"], command `bash
 # crates/bench/scripts/device_autotune.sh` (`... sweeps`: without the tests; `... longer`,
-# `... abba` and `... memory`: the later calls of run 30, see below). Everything lands under $OUT: run.log (this
+# `... abba` and `... memory`: the later calls, see below). Everything lands under $OUT: run.log (this
 # script's output), tests_cuda.log, sweep.jsonl (every run's report).
 set -u
 cd "$(dirname "$0")/../../.."
@@ -60,7 +60,7 @@ gpu_tests() {
 }
 
 if [ "${1:-}" = memory ]; then
-  # The fourth call of run 30: the GPU tests three times over (the memory test after it reads
+  # The fourth call: the GPU tests three times over (the memory test after it reads
   # the loader's own pools and nvJPEG's blocks are at least 64 KiB), then the memory test alone.
   for i in 1 2 3; do
     GPUFEED_REQUIRE_GPU=1 timeout 120 .gpu/tests/cuda >"$OUT/tests_$i.log" 2>&1
@@ -72,7 +72,7 @@ if [ "${1:-}" = memory ]; then
   exit 0
 fi
 if [ "${1:-}" = abba ]; then
-  # The third call of run 30: the trace on 150,528-B records in ABBA order (the trace ran
+  # The third call: the trace on 150,528-B records in ABBA order (the trace ran
   # second in every round before), and the GPU decode after its timing fix, 4 and 16 workers;
   # the GPU tests first.
   gpu_tests
@@ -89,7 +89,7 @@ if [ "${1:-}" = abba ]; then
   exit 0
 fi
 if [ "${1:-}" = longer ]; then
-  # The second call of run 30: longer runs, over which the measurement's 45 to 120 ms weigh
+  # The second call: longer runs, over which the measurement's 45 to 120 ms weigh
   # less, the trace on 150,528-B records again, auto on the GPU path, and the GPU decode's
   # copy figures.
   wait $data

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issues 23 and 21 on the H200 machine (kind nvidia-h200), in one call of about 9 minutes:
+# A candle training binary fed by gpufeed, and the GPU decode beside it, on the H200 machine
+# (kind nvidia-h200), in one call of about 9 minutes:
 #
 #   1. every staged GPU test with GPUFEED_REQUIRE_GPU=1, candle's among them (tests/cuda.rs
 #      built with `cuda,candle-cuda`);

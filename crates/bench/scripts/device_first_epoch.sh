@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12's device run on the H200 machine: the staged tests (GPU tests must not skip), then
+# The first epoch's device run on the H200 machine: the staged tests (GPU tests must not skip), then
 # where a first epoch goes, against PyTorch on the same files in the same run.
 #
 # Stage here first:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21's device run on the H200 machine (kind nvidia-h200: 1 GPU, 16 CPUs), in ONE call of
+# The GPU decode's device run on the H200 machine (kind nvidia-h200: 1 GPU, 16 CPUs), in ONE call of
 # at most ~9 minutes: the GPU tests of the decode (GPUFEED_REQUIRE_GPU=1: none may skip), then
 # the rest of the GPU tests, then on the issue's folder (12,000 JPEGs of 500x375, quality 90,
 # written by torch_baseline.py --jpeg-count 12000): gpufeed's CPU decode against its GPU decode

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's device run: the Python package's GPU path on the H200 machine, in one device call.
+# The Python package's GPU path on the H200 machine, in one device call.
 #
 #   bash crates/bench/scripts/device_python.sh        # nvidia-h200 (1 GPU, 16 CPUs): tests, benches, training
 #   bash crates/bench/scripts/device_python.sh ddp    # nvidia-h200-x2 (2 GPUs, 32 CPUs): the 2-GPU part

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Token batches on the GPU (issue 22) and ResNet-50 fed by the GPU decode (issue 21), in one
+# Token batches on the GPU and ResNet-50 fed by the GPU decode, in one
 # device call on the H200 machine (about 6 minutes): every staged Rust GPU test with
 # GPUFEED_REQUIRE_GPU=1, the Python GPU and token tests with the carried wheel, then `gpufeed
 # bench --tokens` to the host and to the GPU side by side (a 100 M-token uint16 train.bin
@@ -22,7 +22,7 @@
 #   cp ../shared/bench/torch_baseline.py .gpu/
 #
 # Then the device tool's `run`, carry [".gpu"], command
-# `bash crates/bench/scripts/device_tokens_resnet.sh` (`... again`: the second call of run 28,
+# `bash crates/bench/scripts/device_tokens_resnet.sh` (`... again`: a second call,
 # the Python GPU tests, 16-worker token benches with global batches of 8 and 32, and the
 # GPU-decode training run again). Everything lands under $OUT: run.log
 # (this script's output), tests_cuda.log, pytest.log, tokens.jsonl, resnet_gpu4.json,

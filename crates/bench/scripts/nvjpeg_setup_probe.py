@@ -1,4 +1,4 @@
-"""Where nvJPEG's hardware decoder spends its set-up (issue 21: the GPU decode's first epoch).
+"""Where nvJPEG's hardware decoder spends its set-up (what the GPU decode's first epoch pays).
 
 gpufeed's decode stage takes 0.85 to 0.90 s to create nvJPEG's hardware decoder on the H200
 (`DecodeSetup::hardware_seconds`), longer than a steady epoch of 12,000 images. This probe asks

@@ -1,4 +1,4 @@
-"""The GPU decode's yardstick (issue 21): torchvision's nvJPEG decode of every JPEG of an
+"""The GPU decode's yardstick: torchvision's nvJPEG decode of every JPEG of an
 ImageFolder, `decode_jpeg(device="cuda")` in batches of 128, no crop, three passes; first the
 time of the process's first batched decode (nvJPEG's set-up included).
 

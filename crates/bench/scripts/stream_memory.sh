@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Memory while streaming a sharded data set larger than the memory it may use (issue 14):
+# Memory while streaming a sharded data set larger than the memory it may use:
 # runs `gpufeed bench DATASET --json ...` under /usr/bin/time -v, sampling the process's
 # resident memory (anonymous and file-backed, and the kernel's high-water mark) every 0.1 s,
 # and prints the peaks, time's maximum resident set and the bench's JSON report. With a LIMIT

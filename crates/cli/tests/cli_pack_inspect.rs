@@ -302,7 +302,7 @@ fn inspect_refuses_malformed_files_naming_them() {
     }
 }
 
-/// Issue 9, item 7: a 128-byte `.npy` of zero-byte rows and a huge first axis made `pack` loop
+/// A 128-byte `.npy` of zero-byte rows and a huge first axis made `pack` loop
 /// until it ran out of memory and `bench` spin forever. Both refuse it at open, naming it.
 #[test]
 fn pack_and_bench_refuse_zero_byte_rows() {
@@ -328,7 +328,7 @@ fn pack_and_bench_refuse_zero_byte_rows() {
 }
 
 /// `bench --verify` checks every record as it reads it; a `.npy` array, which has no
-/// checksums, takes them at open (issue 18, item 3: it was refused).
+/// checksums, takes them at open (it was refused once).
 #[test]
 fn bench_verify_reads_packed_files_and_npy_arrays() {
     let dir = tempfile::tempdir().unwrap();

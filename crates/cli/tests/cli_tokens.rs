@@ -192,3 +192,87 @@ fn one_epoch_has_no_rate_after_the_first_epoch() {
     assert!(!text.contains("after the first epoch"), "{text}");
     assert!(!text.contains("0.0 M/s"), "{text}");
 }
+
+/// JSON lines of text, and a tokenizer.json (the library's synthetic byte-level BPE).
+fn text_corpus(dir: &Path, docs: usize) -> (PathBuf, PathBuf) {
+    let jsonl = dir.join("corpus.jsonl");
+    let lines: Vec<String> = (0..docs)
+        .map(|d| {
+            let text = ["the world", " мир 日本語", "hello 123", ""][d % 4].repeat(1 + d % 5);
+            serde_json::json!({"text": text, "n": d}).to_string()
+        })
+        .collect();
+    std::fs::write(&jsonl, lines.join("\n") + "\n").unwrap();
+    let tokenizer = dir.join("tokenizer.json");
+    let json = gpufeed::tokenizer::synthetic::byte_level(gpufeed::tokenizer::Split::Gpt2, false);
+    std::fs::write(&tokenizer, json.to_string()).unwrap();
+    (jsonl, tokenizer)
+}
+
+#[test]
+fn bench_tokenizes_text_on_the_fly_blended_with_token_files_and_names_its_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let (jsonl, tok) = text_corpus(dir.path(), 300);
+    let prefix = megatron(&dir.path().join("web"), 50, 40);
+    let text_spec = format!("{}=3", s(&jsonl));
+    let o = gpufeed(&[
+        "bench",
+        "--tokens",
+        &text_spec,
+        "--tokens",
+        s(&prefix.with_extension("idx")),
+        "--tokenizer",
+        s(&tok),
+        "--text-field",
+        "text",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let sources = report["sources"].as_array().unwrap();
+    assert_eq!(sources.len(), 2);
+    let text = &sources[0]["text"];
+    assert!(text["tokens"].as_u64().unwrap() > 0, "{report}");
+    assert!(text["estimated_rows"].as_u64().unwrap() > 0, "{report}");
+    assert!(sources[1].get("text").is_none());
+    assert!(report["tokens"].as_u64().unwrap() > 0);
+    // The text report says what was tokenized.
+    let o = gpufeed(&[
+        "bench",
+        "--tokens",
+        s(&jsonl),
+        "--tokenizer",
+        s(&tok),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--max-batches",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("tokenized:"), "{}", stdout(&o));
+    // A field that is not text, a tokenizer that is not one, a text field without a tokenizer.
+    let o = gpufeed(&[
+        "bench",
+        "--tokens",
+        s(&jsonl),
+        "--tokenizer",
+        s(&tok),
+        "--text-field",
+        "n",
+    ]);
+    refused(&o, &["--text-field", "`n`", "not text"], &[]);
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "[1, 2]").unwrap();
+    let o = gpufeed(&["bench", "--tokens", s(&jsonl), "--tokenizer", s(&bad)]);
+    refused(&o, &["--tokenizer", "bad.json"], &[]);
+    let o = gpufeed(&["bench", "--tokens", s(&jsonl), "--text-field", "text"]);
+    refused(&o, &["--text-field", "--tokenizer"], &[]);
+}

@@ -283,7 +283,8 @@ fn settle(fence: &mut Option<EventFence>) {
 /// States in a batched-decode ring of the hardware decoder: two, so that the host prepares a
 /// batch while the engines decode the one before. Each costs about 0.2 s to create on an H200
 /// (`nvjpegJpegStateCreate` of the hardware backend, `crates/bench/scripts/nvjpeg_setup_probe.py`),
-/// which a first epoch pays; a third bought no steady rate (`benches/RESULTS.md`, run 31).
+/// which a first epoch pays; a third bought no steady rate (`benches/RESULTS.md`, "JPEG decode on
+/// the GPU").
 const HARDWARE_STATES: usize = 2;
 
 /// nvJPEG's batched decode on the hardware JPEG engines (`NVJPEG_BACKEND_HARDWARE`).

@@ -6,7 +6,8 @@
 //! batch of the image pipeline's GPU decode (`stage`).
 //!
 //! The host half, what the workers gather and which engine takes which image, is
-//! [`transform::image::gpu`](crate::transform::image::gpu); a user asks for it with
+//! `transform::image::gpu` (the crate's own: the protocol between the workers and this stage);
+//! a user asks for it with
 //! [`ImageTransformBuilder::decode`](crate::transform::image::ImageTransformBuilder::decode)
 //! and gets device batches from [`DeviceLoader::from_builder`](super::DeviceLoader::from_builder):
 //!

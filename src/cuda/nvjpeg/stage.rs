@@ -21,10 +21,10 @@
 //! completed.
 //!
 //! nvJPEG's decoders take half a second to a second to make on an H200 (a library handle
-//! 0.27 s, each state of the hardware decoder 0.2 s: `benches/RESULTS.md`, run 31), longer
-//! than a whole epoch of a small folder. The stage makes them on a thread of its own, one
-//! after the other (a second handle made beside the first pays the 0.27 s again), and holds
-//! a measured split meanwhile ([`DecodeSplit::hold`](crate::transform::image::DecodeSplit)):
+//! 0.27 s, each state of the hardware decoder 0.2 s: `benches/RESULTS.md`, "JPEG decode on the
+//! GPU"), longer than a whole epoch of a small folder. The stage makes them on a thread of its
+//! own, one after the other (a second handle made beside the first pays the 0.27 s again), and
+//! holds a measured split meanwhile ([`DecodeSplit::hold`](crate::transform::image::DecodeSplit)):
 //! the workers decode every image, the stage copies and resizes their pixels, and the first
 //! batches do not wait for nvJPEG. A batch that holds JPEGs for the GPU (a fixed split, or
 //! one gathered before the hold) waits for the decoders.
@@ -111,6 +111,47 @@ impl LargestSizes {
 
 /// Timings of batches not yet read: (start, end, images the GPU decoded, host time).
 type Pending = VecDeque<(CudaEvent, EventFence, usize, Duration)>;
+
+/// What [`DecodeStage::enqueue_inner`] queued for a batch.
+struct Enqueued {
+    /// The device batch's fence.
+    ready: EventFence,
+    /// Samples skipped (bad images under `OnBadImage::Skip`).
+    skipped: usize,
+    /// Recorded before the batch's work: its device time runs from here to `ready`.
+    start: CudaEvent,
+    /// Images nvJPEG decoded, on the engines and the GPU backend.
+    gpu_images: usize,
+    /// Bytes copied to the device.
+    copied: u64,
+}
+
+/// What the GPU backend's pass over a batch did.
+#[derive(Default)]
+struct BackendDecode {
+    /// Images it decoded.
+    images: usize,
+    /// Bytes copied of the images it refused that the CPU decoded.
+    cpu_bytes: usize,
+    /// Images neither could decode, skipped.
+    skipped: usize,
+}
+
+/// The records of a host batch: sample `p`'s at `offset + p * capacity`.
+#[derive(Clone, Copy)]
+struct Records<'a> {
+    host: &'a [u8],
+    offset: usize,
+    capacity: usize,
+}
+
+impl<'a> Records<'a> {
+    /// The first `len` bytes of sample `p`'s record.
+    fn get(self, p: usize, len: u32) -> &'a [u8] {
+        let start = self.offset + p * self.capacity;
+        &self.host[start..start + self.capacity][..len as usize]
+    }
+}
 
 /// The decode stage of one device loader.
 pub(crate) struct DecodeStage {
@@ -360,7 +401,13 @@ impl DecodeStage {
         let mut staged = Vec::new();
         let done = self.enqueue_inner(batch, buffer, stream, &mut staged);
         match done {
-            Ok((ready, skipped, start, gpu_images, copied)) => {
+            Ok(Enqueued {
+                ready,
+                skipped,
+                start,
+                gpu_images,
+                copied,
+            }) => {
                 batch.buffer_mut().release_after(Box::new(ready.clone()));
                 for mut s in staged {
                     s.release_after(Box::new(ready.clone()));
@@ -432,21 +479,111 @@ impl DecodeStage {
         Ok(())
     }
 
-    #[allow(clippy::type_complexity)]
+    /// Queues one batch's decode on `stream` (the module docs' steps 1 to 4). Every source it
+    /// queues a copy from is the batch's pinned host buffer or a pinned staging buffer put in
+    /// `staged`, which `enqueue` releases behind the batch's `ready` fence; every destination
+    /// is inside `buffer` or the scratch block taken here, fenced behind `ready` too; on an
+    /// error `enqueue` synchronises the stream before either is let go of.
     fn enqueue_inner(
         &mut self,
         batch: &Batch,
         buffer: &DeviceBuffer,
         stream: &Arc<CudaStream>,
         staged: &mut Vec<HostBuffer>,
-    ) -> Result<(EventFence, usize, CudaEvent, usize, u64)> {
+    ) -> Result<Enqueued> {
         let n = batch.len();
         let host = batch.buffer().as_slice();
-        let (cap, records) = (self.plan.capacity, self.records_offset);
-        let record_of = |p: usize| &host[records + p * cap..records + (p + 1) * cap];
+        let records = Records {
+            host,
+            offset: self.records_offset,
+            capacity: self.plan.capacity,
+        };
+        let (mut items, scratch_bytes) = self.place(batch)?;
+        if items
+            .iter()
+            .any(|it| matches!(it.record.route, Route::Hardware | Route::Gpu))
+        {
+            self.take_decoders(true)?;
+        }
+        // The largest batch: `batch_size` descriptors and the largest images seen, which this
+        // batch's (noted by `place`) cannot exceed.
+        let bound =
+            aligned(self.batch_size * std::mem::size_of::<ResizeSample>()) + self.largest.sum();
+        let (slot, scratch) = self.take_scratch(scratch_bytes.max(bound).next_power_of_two())?;
+        let base = scratch.addr();
+        self.device.bind()?;
+        scratch.order_on(stream)?;
+        buffer.order_on(stream)?;
+        let start = self
+            .device
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err("create an event"))?;
+        start
+            .record(stream)
+            .map_err(cuda_err("record an event (cuEventRecord)"))?;
+        // SAFETY: the source is the batch's pinned host buffer and the destination the start
+        // of `buffer` (`records_offset <= image_offset`), both fenced behind `ready` (see the
+        // function's docs).
+        unsafe {
+            result::memcpy_htod_async(
+                buffer.addr(),
+                &host[..self.records_offset],
+                stream.cu_stream(),
+            )
+        }
+        .map_err(cuda_err("copy a batch's labels (cuMemcpyHtoDAsync)"))?;
+        // The metadata and labels, then every record's bytes (pixels copied here, JPEGs that
+        // nvJPEG reads from the host batch), the fallbacks and the descriptors below.
+        let mut copied = self.records_offset
+            + items
+                .iter()
+                .filter(|it| it.record.route != Route::Skipped)
+                .map(|it| it.record.len as usize)
+                .sum::<usize>();
+        let (hardware, mut gpu) = self.copy_pixels_and_route(&items, records, base, stream)?;
+        let hardware_images =
+            self.decode_on_engines(&items, records, &hardware, base, stream, &mut gpu);
+        let backend = self.decode_on_backend(
+            batch, &mut items, records, &gpu, base, buffer, stream, staged,
+        )?;
+        copied += backend.cpu_bytes;
+        let max_rows = self.copy_descriptors(&items, base, stream, staged)?;
+        copied += n * std::mem::size_of::<ResizeSample>();
+        // SAFETY: the descriptors were just copied to `base`; each addresses its image and rows
+        // in `scratch` as placed above, and the output is the image field of `buffer`, which
+        // holds `n` samples' images from `image_offset` (the plan's layout); all fenced
+        // behind `ready`.
+        unsafe {
+            self.kernels.launch(
+                stream,
+                base,
+                n,
+                max_rows,
+                buffer.addr() + self.image_offset as u64,
+                &self.out,
+            )
+        }?;
+        // Timed: `read_timings` measures the batch's device time from `start` to it (the
+        // split's GPU rate); an untimed event made every reading 0.
+        let ready = EventFence::record_timed(stream)?;
+        scratch.add_use(stream, ready.clone());
+        self.scratch[slot] = Some((scratch, Some(ready.clone())));
+        Ok(Enqueued {
+            ready,
+            skipped: backend.skipped,
+            start,
+            gpu_images: hardware_images + backend.images,
+            copied: copied as u64,
+        })
+    }
+
+    /// Reads each sample's record and places it in the scratch: descriptors first, then the
+    /// images, then the resize's rows. Returns the items and the scratch's bytes.
+    fn place(&mut self, batch: &Batch) -> Result<(Vec<Item>, usize)> {
+        let n = batch.len();
+        let host = batch.buffer().as_slice();
         let (out_h, out_w) = (self.out.height, self.out.width);
-        // Where each sample goes in the scratch: descriptors first, then the images, then the
-        // resize's rows.
         let mut items = Vec::with_capacity(n);
         let mut at = aligned(n * std::mem::size_of::<ResizeSample>());
         for p in 0..n {
@@ -501,71 +638,36 @@ impl DecodeStage {
                 zero,
             });
         }
-        if items
-            .iter()
-            .any(|it| matches!(it.record.route, Route::Hardware | Route::Gpu))
-        {
-            self.take_decoders(true)?;
-        }
-        // The largest batch: `batch_size` descriptors and the largest images seen, which this
-        // batch's (noted above) cannot exceed.
-        let bound =
-            aligned(self.batch_size * std::mem::size_of::<ResizeSample>()) + self.largest.sum();
-        let (slot, scratch) = self.take_scratch(at.max(bound).next_power_of_two())?;
-        let base = scratch.addr();
-        self.device.bind()?;
-        scratch.order_on(stream)?;
-        buffer.order_on(stream)?;
-        let start = self
-            .device
-            .context()
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(cuda_err("create an event"))?;
-        start
-            .record(stream)
-            .map_err(cuda_err("record an event (cuEventRecord)"))?;
-        // SAFETY: for this copy and every one below, the sources are the batch's pinned host
-        // buffer (or a pinned staging buffer), released behind the batch's `ready` fence by
-        // `enqueue`; the destinations are inside `buffer` (the prefix, `records_offset <=
-        // image_offset`) or inside `scratch` (placed above), both fenced behind `ready` too; on
-        // an error the stream is synchronised before either is let go of.
-        unsafe {
-            result::memcpy_htod_async(
-                buffer.addr(),
-                &host[..self.records_offset],
-                stream.cu_stream(),
-            )
-        }
-        .map_err(cuda_err("copy a batch's labels (cuMemcpyHtoDAsync)"))?;
-        // The metadata and labels, then every record's bytes (pixels copied here, JPEGs that
-        // nvJPEG reads from the host batch), the fallbacks and the descriptors below.
-        let mut copied = self.records_offset
-            + items
-                .iter()
-                .filter(|it| it.record.route != Route::Skipped)
-                .map(|it| it.record.len as usize)
-                .sum::<usize>();
-        let mut skipped = 0;
-        let mut hardware = Vec::new();
-        let mut gpu = Vec::new();
+        Ok((items, at))
+    }
+
+    /// Copies the workers' pixels into the scratch (at `base`), and sorts the JPEGs between
+    /// the hardware engines (those they support) and the GPU backend: returns the two lists of
+    /// positions.
+    fn copy_pixels_and_route(
+        &self,
+        items: &[Item],
+        records: Records<'_>,
+        base: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(Vec<usize>, Vec<usize>)> {
+        let (mut hardware, mut gpu) = (Vec::new(), Vec::new());
         for (p, it) in items.iter().enumerate() {
             match it.record.route {
                 Route::Pixels => {
-                    let len = it.record.len as usize;
-                    // SAFETY: see above; `len` is the pixels' length, within the record.
+                    let bytes = records.get(p, it.record.len);
+                    // SAFETY: the source is the record in the batch's pinned host buffer; the
+                    // destination the item's place in the scratch, sized for the pixels; both
+                    // fenced behind `ready` (see `enqueue_inner`).
                     unsafe {
-                        result::memcpy_htod_async(
-                            base + it.src as u64,
-                            &record_of(p)[..len],
-                            stream.cu_stream(),
-                        )
+                        result::memcpy_htod_async(base + it.src as u64, bytes, stream.cu_stream())
                     }
                     .map_err(cuda_err("copy a worker's pixels (cuMemcpyHtoDAsync)"))?;
                 }
                 Route::Hardware => match &self.hardware {
                     Some(hw)
                         if hw.supports(
-                            &record_of(p)[..it.record.len as usize],
+                            records.get(p, it.record.len),
                             it.roi.filter(|_| hw.has_roi()),
                         ) =>
                     {
@@ -577,56 +679,78 @@ impl DecodeStage {
                 Route::Skipped => {}
             }
         }
-        let mut hardware_ok = 0;
-        if !hardware.is_empty()
-            && let Some(hw) = &mut self.hardware
-        {
-            let roi_ok = hw.has_roi();
-            let inputs: Vec<(&[u8], Image, Option<Roi>)> = hardware
-                .iter()
-                .map(|&p| {
-                    let it = &items[p];
-                    let bytes = &record_of(p)[..it.record.len as usize];
-                    (
-                        bytes,
-                        Image::interleaved(base + it.src as u64, 3 * it.width as usize),
-                        it.roi,
-                    )
-                })
-                .collect();
-            // Without region decode in this library, a region decode is not possible: those
-            // images go to the GPU backend, which has it.
-            let (whole, regions): (Vec<_>, Vec<_>) = if roi_ok {
-                (inputs, Vec::new())
-            } else {
-                inputs.into_iter().partition(|(_, _, r)| r.is_none())
-            };
-            // SAFETY: every output is its item's place in `scratch`, sized for its region at
-            // pitch `3 * width`; scratch and the host records are fenced behind `ready`.
-            let decoded = unsafe { hw.decode(&whole, stream) };
-            let mut counts = whole.len();
-            if decoded.is_err() {
-                // No status per image: each goes to the GPU backend, which says which fails.
-                gpu.extend(hardware.iter().copied());
-                counts = 0;
-            } else if !regions.is_empty() {
-                let whole_set: std::collections::HashSet<usize> = hardware
-                    .iter()
-                    .copied()
-                    .filter(|&p| items[p].roi.is_none())
-                    .collect();
-                gpu.extend(hardware.iter().copied().filter(|p| !whole_set.contains(p)));
-            }
-            self.plan
-                .stats
-                .hardware
-                .fetch_add(counts as u64, Ordering::Relaxed);
-            hardware_ok = counts;
+        Ok((hardware, gpu))
+    }
+
+    /// Decodes the JPEGs at `hardware` on the hardware engines, in one batched call, each into
+    /// its place in the scratch. What they cannot take goes to `gpu`: all of them if the call
+    /// fails (nvJPEG gives no status per image), and the regions where the library has no
+    /// region decode on the engines. Returns the images decoded.
+    fn decode_on_engines(
+        &mut self,
+        items: &[Item],
+        records: Records<'_>,
+        hardware: &[usize],
+        base: u64,
+        stream: &Arc<CudaStream>,
+        gpu: &mut Vec<usize>,
+    ) -> usize {
+        let Some(hw) = self.hardware.as_mut().filter(|_| !hardware.is_empty()) else {
+            return 0;
+        };
+        let inputs: Vec<(&[u8], Image, Option<Roi>)> = hardware
+            .iter()
+            .map(|&p| {
+                let it = &items[p];
+                (
+                    records.get(p, it.record.len),
+                    Image::interleaved(base + it.src as u64, 3 * it.width as usize),
+                    it.roi,
+                )
+            })
+            .collect();
+        let (whole, regions): (Vec<_>, Vec<_>) = if hw.has_roi() {
+            (inputs, Vec::new())
+        } else {
+            inputs.into_iter().partition(|(_, _, r)| r.is_none())
+        };
+        // SAFETY: every output is its item's place in the scratch, sized for its region at
+        // pitch `3 * width`; the scratch and the host records are fenced behind `ready` (see
+        // `enqueue_inner`).
+        let decoded = unsafe { hw.decode(&whole, stream) };
+        let mut images = whole.len();
+        if decoded.is_err() {
+            gpu.extend_from_slice(hardware);
+            images = 0;
+        } else if !regions.is_empty() {
+            gpu.extend(hardware.iter().copied().filter(|&p| items[p].roi.is_some()));
         }
-        let mut gpu_images = 0;
-        for &p in &gpu {
+        self.plan
+            .stats
+            .hardware
+            .fetch_add(images as u64, Ordering::Relaxed);
+        images
+    }
+
+    /// Decodes the JPEGs at `gpu` on the GPU backend, one by one, each into its place in the
+    /// scratch; one it refuses is decoded here on the CPU, and one neither can decode fails
+    /// the batch naming the sample, or is skipped under `OnBadImage::Skip`.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_on_backend(
+        &mut self,
+        batch: &Batch,
+        items: &mut [Item],
+        records: Records<'_>,
+        gpu: &[usize],
+        base: u64,
+        buffer: &DeviceBuffer,
+        stream: &Arc<CudaStream>,
+        staged: &mut Vec<HostBuffer>,
+    ) -> Result<BackendDecode> {
+        let mut done = BackendDecode::default();
+        for &p in gpu {
             let it = &items[p];
-            let bytes = &record_of(p)[..it.record.len as usize];
+            let bytes = records.get(p, it.record.len);
             let out = Image::interleaved(base + it.src as u64, 3 * it.width as usize);
             let Some(decoder) = self.gpu.as_mut() else {
                 return Err(Error::Cuda {
@@ -634,43 +758,51 @@ impl DecodeStage {
                     what: "a JPEG for the GPU backend before its decoder was made".into(),
                 });
             };
-            // SAFETY: as for the hardware decode.
-            match unsafe { decoder.decode(bytes, out, it.roi, stream) } {
-                Ok(()) => {
-                    gpu_images += 1;
-                    self.plan.stats.gpu.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: as for the hardware decode: the output is the item's place in the
+            // scratch, sized for its region; both it and the record are fenced behind `ready`.
+            let Err(refused) = (unsafe { decoder.decode(bytes, out, it.roi, stream) }) else {
+                done.images += 1;
+                self.plan.stats.gpu.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let index = batch.indices().get(p).copied().unwrap_or(0);
+            match self.decode_on_cpu(bytes, index, it, base, stream, staged) {
+                Ok(pixels) => {
+                    done.cpu_bytes += pixels;
+                    self.plan
+                        .stats
+                        .stage_fallback
+                        .fetch_add(1, Ordering::Relaxed);
                 }
-                Err(refused) => {
-                    let index = batch.indices().get(p).copied().unwrap_or(0);
-                    match self.decode_on_cpu(bytes, index, it, base, stream, staged) {
-                        Ok(pixels) => {
-                            copied += pixels;
-                            self.plan
-                                .stats
-                                .stage_fallback
-                                .fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) if self.plan.on_bad == OnBadImage::Skip => {
-                            let _ = e;
-                            skipped += 1;
-                            self.skip(p, &mut items, buffer, stream)?;
-                        }
-                        Err(e) => {
-                            return Err(Error::Sample {
-                                index,
-                                batch: batch.number(),
-                                source: Box::new(codec_error(index, refused, e)),
-                            });
-                        }
-                    }
+                Err(_) if self.plan.on_bad == OnBadImage::Skip => {
+                    done.skipped += 1;
+                    self.skip(p, items, buffer, stream)?;
+                }
+                Err(e) => {
+                    return Err(Error::Sample {
+                        index,
+                        batch: batch.number(),
+                        source: Box::new(codec_error(index, refused, e)),
+                    });
                 }
             }
         }
-        gpu_images += hardware_ok;
-        // The descriptors.
-        let mut desc = self
-            .staging
-            .acquire(n * std::mem::size_of::<ResizeSample>())?;
+        Ok(done)
+    }
+
+    /// Copies the resize kernels' descriptors, one per item, to the start of the scratch (at
+    /// `base`), through a pinned staging buffer put in `staged`; returns the most source rows
+    /// an item resamples.
+    fn copy_descriptors(
+        &mut self,
+        items: &[Item],
+        base: u64,
+        stream: &Arc<CudaStream>,
+        staged: &mut Vec<HostBuffer>,
+    ) -> Result<u32> {
+        const DESCRIPTOR: usize = std::mem::size_of::<ResizeSample>();
+        let bytes = items.len() * DESCRIPTOR;
+        let mut desc = self.staging.acquire(bytes)?;
         let mut max_rows = 1;
         for (p, it) in items.iter().enumerate() {
             let s = if it.zero {
@@ -697,33 +829,15 @@ impl DecodeStage {
                     pad: 0,
                 }
             };
-            desc.as_mut_slice()[p * 80..p * 80 + 80].copy_from_slice(&s.to_bytes());
+            desc.as_mut_slice()[p * DESCRIPTOR..(p + 1) * DESCRIPTOR]
+                .copy_from_slice(&s.to_bytes());
         }
-        // SAFETY: see the copies above; the staging buffer is released behind `ready`.
-        unsafe { result::memcpy_htod_async(base, &desc.as_slice()[..n * 80], stream.cu_stream()) }
+        // SAFETY: the source is a pinned staging buffer, released behind `ready` once in
+        // `staged`; the destination is the descriptors' place at the start of the scratch.
+        unsafe { result::memcpy_htod_async(base, &desc.as_slice()[..bytes], stream.cu_stream()) }
             .map_err(cuda_err("copy the resize descriptors (cuMemcpyHtoDAsync)"))?;
-        copied += n * 80;
         staged.push(desc);
-        // SAFETY: the descriptors were just copied to `base`; each addresses its image and rows
-        // in `scratch` as placed above, and the output is the image field of `buffer`, which
-        // holds `n` samples' images from `image_offset` (the plan's layout); all fenced
-        // behind `ready`.
-        unsafe {
-            self.kernels.launch(
-                stream,
-                base,
-                n,
-                max_rows,
-                buffer.addr() + self.image_offset as u64,
-                &self.out,
-            )
-        }?;
-        // Timed: `read_timings` measures the batch's device time from `start` to it (the
-        // split's GPU rate); an untimed event made every reading 0.
-        let ready = EventFence::record_timed(stream)?;
-        scratch.add_use(stream, ready.clone());
-        self.scratch[slot] = Some((scratch, Some(ready.clone())));
-        Ok((ready, skipped, start, gpu_images, copied as u64))
+        Ok(max_rows)
     }
 
     /// The ring's next scratch block, at least `bytes` long, once the batch that used it last

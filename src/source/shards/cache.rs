@@ -245,6 +245,7 @@ impl DiskCache {
 
     /// Removes the temporary files under the cache that no fetch holds: those of processes
     /// that died mid-fetch. Returns how many.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     pub fn remove_abandoned(&self) -> u64 {
         let mut removed = 0;
         scan(&self.root, &mut |path, _| {

@@ -70,7 +70,7 @@
 //! opened ([`ShardStore::check_hashes_on_open`]); nor are a compressed MDS shard's
 //! decompressed copies, checked when they are written into the cache.
 
-pub mod cache;
+pub(crate) mod cache;
 pub(crate) mod compressed;
 pub mod decode;
 mod lru;
@@ -134,11 +134,11 @@ pub struct ShardOptions {
     /// is opened; packed shards, whose schema is stored, take no declaration.
     pub decode: std::collections::BTreeMap<String, FieldDecode>,
     /// Where shards that are compressed (MDS `compression`) are decompressed to, once, and
-    /// read from: the [`cache`] directory, `None`: `$GPUFEED_CACHE_DIR`, else
-    /// [`cache::default_root`]. From an object store, the store's cache.
+    /// read from: the cache directory, `None`: `$GPUFEED_CACHE_DIR`, else
+    /// [`default_cache_dir`]`/objects`. From an object store, the store's cache.
     pub cache_dir: Option<PathBuf>,
     /// The most bytes that cache directory holds (decompressed and downloaded shards
-    /// together); `None`: `$GPUFEED_CACHE_LIMIT`, else [`cache::DEFAULT_LIMIT`].
+    /// together); `None`: `$GPUFEED_CACHE_LIMIT`, else 64 GiB.
     pub cache_limit: Option<u64>,
 }
 

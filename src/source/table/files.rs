@@ -111,6 +111,18 @@ fn glob(pattern: &Path) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
+/// Whether the file name `name` matches the glob `pattern` (one path component), by the
+/// rules above (a leading `.` only by a pattern that starts with one).
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) fn name_matches(pattern: &str, name: &str) -> bool {
+    if name.starts_with('.') && !pattern.starts_with('.') {
+        return false;
+    }
+    let (pattern, name): (Vec<char>, Vec<char>) =
+        (pattern.chars().collect(), name.chars().collect());
+    matches(&pattern, &name)
+}
+
 /// Whether `name` matches the glob `pattern` (one path component).
 fn matches(pattern: &[char], name: &[char]) -> bool {
     // The classic two-pointer match: on a mismatch, go back to the last `*` and let it

@@ -20,7 +20,7 @@
 pub mod arrow;
 mod cache;
 mod columns;
-mod files;
+pub(crate) mod files;
 pub mod jsonl;
 pub mod parquet;
 

@@ -22,12 +22,14 @@
 mod documents;
 mod flat;
 pub mod indexed;
+mod text;
 
 use std::ops::Range;
 
 pub use documents::DocumentTokens;
 pub use flat::FlatTokens;
 pub use indexed::{IndexedTokens, MEGATRON_MAGIC};
+pub use text::TextTokens;
 
 use crate::error::{Error, Result};
 use crate::format::DType;
@@ -205,6 +207,14 @@ fn checked<const N: usize>(
         *o = u32::try_from(v).map_err(|_| bad(i, v))?;
     }
     Ok(())
+}
+
+/// True for a name that holds token ids by the rule of [`open_tokens`]: a Megatron dataset
+/// (`PREFIX.idx`, `PREFIX.bin`, or a prefix with both), a `.npy` array, a flat `.bin` file.
+/// The front ends read every other name given with a tokenizer as text ([`TextTokens`]).
+pub fn is_token_file(path: &std::path::Path) -> bool {
+    IndexedTokens::prefix_of(path).is_some()
+        || path.extension().is_some_and(|e| e == "npy" || e == "bin")
 }
 
 /// Opens a token file by its name: `PREFIX.idx`, `PREFIX.bin` with its `PREFIX.idx` beside it,

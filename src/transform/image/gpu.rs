@@ -30,6 +30,10 @@
 //! from what each side costs: the workers' time per image decoded and per image gathered, the
 //! GPU stage's time per image, measured as the batches go.
 
+// The reader of what the workers write here is the GPU stage (`cuda::nvjpeg`), built with
+// `cuda` only: without it, its half of the protocol is not called.
+#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -82,7 +86,7 @@ impl std::fmt::Display for Decode {
 /// Which engine decodes a sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
-pub enum Route {
+pub(crate) enum Route {
     /// nvJPEG's hardware JPEG engines (baseline JPEGs, 8-bit, 4:4:4, 4:2:2, 4:2:0, 4:4:0 or
     /// gray), through its batched decode; where the GPU has no engines, the GPU backend.
     Hardware = 0,
@@ -110,7 +114,7 @@ impl Route {
 /// cannot decode as the CPU path does: not 8-bit, lossless, arithmetic-coded or hierarchical,
 /// 2 or 4 components (CMYK, YCCK), RGB-coded (an Adobe transform of 0: nvJPEG assumes YCbCr),
 /// or chroma sampled in a way nvJPEG does not know.
-pub fn plan(header: &JpegHeader) -> Route {
+pub(crate) fn plan(header: &JpegHeader) -> Route {
     if header.precision != 8 || header.is_adobe_rgb() {
         return Route::Pixels;
     }
@@ -133,12 +137,12 @@ pub fn plan(header: &JpegHeader) -> Route {
 }
 
 /// Bytes of a [`SampleRecord`] in the `image.meta` field.
-pub const META_BYTES: usize = 64;
+pub(crate) const META_BYTES: usize = 64;
 
 /// What the GPU stage needs to know of one sample, written by the worker in the `image.meta`
 /// field (64 bytes, little-endian).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SampleRecord {
+pub(crate) struct SampleRecord {
     /// Which engine decodes it.
     pub route: Route,
     /// Bytes of the record used (the JPEG's length, or the pixels').
@@ -155,7 +159,7 @@ pub struct SampleRecord {
 
 impl SampleRecord {
     /// Writes the record into `out` (at least [`META_BYTES`] bytes; all of them written).
-    pub fn write(&self, out: &mut [u8]) {
+    pub(crate) fn write(&self, out: &mut [u8]) {
         let out = &mut out[..META_BYTES];
         out.fill(0);
         let words = [
@@ -176,7 +180,7 @@ impl SampleRecord {
 
     /// Reads a record written by [`write`](Self::write); `None` for bytes no worker wrote
     /// (an unknown route).
-    pub fn read(b: &[u8]) -> Option<SampleRecord> {
+    pub(crate) fn read(b: &[u8]) -> Option<SampleRecord> {
         let b = b.get(..META_BYTES)?;
         let word =
             |k: usize| u32::from_le_bytes([b[4 * k], b[4 * k + 1], b[4 * k + 2], b[4 * k + 3]]);
@@ -249,7 +253,7 @@ const SHARE_ONE: u64 = 1_000_000;
 /// ([`hold`](Self::hold), [`release`](Self::release)), so that the first batches do not wait
 /// for the GPU. A fixed share is kept from the first batch.
 #[derive(Debug)]
-pub struct DecodeSplit {
+pub(crate) struct DecodeSplit {
     /// Parts per million of GPU-decodable images that the workers decode.
     share: AtomicU64,
     /// The share is fixed (set by the user).
@@ -267,10 +271,10 @@ pub struct DecodeSplit {
 }
 
 /// Batches of the GPU stage whose median cost the split takes.
-pub const GPU_WINDOW: usize = 8;
+pub(crate) const GPU_WINDOW: usize = 8;
 /// Batches of the GPU stage measured before the split moves: the median of 7 holds against 3
 /// slow first batches.
-pub const GPU_MIN_BATCHES: usize = 7;
+pub(crate) const GPU_MIN_BATCHES: usize = 7;
 
 /// The share to the workers before anything is measured.
 const INITIAL_SHARE: f64 = 0.125;
@@ -279,7 +283,7 @@ const MAX_SHARE: f64 = 0.9;
 
 impl DecodeSplit {
     /// A split found from measurements (`share` `None`), or fixed at `share` (0 to 1).
-    pub fn new(share: Option<f64>) -> DecodeSplit {
+    pub(crate) fn new(share: Option<f64>) -> DecodeSplit {
         let s = share.unwrap_or(INITIAL_SHARE).clamp(0.0, 1.0);
         DecodeSplit {
             share: AtomicU64::new((s * SHARE_ONE as f64).round() as u64),
@@ -294,19 +298,14 @@ impl DecodeSplit {
     }
 
     /// The share of GPU-decodable images the workers decode now.
-    pub fn share(&self) -> f64 {
+    pub(crate) fn share(&self) -> f64 {
         self.share.load(Ordering::Relaxed) as f64 / SHARE_ONE as f64
-    }
-
-    /// Whether the share is fixed by the user.
-    pub fn is_fixed(&self) -> bool {
-        self.fixed
     }
 
     /// Whether the sample at `position` of a batch goes to a worker: a low-discrepancy
     /// sequence over positions (the golden ratio's), so that every batch gets its share and
     /// the choice depends on the position alone.
-    pub fn to_workers(&self, position: usize) -> bool {
+    pub(crate) fn to_workers(&self, position: usize) -> bool {
         if self.held.load(Ordering::Acquire) {
             return true;
         }
@@ -321,40 +320,41 @@ impl DecodeSplit {
 
     /// Sends every image to the workers until [`release`](Self::release), unless the share is
     /// fixed: the GPU stage cannot decode yet (its decoders are being made).
-    pub fn hold(&self) {
+    pub(crate) fn hold(&self) {
         if !self.fixed {
             self.held.store(true, Ordering::Release);
         }
     }
 
     /// The GPU decodes its share again (see [`hold`](Self::hold)).
-    pub fn release(&self) {
+    pub(crate) fn release(&self) {
         self.held.store(false, Ordering::Release);
     }
 
     /// Whether every image goes to the workers while the GPU cannot decode.
-    pub fn is_held(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_held(&self) -> bool {
         self.held.load(Ordering::Acquire)
     }
 
     /// The loader's worker count (the `W` of the formula).
-    pub fn set_workers(&self, workers: usize) {
+    pub(crate) fn set_workers(&self, workers: usize) {
         self.workers.store(workers.max(1) as u64, Ordering::Relaxed);
     }
 
     /// A worker decoded an image in `ns` nanoseconds.
-    pub fn measured_cpu(&self, ns: u64) {
+    pub(crate) fn measured_cpu(&self, ns: u64) {
         average(&self.cpu_ns, ns);
     }
 
     /// A worker gathered an image for the GPU in `ns` nanoseconds.
-    pub fn measured_gather(&self, ns: u64) {
+    pub(crate) fn measured_gather(&self, ns: u64) {
         average(&self.gather_ns, ns);
     }
 
     /// The GPU stage took `ns` nanoseconds for a batch of `images` images it decoded; updates
     /// the share unless it is fixed.
-    pub fn measured_gpu(&self, ns: u64, images: usize) {
+    pub(crate) fn measured_gpu(&self, ns: u64, images: usize) {
         if images == 0 {
             return;
         }
@@ -396,7 +396,8 @@ impl DecodeSplit {
     }
 
     /// The costs so far, nanoseconds per image: (worker decode, worker gather, GPU stage).
-    pub fn costs(&self) -> (u64, u64, u64) {
+    #[cfg(test)]
+    pub(crate) fn costs(&self) -> (u64, u64, u64) {
         (
             self.cpu_ns.load(Ordering::Relaxed),
             self.gather_ns.load(Ordering::Relaxed),
@@ -424,7 +425,7 @@ fn average(slot: &AtomicU64, ns: u64) {
 
 /// Counts of the GPU decode, shared by the transform (its workers) and the GPU stage.
 #[derive(Debug, Default)]
-pub struct GpuDecodeStats {
+pub(crate) struct GpuDecodeStats {
     /// Images the hardware engines decoded.
     pub hardware: AtomicU64,
     /// Images nvJPEG's GPU backend decoded.
@@ -441,7 +442,7 @@ pub struct GpuDecodeStats {
 
 impl GpuDecodeStats {
     /// The counts as plain numbers, for reports.
-    pub fn snapshot(&self) -> GpuDecodeCounts {
+    pub(crate) fn snapshot(&self) -> GpuDecodeCounts {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         GpuDecodeCounts {
             hardware: l(&self.hardware),
@@ -454,7 +455,8 @@ impl GpuDecodeStats {
     }
 }
 
-/// [`GpuDecodeStats`] as numbers at one moment.
+/// Which engine decoded how many images in the GPU decode, at one moment (in the device
+/// loader's decode report).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GpuDecodeCounts {
     /// Images the hardware engines decoded.
@@ -475,7 +477,7 @@ pub struct GpuDecodeCounts {
 /// decode to the GPU: the output, and where the host batch keeps each sample's metadata,
 /// label and record.
 #[derive(Clone, Debug)]
-pub struct GpuDecodePlan {
+pub(crate) struct GpuDecodePlan {
     /// Output height and width.
     pub size: (u32, u32),
     /// Output dtype (u8, f16, bf16, f32).

@@ -31,7 +31,7 @@
 
 mod convert;
 pub mod crop;
-pub mod gpu;
+pub(crate) mod gpu;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,9 +45,8 @@ pub use crate::codec::{DecodeLimits, Decoded, ImageKind};
 use convert::PixelWriter;
 pub use convert::{Layout, Normalize};
 pub use crop::CropBox;
-pub use gpu::{
-    Decode, DecodeSplit, GpuDecodeCounts, GpuDecodePlan, GpuDecodeStats, Route, SampleRecord,
-};
+pub use gpu::{Decode, GpuDecodeCounts};
+pub(crate) use gpu::{DecodeSplit, GpuDecodePlan, GpuDecodeStats, Route, SampleRecord};
 
 use crate::codec;
 use crate::error::{Error, Result};
@@ -276,7 +275,8 @@ impl ImageTransformBuilder {
     }
 
     /// Where JPEGs are decoded (default [`Decode::Cpu`]): [`Decode::Gpu`] leaves them to
-    /// nvJPEG and gpufeed's kernels on the GPU of a `cuda::DeviceLoader` (see [`gpu`]).
+    /// nvJPEG and gpufeed's kernels on the GPU of a `cuda::DeviceLoader` (`docs/GPU.md`,
+    /// "Decoding JPEGs on the GPU").
     pub fn decode(mut self, decode: Decode) -> Self {
         self.decode = decode;
         self
@@ -292,7 +292,7 @@ impl ImageTransformBuilder {
 
     /// With the GPU decode, the share (0 to 1) of the JPEGs the GPU could take that the
     /// workers decode instead; `None` (the default): found from what each side costs, batch
-    /// by batch ([`DecodeSplit`]).
+    /// by batch, so that the workers and the GPU finish a batch at about the same time.
     pub fn cpu_share(mut self, share: Option<f64>) -> Self {
         self.cpu_share = share;
         self
@@ -969,8 +969,8 @@ impl ImageTransform {
     /// already built into a loader keeps its decision: deciding otherwise is an error (give
     /// each loader its own transform).
     ///
-    /// Deciding for the GPU [holds](DecodeSplit::hold) a measured split until the GPU stage
-    /// has made nvJPEG's decoders: the workers decode the first batches' JPEGs meanwhile.
+    /// Deciding for the GPU holds a measured split until the GPU stage has made nvJPEG's
+    /// decoders: the workers decode the first batches' JPEGs meanwhile.
     pub fn decide_decode(&self, nvjpeg: Result<()>) -> Result<bool> {
         let want = match (self.cfg.decode, nvjpeg) {
             (Decode::Cpu, _) => false,
@@ -996,7 +996,9 @@ impl ImageTransform {
 
     /// What the GPU stage needs, when the GPU decodes this transform's JPEGs
     /// ([`decide_decode`](Self::decide_decode) said so).
-    pub fn gpu_decode_plan(&self) -> Option<GpuDecodePlan> {
+    // Read by the GPU stage (`cuda::nvjpeg`), built with `cuda` only.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn gpu_decode_plan(&self) -> Option<GpuDecodePlan> {
         if self.on_gpu.get() != Some(&true) {
             return None;
         }
@@ -1015,16 +1017,6 @@ impl ImageTransform {
             split: Arc::clone(&self.split),
             stats: Arc::clone(&self.gpu_stats),
         })
-    }
-
-    /// The counts of the GPU decode (zero unless the GPU decodes this transform's JPEGs).
-    pub fn gpu_decode_stats(&self) -> Arc<GpuDecodeStats> {
-        Arc::clone(&self.gpu_stats)
-    }
-
-    /// The split between the GPU and the workers.
-    pub fn decode_split(&self) -> Arc<DecodeSplit> {
-        Arc::clone(&self.split)
     }
 
     fn record_capacity(&self) -> usize {
@@ -1210,6 +1202,9 @@ impl SampleTransform for ImageTransform {
 }
 
 #[cfg(test)]
+mod gpu_gather_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use ::image::ImageEncoder;
@@ -1240,8 +1235,8 @@ mod tests {
         });
     }
 
-    /// Issue 9, item 7: a worker's buffers kept the size of the largest image it ever decoded
-    /// for the life of the loader.
+    /// A worker's buffers must not keep the size of the largest image it ever decoded for the
+    /// life of the loader.
     #[test]
     fn buffers_grown_past_the_keep_size_are_freed_after_the_image() {
         std::thread::spawn(|| {

@@ -179,6 +179,14 @@ pub struct Args {
     /// The dtype of flat token files (nanoGPT's train.bin: u16) (with --tokens).
     #[arg(long, value_name = "DTYPE")]
     pub token_dtype: Option<String>,
+    /// Tokenize text on the fly with this tokenizer.json (or a hub directory holding one):
+    /// every --tokens source that is not token ids (a Megatron dataset, a `.npy`, a `.bin`)
+    /// is then data whose --text-field is read as text (Parquet, Arrow, JSON lines, shards).
+    #[arg(long, value_name = "TOKENIZER")]
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// The field of text of the --tokens sources read with --tokenizer [default: text].
+    #[arg(long, value_name = "NAME")]
+    pub text_field: Option<String>,
 }
 
 /// `RANK/WORLD` as two whole numbers.

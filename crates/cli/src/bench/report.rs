@@ -349,6 +349,8 @@ pub(super) fn stage_table(stats: &LoaderStats) -> String {
     t
 }
 
+/// Prints the report of a run: as JSON with `--json`, else as lines of text (`extra`: what an
+/// image run decoded, or the copy stage's figures shown with `--verbose`).
 pub(super) fn print_report_with(
     args: &Args,
     mut report: Report,
@@ -362,12 +364,61 @@ pub(super) fn print_report_with(
         return crate::out(text);
     }
     let images = report.mode == "images";
-    let mut text = String::new();
     let what = if images {
         extra
     } else {
         report.dataset.as_str()
     };
+    let mut text = heading(&report, what);
+    text.push('\n');
+    if report.interrupted {
+        text.push_str(&format!(
+            "interrupted: Ctrl-C after {} of {} (the last cut short); the figures are of what ran\n",
+            count(report.epochs, "epoch", "epochs"),
+            args.epochs
+        ));
+    }
+    if let Some(device) = &report.device {
+        text.push_str(&format!("device: {device}\n"));
+    }
+    rate_lines(args, &report, &mut text);
+    data_lines(&report, &mut text);
+    text.push_str(&format!(
+        "consumer: waited for data {} of its time{}\n",
+        percent(report.wait_fraction),
+        report.first_batch_ms.map_or(String::new(), |ms| format!(
+            "; first batch {} ms after build",
+            significant(ms)
+        ))
+    ));
+    if let Some(tuning) = &report.tuning {
+        text.push_str(&format!("settings: {}\n", tuning.reason));
+    }
+    if let Some(stats) = stats {
+        text.push_str(&stage_table(stats));
+        if args.verbose {
+            text.push_str(&format!("\nthe loader's own figures:\n{stats}\n"));
+        }
+    } else if !extra.is_empty() && !images && args.verbose {
+        text.push_str(&format!("\nthe copy stage's figures:\n{extra}\n"));
+    }
+    if let Some(path) = &report.trace {
+        text.push_str(&format!(
+            "trace: {path} (open it in https://ui.perfetto.dev or chrome://tracing)\n"
+        ));
+    }
+    if let Some(path) = &report.plot {
+        text.push_str(&format!("plot: {path}\n"));
+    }
+    if let Some(verdict) = &report.verdict {
+        text.push_str(&format!("verdict: {verdict}\n"));
+    }
+    crate::out(text.trim_end())
+}
+
+/// The report's first line: what ran, on what data, with which settings.
+fn heading(report: &Report, what: &str) -> String {
+    let images = report.mode == "images";
     let sizes = if images {
         format!(" ({})", count(report.records, "image", "images"))
     } else {
@@ -377,7 +428,7 @@ pub(super) fn print_report_with(
             human_bytes(report.sample_bytes)
         )
     };
-    let dataset_line = format!(
+    format!(
         "gpufeed bench{}: {what}{sizes}, batch {}, {}, prefetch {}, {}, {}, {}",
         if images { " --images" } else { "" },
         report.batch_size,
@@ -390,22 +441,15 @@ pub(super) fn print_report_with(
         } else {
             "sequential"
         }
-    );
-    text.push_str(&dataset_line);
-    text.push('\n');
-    if report.interrupted {
-        text.push_str(&format!(
-            "interrupted: Ctrl-C after {} of {} (the last cut short); the figures are of what ran\n",
-            count(report.epochs, "epoch", "epochs"),
-            args.epochs
-        ));
-    }
-    if let Some(device) = &report.device {
-        text.push_str(&format!("device: {device}\n"));
-    }
+    )
+}
+
+/// The report's rates: over the run, per epoch, and against the gather or the copy ceiling.
+fn rate_lines(args: &Args, report: &Report, text: &mut String) {
+    let images = report.mode == "images";
     let mut line = format!(
         "throughput: {} over the run ({} in {} s)",
-        rate(&report, report.bytes_per_sec, report.samples_per_sec),
+        rate(report, report.bytes_per_sec, report.samples_per_sec),
         if images {
             count(report.samples, "image", "images")
         } else {
@@ -416,7 +460,7 @@ pub(super) fn print_report_with(
     if let (Some(b), Some(s)) = (report.steady_bytes_per_sec, report.steady_samples_per_sec) {
         line.push_str(&format!(
             "; steady state (epochs after the first) {}",
-            rate(&report, b, s)
+            rate(report, b, s)
         ));
     }
     text.push_str(&line);
@@ -426,7 +470,7 @@ pub(super) fn print_report_with(
             .epoch_bytes_per_sec
             .iter()
             .zip(&report.epoch_samples_per_sec)
-            .map(|(&b, &s)| rate(&report, b, s))
+            .map(|(&b, &s)| rate(report, b, s))
             .collect();
         text.push_str(&format!("per epoch: {}\n", rates.join(", ")));
     }
@@ -440,7 +484,7 @@ pub(super) fn print_report_with(
             } else {
                 ""
             },
-            rate(&report, b, 0.0),
+            rate(report, b, 0.0),
             if report.steady_bytes_per_sec.is_some() {
                 "steady state"
             } else {
@@ -464,6 +508,10 @@ pub(super) fn print_report_with(
             ));
         }
     }
+}
+
+/// What the run read besides samples: bad images skipped, shards, the store, ragged fields.
+fn data_lines(report: &Report, text: &mut String) {
     if let Some(skipped) = report.skipped {
         text.push_str(&format!("bad images skipped: {skipped}\n"));
     }
@@ -502,35 +550,4 @@ pub(super) fn print_report_with(
             human_bytes(r.value_bytes_per_batch.round() as u64)
         ));
     }
-    text.push_str(&format!(
-        "consumer: waited for data {} of its time{}\n",
-        percent(report.wait_fraction),
-        report.first_batch_ms.map_or(String::new(), |ms| format!(
-            "; first batch {} ms after build",
-            significant(ms)
-        ))
-    ));
-    if let Some(tuning) = &report.tuning {
-        text.push_str(&format!("settings: {}\n", tuning.reason));
-    }
-    if let Some(stats) = stats {
-        text.push_str(&stage_table(stats));
-        if args.verbose {
-            text.push_str(&format!("\nthe loader's own figures:\n{stats}\n"));
-        }
-    } else if !extra.is_empty() && !images && args.verbose {
-        text.push_str(&format!("\nthe copy stage's figures:\n{extra}\n"));
-    }
-    if let Some(path) = &report.trace {
-        text.push_str(&format!(
-            "trace: {path} (open it in https://ui.perfetto.dev or chrome://tracing)\n"
-        ));
-    }
-    if let Some(path) = &report.plot {
-        text.push_str(&format!("plot: {path}\n"));
-    }
-    if let Some(verdict) = &report.verdict {
-        text.push_str(&format!("verdict: {verdict}\n"));
-    }
-    crate::out(text.trim_end())
 }

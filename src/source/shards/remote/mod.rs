@@ -50,7 +50,7 @@
 //! - **Prefetch**: the loader announces the samples of the next `read_ahead_batches` batches
 //!   ([`Dataset::read_ahead`](crate::Dataset::read_ahead)); the store starts fetching their
 //!   shards in that order, at most `prefetch_shards` at once, on a thread of its own.
-//! - **The cache** (see [`cache`]) is a directory shared by every process of the machine
+//! - **The cache** is a directory shared by every process of the machine
 //!   (ranks, data loader processes): a shard is downloaded once per machine, the others wait
 //!   for it; files are whole or absent (temporary name, then rename); a byte limit is kept by
 //!   removing the least recently used shards. A process that dies mid-fetch (`kill -9`, or a
@@ -74,7 +74,7 @@
 //! `AZURE_*` for Azure). Each store is behind a cargo feature (`s3`, `gcs`, `azure`, `http`);
 //! `file://` needs `remote` only.
 
-pub use super::cache;
+use super::cache;
 mod check;
 mod download;
 mod url;

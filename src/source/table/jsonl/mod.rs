@@ -136,10 +136,10 @@ pub struct JsonLinesOptions {
     /// How files are read ([`ReadOptions::mode`]); JSON lines have no checksums.
     pub read: ReadOptions,
     /// Where compressed files are decompressed to; `None`: `$GPUFEED_CACHE_DIR`, else the
-    /// cache's default ([`default_root`]).
+    /// cache's default ([`default_cache_dir`](crate::source::shards::default_cache_dir)`/objects`).
     pub cache_dir: Option<PathBuf>,
     /// The most bytes that cache directory holds (everything in it together); `None`:
-    /// `$GPUFEED_CACHE_LIMIT`, else [`DEFAULT_LIMIT`].
+    /// `$GPUFEED_CACHE_LIMIT`, else 64 GiB.
     pub cache_limit: Option<u64>,
     /// A directory where each file's index of lines may be written, and read at later opens
     /// while the file is unchanged (path, size and modification time); `None` (the default):
@@ -377,8 +377,12 @@ impl JsonLines {
     /// ([`Error::Malformed`]), settings that cannot work ([`Error::InvalidConfig`]: a field
     /// asked for that the first lines do not have and no declaration types).
     pub fn open(target: impl AsRef<Path>, options: &JsonLinesOptions) -> Result<JsonLines> {
-        let target = target.as_ref();
-        let paths = list_files(target)?;
+        JsonLines::open_files(&list_files(target.as_ref())?, options)
+    }
+
+    /// Opens the files `paths` as one data set, in this order (each plain or compressed, as
+    /// its name says).
+    pub fn open_files(paths: &[PathBuf], options: &JsonLinesOptions) -> Result<JsonLines> {
         let mut decompress_at = None;
         if paths.iter().any(|p| compression_of(p).is_some()) {
             let (dir, limit) = settings_from_env()?;
@@ -671,11 +675,23 @@ impl Dataset for JsonLines {
     }
 }
 
+/// A file's compression: as its name says (`.gz`, `.zst`), else, for a name that says
+/// nothing of JSON (a file in the object store's cache, `name~tag`), as its first bytes say
+/// (gzip's `1f 8b`, zstd's `28 b5 2f fd`).
 fn compression_of(path: &Path) -> Option<Compression> {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .and_then(name_kind)
-        .and_then(|k| k.compression)
+    let name = path.file_name().and_then(|n| n.to_str());
+    if let Some(kind) = name.and_then(name_kind) {
+        return kind.compression;
+    }
+    let mut head = [0u8; 4];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    match &head[..n] {
+        [0x1f, 0x8b, ..] => Some(Compression::Gzip),
+        [0x28, 0xb5, 0x2f, 0xfd] => Some(Compression::Zstd),
+        _ => None,
+    }
 }
 
 impl LinesFile {

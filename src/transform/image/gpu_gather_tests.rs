@@ -1,17 +1,18 @@
 //! The host half of the GPU decode, without a GPU: what the workers gather for each sample
 //! (the route by kind of image, the JPEG's bytes, the crop and flip the CPU path draws, the
 //! worker's own pixels for what nvJPEG cannot decode), and what they refuse before decoding.
+//! These tests live in the crate: the records are the protocol between the workers and the
+//! GPU stage, which no user reads.
 
 use std::sync::Arc;
 
-use gpufeed::source::{Dataset, ImageFolder};
-use gpufeed::transform::image::crop;
-use gpufeed::transform::image::{
-    Decode, ImageTransform, Layout, OnBadImage, Route, SampleRecord, gpu::META_BYTES,
-};
-use gpufeed::{BatchStream, Error, Loader, SampleContext};
+use super::gpu::META_BYTES;
+use super::{Decode, ImageTransform, Layout, OnBadImage, Route, SampleRecord, crop};
+use crate::source::{Dataset, ImageFolder};
+use crate::{BatchStream, Error, Loader, SampleContext};
 
-use crate::image_common;
+#[path = "../../../tests/image_common/mod.rs"]
+mod image_common;
 
 fn route_of(name: &str) -> Route {
     match name {
@@ -114,50 +115,11 @@ fn the_gather_records_the_cpu_paths_crop_and_flip_and_routes_each_kind() {
     assert_eq!(routes.get("Gpu"), Some(&(2 * 3)), "{routes:?}");
     assert_eq!(routes.get("Pixels"), Some(&(2 * 6)), "{routes:?}");
     // Batches made ahead of the next epoch count too.
-    let counts = t.gpu_decode_stats().snapshot();
+    let counts = t.gpu_stats.snapshot();
     assert!(counts.cpu_unsupported >= 12, "{counts:?}");
     assert_eq!(
         counts.cpu_share, 0,
         "a fixed share of 0 leaves every JPEG to the GPU"
-    );
-}
-
-#[test]
-fn a_host_loader_refuses_the_gpu_decode() {
-    let dir = tempfile::tempdir().unwrap();
-    image_common::kinds_folder(dir.path(), 1);
-    let t = ImageTransform::train(32)
-        .decode(Decode::Gpu)
-        .build()
-        .unwrap();
-    let e = Loader::builder(ImageFolder::open(dir.path()).unwrap())
-        .transform(t)
-        .build()
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::InvalidConfig {
-                setting: "decode",
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(e.to_string().contains("DeviceLoader::from_builder"), "{e}");
-    // Auto decodes on the CPU there.
-    let t = ImageTransform::train(32)
-        .decode(Decode::Auto)
-        .build()
-        .unwrap();
-    let mut loader = Loader::builder(ImageFolder::open(dir.path()).unwrap())
-        .transform(t)
-        .batch_size(7)
-        .build()
-        .unwrap();
-    assert_eq!(
-        loader.next().unwrap().unwrap().shape("image").unwrap(),
-        [7, 3, 32, 32]
     );
 }
 
@@ -207,7 +169,7 @@ fn truncated_huge_and_corrupt_jpegs_are_refused_before_any_decode_and_skipped_wh
         t.decide_decode(Ok(())).unwrap();
         // Deciding for the GPU holds the split (every JPEG to the workers) until a GPU stage
         // has its decoders; there is none here, so the test releases it as the stage would.
-        t.decode_split().release();
+        t.split.release();
         Loader::builder(ImageFolder::open(dir.path()).unwrap())
             .transform(t)
             .batch_size(1)
