@@ -525,10 +525,11 @@ def test_a_node_killed_mid_epoch_restarts_from_the_checkpoint(tmp_path, local_se
     # dies. Without collectives (CI), node 0's ranks go on to the end of the run: nothing of
     # gpufeed's waits for another rank, so the loaders themselves never hang on a lost peer.
     # Under torchrun, node 0's ranks wait at the end of epoch 0 in a collective that node 1
-    # never joins; once node 1 is gone it fails, and every rank of node 0 ends with the
-    # collective's error (within the deadline: no hang). The restart (2 nodes x 3) from rank
-    # 0's checkpoint: the checkpointed steps and the restart are the uninterrupted run,
-    # nothing lost or repeated, and each node's cache holds whole shards only.
+    # never joins; once node 1 is gone it fails with the collective's error, and node 0's
+    # agent ends every rank of the node (within the deadline: no hang). The restart (2 nodes
+    # x 3) from rank 0's checkpoint: the checkpointed steps and the restart are the
+    # uninterrupted run, nothing lost or repeated, and each node's cache holds whole shards
+    # only.
     data = local_sets["mds-zstd"]
     spec = dict(kind="loader", data=str(data), args=LOADER_ARGS, epochs=EPOCHS, field="id")
     reference = reference_order(data)
@@ -541,9 +542,10 @@ def test_a_node_killed_mid_epoch_restarts_from_the_checkpoint(tmp_path, local_se
     if TORCHRUN:
         job.wait_for(lambda: job.ended([0]), nodes=[])
         assert job.procs[0].returncode != 0, job.logs()
-        for r in job.ranks_of(0):
-            log = (out / f"log-rank{r}.txt").read_text(errors="replace")
-            assert "Traceback" in log and "all_gather" in log, f"rank {r}:\n{log[-3000:]}"
+        # The first rank whose collective fails ends the node: its agent stops the others
+        # (SIGTERM), which may not get to say why.
+        logs = [(out / f"log-rank{r}.txt").read_text(errors="replace") for r in job.ranks_of(0)]
+        assert any("Traceback" in log and "all_gather" in log for log in logs), job.logs()
     else:
         job.wait_for(lambda: job.ended([0]), nodes=[0])
         assert all(job.procs[r].returncode == 0 for r in job.ranks_of(0)), job.logs()
