@@ -624,7 +624,10 @@ fn compressed_mds_shards_are_fetched_ahead_as_their_archives() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     for i in 0..20u64 {
-        assert_eq!(*d.get(i).unwrap().field_as::<i64>("id").unwrap(), [i as i64]);
+        assert_eq!(
+            *d.get(i).unwrap().field_as::<i64>("id").unwrap(),
+            [i as i64]
+        );
     }
     // One fetch, the archive's (a fetch of the raw file would be a second miss, and fail).
     let stats = d.store_stats().unwrap();
