@@ -91,7 +91,7 @@ if [ "$MODE" = launch ]; then
     >"$OUT/pytest_torchrun.log" 2>&1 || note_fail "pytest, torchrun"
   tail -25 "$OUT/pytest_torchrun.log"
 elif [ "$MODE" = ranks ]; then
-  step "data: 16,384 records of 150,528 B; 12,000 JPEGs of 500x375; 100M uint16 tokens"
+  step "data: 16,384 records of 150,528 B; 12,000 JPEGs of 500x375; 500M uint16 tokens"
   python3 - "$DATA" <<'PY' || { echo "could not make the data"; exit 1; }
 import glob, os, sys
 from concurrent.futures import ProcessPoolExecutor
@@ -109,7 +109,7 @@ if not os.path.exists(records):
     os.replace(records + ".tmp", records)
 tokens = os.path.join(d, "train.bin")
 if not os.path.exists(tokens):
-    np.random.default_rng(1).integers(1, 50257, size=100_000_000, dtype=np.uint16).tofile(tokens + ".tmp")
+    np.random.default_rng(1).integers(1, 50257, size=500_000_000, dtype=np.uint16).tofile(tokens + ".tmp")
     os.replace(tokens + ".tmp", tokens)
 
 def jpegs(part):
@@ -161,16 +161,16 @@ PY
   ranks() {  # ranks NPROC WORKERS CASE DATA [args...]
     local n=$1 w=$2 case=$3 data=$4; shift 4
     step "$case: $n rank(s) x $w worker threads"
-    bounded 100 python3 -m torch.distributed.run --standalone --nproc-per-node "$n" "$R" \
+    bounded 85 python3 -m torch.distributed.run --standalone --nproc-per-node "$n" "$R" \
       --case "$case" --data "$data" --workers "$w" --out "$OUT/ranks.jsonl" "$@" \
       | grep -E '^\{' || note_fail "$case, $n rank(s) (exit status $?: 124 is a time-out, a hang)"
   }
-  ranks 8 2 raw "$DATA/records.npy" --batch-size 256 --epochs 10
-  ranks 1 16 raw "$DATA/records.npy" --batch-size 256 --epochs 10
-  ranks 8 2 jpeg "$DATA/jpegs" --batch-size 128 --epochs 6
-  ranks 1 16 jpeg "$DATA/jpegs" --batch-size 128 --epochs 6
-  ranks 8 2 tokens "$DATA/train.bin" --batch-size 256 --seq-len 2048 --epochs 3
-  ranks 1 16 tokens "$DATA/train.bin" --batch-size 256 --seq-len 2048 --epochs 3
+  ranks 8 2 raw "$DATA/records.npy" --batch-size 256 --epochs 30
+  ranks 1 16 raw "$DATA/records.npy" --batch-size 256 --epochs 30
+  ranks 8 2 jpeg "$DATA/jpegs" --batch-size 128 --epochs 10
+  ranks 1 16 jpeg "$DATA/jpegs" --batch-size 128 --epochs 10
+  ranks 8 2 tokens "$DATA/train.bin" --batch-size 256 --seq-len 2048 --epochs 5
+  ranks 1 16 tokens "$DATA/train.bin" --batch-size 256 --seq-len 2048 --epochs 5
 else
   echo "mode $MODE: launch or ranks"; exit 2
 fi

@@ -41,12 +41,24 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 
+def nbytes(x) -> int:
+    """A tensor's (or, on the CPU, a numpy array's) bytes."""
+    return x.numel() * x.element_size() if hasattr(x, "numel") else x.nbytes
+
+
+def elements(x) -> int:
+    """A tensor's (or a numpy array's) elements."""
+    return x.numel() if hasattr(x, "numel") else x.size
+
+
 def loader_of(a, gpufeed):
-    """The rank's loader for the case, and what one sample counts (bytes, images or tokens)."""
-    common = dict(shard="env", device="cuda:0", workers=a.workers, shuffle=a.seed)
+    """The rank's loader for the case, and what one batch counts (GB, images or tokens)."""
+    common = dict(shard="env", device=a.device, workers=a.workers, shuffle=a.seed)
+    if a.device == "cpu":
+        common["output"] = "numpy"
     if a.case == "raw":
         loader = gpufeed.Loader(a.data, batch_size=a.batch_size, drop_last=True, **common)
-        return loader, "GB/s", lambda batch: sum(t.numel() * t.element_size() for t in batch.values()) / 1e9
+        return loader, "GB/s", lambda batch: sum(nbytes(t) for t in batch.values()) / 1e9
     if a.case == "jpeg":
         images = {"size": 224, "dtype": "bfloat16", "normalize": "imagenet", "decode": "gpu"}
         loader = gpufeed.Loader(a.data, batch_size=a.batch_size, drop_last=True, images=images, **common)
@@ -58,7 +70,7 @@ def loader_of(a, gpufeed):
         )
         # Input tokens delivered (a flat file's rows are full but for an epoch's last, which
         # drop_last leaves out); counted from the shape, so that no step waits for the GPU.
-        return loader, "tokens/s", lambda batch: batch["input_ids"].numel()
+        return loader, "tokens/s", lambda batch: elements(batch["input_ids"])
     raise SystemExit(f"--case {a.case!r}: raw, jpeg or tokens")
 
 
@@ -73,6 +85,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="ranks_throughput.jsonl")
     p.add_argument("--timeout", type=int, default=300, help="seconds a collective may wait")
+    p.add_argument("--device", default="cuda:0", help="cpu: host batches (a dry run without a GPU)")
     a = p.parse_args()
 
     import torch
@@ -82,13 +95,19 @@ def main() -> int:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(0)
+    cuda = a.device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(torch.device(a.device))
     loader, unit, amount = loader_of(a, gpufeed)
+
+    def synchronize():
+        if cuda:
+            torch.cuda.current_stream().synchronize()
 
     loader.set_epoch(0)
     for batch in loader:
         del batch
-    torch.cuda.current_stream().synchronize()
+    synchronize()
 
     dist.barrier()
     t0 = time.perf_counter()
@@ -99,7 +118,7 @@ def main() -> int:
             done += amount(batch)
             batches += 1
             del batch
-    torch.cuda.current_stream().synchronize()
+    synchronize()
     mine = time.perf_counter() - t0
     dist.barrier()
     elapsed = time.perf_counter() - t0
