@@ -85,7 +85,7 @@ if [ "$MODE" = launch ]; then
     >"$OUT/pytest_direct.log" 2>&1 || note_fail "pytest, direct launch"
   tail -15 "$OUT/pytest_direct.log"
   step "test_distributed.py through the real torchrun: 2 agents x 4 ranks on loopback, gloo"
-  GPUFEED_TEST_LAUNCHER=torchrun bounded 330 python3 -m pytest python/tests/test_distributed.py -q \
+  bounded 330 env GPUFEED_TEST_LAUNCHER=torchrun python3 -m pytest python/tests/test_distributed.py -q \
     -p no:cacheprovider -rs --durations=10 \
     -k "eight_ranks_read_s3 or killed_mid_epoch or token_ranks_make or token_stream_stopped" \
     >"$OUT/pytest_torchrun.log" 2>&1 || note_fail "pytest, torchrun"
