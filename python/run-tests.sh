@@ -4,9 +4,17 @@
 # installed as users install it (`pip install ./python`: maturin builds the abi3 wheel, in
 # release mode, into the workspace's target directory), then pytest on python/tests.
 # Arguments go to pytest. PYTHON picks the interpreter (default python3).
+# GPUFEED_PYTHON_FEATURES (such as `s3`) builds the package with those cargo features, as the
+# README's `--config-settings=build-args="--features s3"` does, into a virtual environment of
+# its own (target/python-venv-FEATURES), so that the default build's stays as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="${GPUFEED_PYTHON_VENV:-target/python-venv}"
+features="${GPUFEED_PYTHON_FEATURES:-}"
+if [ -n "$features" ]; then
+  venv="${GPUFEED_PYTHON_VENV:-target/python-venv-${features//,/-}}"
+else
+  venv="${GPUFEED_PYTHON_VENV:-target/python-venv}"
+fi
 if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-python3}" -m venv "$venv"
 fi
@@ -19,7 +27,12 @@ export PIP_CONSTRAINT="$PWD/python/requirements-ci.txt"
 # their fixtures (transformers' converters); the fixtures and the corpus are made by the tests
 # themselves, once, under target/tokenizer-tests.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-tokenizers.txt
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./python
+if [ -n "$features" ]; then
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./python \
+    --config-settings=build-args="--features $features"
+else
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./python
+fi
 # From the root, where no `gpufeed` folder hides the installed package (python/gpufeed has no
 # compiled module).
 exec "$venv/bin/python" -m pytest python/tests "$@"

@@ -676,3 +676,33 @@ fn tables_at_a_url_are_fetched_once_into_the_cache_and_read_as_local_files() {
     let e = open(format!("{base}/nothing-*.parquet"), &o).err().unwrap();
     assert!(e.to_string().contains("no object matches"), "{e}");
 }
+
+#[test]
+fn compressed_mds_shards_are_fetched_ahead_as_their_archives() {
+    // The loader announces the shards it reads next; a compressed shard of a URL is made
+    // from its archive, so the archive is what the store fetches ahead: one fetch in all,
+    // none for the raw file, which the store does not hold.
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    crate::shard_compressed::compressed_set(dir.path(), "zstd", true);
+    let d = open(dir.path(), options(cache.path()));
+    d.read_ahead(&[0]);
+    // The announcement is taken up by the store's own thread: wait (bounded) for its fetch.
+    let start = std::time::Instant::now();
+    while d.store_stats().unwrap().cache_misses == 0 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "no fetch ahead"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    for i in 0..20u64 {
+        assert_eq!(
+            *d.get(i).unwrap().field_as::<i64>("id").unwrap(),
+            [i as i64]
+        );
+    }
+    // One fetch, the archive's (a fetch of the raw file would be a second miss, and fail).
+    let stats = d.store_stats().unwrap();
+    assert_eq!(stats.cache_misses, 1, "{stats:?}");
+}

@@ -436,3 +436,26 @@ fn the_chunk_cache_counts_in_the_loaders_memory() {
         "{e}"
     );
 }
+
+#[test]
+fn chunks_are_sized_by_what_rows_decode_to_not_by_dictionary_encoded_pages() {
+    use arrow_array::FixedSizeListArray;
+    use arrow_array::types::Float32Type;
+    // 4,096 rows of 1,024 f32 taking 4 values: the pages hold little, the rows 16 MiB.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.parquet");
+    let x = FixedSizeListArray::from_iter_primitive::<Float32Type, _, _>(
+        (0..4096).map(|r| Some((0..1024).map(move |k| Some(((r + k) % 4) as f32)))),
+        1024,
+    );
+    let batch = RecordBatch::try_from_iter([("x", Arc::new(x) as ArrayRef)]).unwrap();
+    write_parquet(&p, &[batch], 4096, 1024);
+    let d = parquet::open(&p, &TableOptions::default()).unwrap();
+    // Chunks of about 4 MiB decoded: 4 of them, so that a window of them fits the cache.
+    let chunks = d.chunks().count() as u64;
+    let decoded = 4096 * 1024 * 4;
+    assert!(
+        chunks >= decoded / gpufeed::source::table::DEFAULT_CHUNK_BYTES,
+        "{chunks} chunks"
+    );
+}

@@ -65,11 +65,20 @@ def _streaming():
         def exec_module(self, module):
             pass
 
-    sys.meta_path.insert(0, Finder())
-    from streaming.base import compression
-    from streaming.base.format.mds import encodings
-    from streaming.base.format.mds.reader import MDSReader
-    from streaming.base.format.mds.writer import MDSWriter
+    finder = Finder()
+    sys.meta_path.insert(0, finder)
+    try:
+        from streaming.base import compression
+        from streaming.base.format.mds import encodings
+        from streaming.base.format.mds.reader import MDSReader
+        from streaming.base.format.mds.writer import MDSWriter
+    finally:
+        # The stand-ins served these imports only: the rest of the session imports the real
+        # packages, or finds them missing (a stand-in `torch` would pass for torch, and the
+        # loaders would hand their batches to it).
+        sys.meta_path.remove(finder)
+        for name in [n for n, m in sys.modules.items() if isinstance(m, Stub)]:
+            del sys.modules[name]
 
     ns = types.SimpleNamespace(
         MDSReader=MDSReader, MDSWriter=MDSWriter, encodings=encodings, compression=compression

@@ -817,6 +817,16 @@ impl ShardFormat for MdsShards {
         MdsShards::compression(self).map(str::to_owned)
     }
 
+    /// A compressed shard read from its archive (the store's, as from object storage) is
+    /// fetched as the archive: asking for the raw name would cost a request for an object
+    /// that is not there, and fetch nothing ahead.
+    fn store_file<'a>(&'a self, k: usize, name: &'a str) -> &'a str {
+        match self.files.get(k).and_then(|f| f.zip.as_deref()) {
+            Some(zip) if !self.raw_first => &zip.name,
+            _ => name,
+        }
+    }
+
     fn open_shard(
         &self,
         store: &dyn ShardStore,

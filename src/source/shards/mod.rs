@@ -175,6 +175,15 @@ pub trait ShardFormat: Send + Sync + 'static {
         None
     }
 
+    /// The file the store fetches to open shard `k` (called `name` in the index): `name`
+    /// itself (the default), or the file the format makes the shard from (a compressed MDS
+    /// shard's archive, where the raw file is not in the store). Read-ahead asks the store for
+    /// this file, so that it fetches what the shard's opening will read.
+    fn store_file<'a>(&'a self, k: usize, name: &'a str) -> &'a str {
+        let _ = k;
+        name
+    }
+
     /// Opens shard `k` (called `name` in the index), which the index says holds `samples`
     /// samples of `schema`; a shard that disagrees with its index is an error naming it.
     fn open_shard(
@@ -507,7 +516,8 @@ impl<F: ShardFormat> Dataset for ShardedDataset<F> {
             }
             let Ok(at) = self.locate(i) else { continue };
             last = at.shard;
-            self.store.prefetch(&self.names[at.shard]);
+            let file = self.format.store_file(at.shard, &self.names[at.shard]);
+            self.store.prefetch(file);
         }
         self.announced.store(last, Ordering::Relaxed);
     }

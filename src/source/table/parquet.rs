@@ -205,6 +205,17 @@ impl ParquetDataset {
             opened.push((p.clone(), reader, identity, meta, bytes));
         }
         let plan = Plan::new(opened[0].3.schema(), options, first)?;
+        let schema = plan.schema(first)?;
+        // What a row of the fixed-size fields takes decoded: a floor under the footer's
+        // uncompressed sizes, which dictionary and run-length encodings make smaller than the
+        // decoded columns (a column of 1,024 f32 with few distinct values decodes to 4 KiB a
+        // row whatever its pages hold).
+        let fixed_row: u64 = schema
+            .fields()
+            .iter()
+            .filter_map(|f| f.fixed_bytes())
+            .map(|b| b as u64)
+            .sum();
         let mut out = Vec::with_capacity(opened.len());
         let mut chunks = Vec::new();
         let mut starts = vec![0u64];
@@ -233,7 +244,8 @@ impl ParquetDataset {
                                 .contains(&meta.parquet_schema().get_column_root_idx(j))
                     })
                     .map(|(_, c)| u64::try_from(c.uncompressed_size()).unwrap_or(0))
-                    .sum();
+                    .sum::<u64>()
+                    .max(rows.saturating_mul(fixed_row));
                 let per_chunk = options.chunk_rows.unwrap_or_else(|| {
                     (u128::from(rows) * u128::from(DEFAULT_CHUNK_BYTES)
                         / u128::from(decoded.max(1)))
@@ -271,7 +283,6 @@ impl ParquetDataset {
         let limit = options
             .cache_bytes
             .unwrap_or(2 * window * DEFAULT_CHUNK_BYTES);
-        let schema = plan.schema(first)?;
         let mut dataset = ParquetDataset {
             files: out,
             cache: ChunkCache::new(chunks.len(), limit),
