@@ -60,7 +60,7 @@ pub fn write_replacing(
 /// every one is complete ([`place`](Self::place)): what a writer of a data set of several
 /// files (Megatron's `.bin` and `.idx`) streams into. Until then the destinations' names keep
 /// what they held; an error drops the set, which removes its temporaries; a signal's cleanup
-/// ([`stop_writers`]) removes them too, and also the files already placed by a [`place`]
+/// ([`stop_writers`]) removes them too, and also the files already placed by a [`place`](Self::place)
 /// under way, so that a data set is left whole or not at all.
 pub struct PlacedTogether {
     files: Vec<Staged>,
@@ -111,7 +111,7 @@ impl PlacedTogether {
     /// Flushes and syncs every temporary, then renames each over its destination, in order:
     /// all but the last are recorded as unfinished while they are placed (a signal's cleanup
     /// removes them), and the last is renamed and all of them forgotten in one step under
-    /// the record's lock, as [`write_completing`] does. A rename that fails removes the files
+    /// the record's lock, as a single file's completing write does. A rename that fails removes the files
     /// this call placed.
     pub fn place(self) -> Result<()> {
         let mut files = self.files;
