@@ -451,3 +451,139 @@ fn bad_text_input_is_a_typed_error_naming_the_setting() {
         other => panic!("{:?}", other.map(|_| ())),
     }
 }
+
+/// Many workers over a corpus of few windows per pass: the workers ahead must not undo what
+/// the ones behind need (the stream once restarted from a pass start for a row behind it, the
+/// workers ahead moved it forward again, and it tokenized pass after pass without delivering).
+/// Each epoch is delivered, and the windows tokenized are those the delivered rows need plus
+/// the few tokenized ahead.
+#[test]
+fn many_workers_over_a_few_windows_per_pass_deliver_without_tokenizing_again() {
+    // 17 windows a pass; and 2, so that the rows in flight span several passes.
+    for (documents, packed) in [(136, false), (136, true), (16, false), (16, true)] {
+        many_workers_deliver(documents, packed);
+    }
+}
+
+fn many_workers_deliver(documents: usize, packed: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = texts(documents, 9);
+    let (jsonl, tok) = corpus(dir.path(), &docs);
+    let pass_tokens: usize = ids_of(&tok, &docs).iter().map(Vec::len).sum();
+    let source = text_source(&jsonl, &tok);
+    let (seq_len, batch, window, workers) = (16usize, 8usize, 8u64, 16usize);
+    let windows_per_pass = (docs.len() as u64).div_ceil(window);
+    {
+        let mut loader = TokenLoader::builder(seq_len, batch)
+            .text(Arc::clone(&source))
+            .window(window)
+            .mode(if packed {
+                SampleMode::Packed
+            } else {
+                SampleMode::Concatenated
+            })
+            .shuffle(3)
+            .workers(workers)
+            .build()
+            .unwrap();
+        let mut rows = 0u64;
+        for epoch in 0..4 {
+            loader.set_epoch(epoch);
+            loop {
+                match loader.next_timeout(std::time::Duration::from_secs(60)) {
+                    gpufeed::Next::Ready(b) => rows += b.unwrap().indices().len() as u64,
+                    gpufeed::Next::EndOfEpoch => break,
+                    gpufeed::Next::Pending => panic!(
+                        "packed {packed}: no batch for 60 s after {rows} rows: {:?}",
+                        loader.text_stats()[0]
+                    ),
+                }
+            }
+        }
+        let stats = loader.text_stats()[0].clone().unwrap();
+        // A pass gives at least `pass_tokens / seq_len / 2` rows either way (packed rows hold
+        // at least half a row on average: best fit decreasing); one window to estimate, up to
+        // a pass ahead.
+        let pass_rows = (pass_tokens / seq_len / 2) as u64;
+        let passes = rows.div_ceil(pass_rows) + 1;
+        assert!(
+            stats.windows <= 1 + passes * windows_per_pass + workers as u64,
+            "packed {packed}: {} windows tokenized for {rows} rows ({passes} passes of \
+             {windows_per_pass} windows at most): {stats:?}",
+            stats.windows
+        );
+        assert_eq!((stats.retokenized, stats.restarts), (0, 0), "{stats:?}");
+    }
+}
+
+/// A document that cannot be tokenized (its text is null) is an error naming it, for
+/// every worker that needs a row after it, never a wait for a window that will not come.
+#[test]
+fn a_document_that_fails_to_tokenize_is_an_error_for_the_rows_after_it_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = texts(64, 10);
+    let (jsonl, tok) = corpus(dir.path(), &docs);
+    let mut lines: Vec<String> = std::fs::read_to_string(&jsonl)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines[40] = serde_json::json!({"text": null, "n": 40}).to_string();
+    std::fs::write(&jsonl, lines.join("\n") + "\n").unwrap();
+    let source = text_source(&jsonl, &tok);
+    let mut loader = TokenLoader::builder(16, 4)
+        .text(source)
+        .window(4)
+        .workers(4)
+        .build()
+        .unwrap();
+    let mut errors = 0;
+    for _ in 0..loader.batches_per_epoch() {
+        match loader.next_timeout(std::time::Duration::from_secs(60)) {
+            gpufeed::Next::Ready(Ok(_)) => {}
+            gpufeed::Next::Ready(Err(e)) => {
+                assert!(e.to_string().contains("line 41"), "{e}");
+                errors += 1;
+                if errors == 3 {
+                    break;
+                }
+            }
+            gpufeed::Next::EndOfEpoch => break,
+            gpufeed::Next::Pending => panic!("no batch nor error for 60 s"),
+        }
+    }
+    assert!(errors > 0);
+}
+
+/// Going back to an earlier epoch on the same loader (many workers, a shuffled stream of a
+/// few windows per pass) gives that epoch's rows again, after the sums were released.
+#[test]
+fn an_earlier_epoch_again_on_the_same_loader_gives_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = texts(40, 11);
+    let (jsonl, tok) = corpus(dir.path(), &docs);
+    let source = text_source(&jsonl, &tok);
+    let mut loader = TokenLoader::builder(16, 4)
+        .text(source)
+        .window(8)
+        .shuffle(5)
+        .workers(8)
+        .build()
+        .unwrap();
+    let epoch_rows = |loader: &mut TokenLoader, epoch: u64| {
+        loader.set_epoch(epoch);
+        let mut all = BTreeMap::new();
+        for b in loader.by_ref() {
+            all.extend(rows_of(&b.unwrap(), 16));
+        }
+        all
+    };
+    let first: Vec<_> = (0..4).map(|e| epoch_rows(&mut loader, e)).collect();
+    for e in [1, 0, 3] {
+        assert_eq!(
+            epoch_rows(&mut loader, e),
+            first[e as usize],
+            "epoch {e} again"
+        );
+    }
+}

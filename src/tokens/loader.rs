@@ -576,6 +576,30 @@ impl Settings {
         }
     }
 
+    /// Tells each text source that its rows before global batch `next_batch` of `epoch` are
+    /// delivered: its stream keeps what the rows from there on need, nothing before.
+    fn release_before(&self, epoch: u64, next_batch: u64) {
+        if !self
+            .stream
+            .sources
+            .iter()
+            .any(|s| matches!(s, StreamSource::Text(_)))
+        {
+            return;
+        }
+        let g = next_batch
+            .saturating_mul(self.shares.global_batch)
+            .min(self.shares.samples);
+        let taken = self.stream.blend.taken_before(g);
+        for (i, s) in self.stream.sources.iter().enumerate() {
+            if let StreamSource::Text(t) = s
+                && let Ok(q) = self.stream.stream_row(i, epoch, taken[i])
+            {
+                t.release_before(q);
+            }
+        }
+    }
+
     /// Puts each text source's stream at the state's place (a state checked to be this
     /// stream's), so that it tokenizes from there on.
     fn resume_text(&self, state: &LoaderState, saved: &TokenState) -> Result<()> {
@@ -845,6 +869,12 @@ impl<L> TokenLoader<L> {
         }
     }
 
+    /// Counts a batch handed to the caller; the rows before the next one are released.
+    fn delivered(&mut self, batch: &BatchInfo) {
+        self.delivered.add(batch);
+        self.settings.release_before(batch.epoch, batch.number + 1);
+    }
+
     /// The loader underneath (its figures: [`Loader::stats`]).
     pub fn loader(&self) -> &L {
         &self.inner
@@ -933,7 +963,7 @@ where
     fn next(&mut self) -> Option<Result<L::Batch>> {
         let next = self.inner.next();
         if let Some(Ok(batch)) = &next {
-            self.delivered.add(batch);
+            self.delivered(batch);
         }
         next
     }
@@ -979,7 +1009,7 @@ where
     fn next_timeout(&mut self, timeout: Duration) -> Next<L::Batch> {
         let next = self.inner.next_timeout(timeout);
         if let Next::Ready(Ok(batch)) = &next {
-            self.delivered.add(batch);
+            self.delivered(batch);
         }
         next
     }

@@ -17,8 +17,11 @@
 //!   `W` workers tokenize up to `W` windows at once, never more windows ahead than that), its
 //!   ids kept (u32, with its documents' offsets; packed: the window packed by best-fit
 //!   decreasing when it is tokenized) until the cache's byte limit evicts the oldest; an
-//!   evicted window asked for again is tokenized again (same ids). The running sums of two
-//!   passes are kept (a few tens of bytes per window), nothing per document.
+//!   evicted window asked for again is tokenized again (same ids). The running sums (a few
+//!   tens of bytes per window, nothing per document) are kept from the first row the loader
+//!   may still ask for ([`TextIndex::release_before`]: the next batch to deliver) to the
+//!   frontier: the rows in flight, however far apart the workers are, are always found from
+//!   them, and a worker ahead never moves the stream past a row a worker behind still needs.
 //! - **Rows shuffled within blocks**, not over the pass (the pass is not known ahead):
 //!   packed rows are permuted within their window, concatenated rows within blocks of `window`
 //!   consecutive rows. A batch's rows therefore come from a few windows at a time (Megatron
@@ -125,6 +128,9 @@ struct Run {
     /// Where rows can be found from: the origin, pass starts, resume places (a few).
     checkpoints: Vec<Anchor>,
     bytes: u64,
+    /// Rows below this one are not asked for again (the loader delivered them); the sums of
+    /// windows before it may go.
+    needed_from: u64,
     /// Recent permutations of windows (per pass) and of blocks of rows (per pass and block).
     window_orders: Vec<(u64, Permutation)>,
     block_orders: Vec<((u64, u64), Permutation)>,
@@ -173,6 +179,10 @@ pub struct TextStats {
     pub windows: u64,
     /// Windows tokenized again after their ids were evicted from the cache.
     pub retokenized: u64,
+    /// Times the sums started again from a pass start or a resume place: going back before
+    /// the rows delivered (`set_epoch` to an earlier epoch, a state loaded), or forward over
+    /// rows no longer needed.
+    pub restarts: u64,
     /// Documents tokenized.
     pub documents: u64,
     /// Tokens the tokenizer gave.
@@ -206,6 +216,7 @@ pub(crate) struct TextIndex {
     passes: AtomicU64,
     tokenized: AtomicU64,
     retokenized: AtomicU64,
+    restarts: AtomicU64,
     documents_done: AtomicU64,
     tokens_done: AtomicU64,
 }
@@ -292,6 +303,7 @@ impl TextIndex {
                 passes: Vec::new(),
                 checkpoints: vec![origin],
                 bytes: 0,
+                needed_from: 0,
                 window_orders: Vec::new(),
                 block_orders: Vec::new(),
             }),
@@ -299,6 +311,7 @@ impl TextIndex {
             passes: AtomicU64::new(0),
             tokenized: AtomicU64::new(0),
             retokenized: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
             documents_done: AtomicU64::new(0),
             tokens_done: AtomicU64::new(0),
         })
@@ -310,6 +323,7 @@ impl TextIndex {
             passes: self.passes.load(Ordering::Relaxed),
             windows: self.tokenized.load(Ordering::Relaxed),
             retokenized: self.retokenized.load(Ordering::Relaxed),
+            restarts: self.restarts.load(Ordering::Relaxed),
             documents: self.documents_done.load(Ordering::Relaxed),
             tokens: self.tokens_done.load(Ordering::Relaxed),
             estimated_tokens: self.estimated_tokens,
@@ -380,7 +394,7 @@ impl TextIndex {
                     ));
                 }
                 Located::Extend => run = self.extend(run)?,
-                Located::Restart(a) => self.restart(&mut run, a),
+                Located::Restart(a) => self.restart_for(&mut run, a, q),
             }
         }
     }
@@ -414,7 +428,16 @@ impl TextIndex {
         if run.base != anchor {
             self.restart(&mut run, anchor);
         }
+        run.needed_from = q;
         Ok(())
+    }
+
+    /// Says that rows of the stream below `q` will not be asked for again (the loader
+    /// delivered them, or went back before them): the sums before it may be dropped.
+    pub fn release_before(&self, q: u64) {
+        let mut run = self.lock();
+        run.needed_from = q;
+        self.drop_released(&mut run);
     }
 
     /// The windows holding row `q`, held (tokenized now if need be), and its place in them.
@@ -424,36 +447,30 @@ impl TextIndex {
             match self.plan(&mut run, q)? {
                 Plan::Rows(windows, need) => return Ok((windows, need)),
                 Plan::Fetch(i) => {
-                    run.metas[i].slot = Slot::Claimed;
-                    let (pass, ordinal) = (run.metas[i].pass, run.metas[i].ordinal);
-                    let job = Job {
-                        generation: run.generation,
-                        pass,
-                        ordinal,
-                        window: self.window_of(&mut run, pass, ordinal),
-                    };
                     self.retokenized.fetch_add(1, Ordering::Relaxed);
-                    run = self.tokenize_and_store(run, job)?;
+                    run = self.tokenize_window(run, i)?;
                 }
                 Plan::Extend => run = self.extend(run)?,
                 Plan::Wait => {
                     run = self.changed.wait(run).unwrap_or_else(|p| p.into_inner());
                 }
-                Plan::Restart(a) => self.restart(&mut run, a),
+                Plan::Restart(a) => self.restart_for(&mut run, a, q),
             }
         }
     }
 
-    /// Claims the next window of the frontier and tokenizes it, or waits when enough are
-    /// being tokenized ahead already.
+    /// Claims the next window of the frontier and tokenizes it, or waits when `ahead`
+    /// windows past the sized prefix are being tokenized or were (one slow window must not
+    /// let the others run on without bound).
     fn extend<'a>(&'a self, mut run: MutexGuard<'a, Run>) -> Result<MutexGuard<'a, Run>> {
-        let ahead = run
-            .metas
-            .iter()
-            .skip(run.known)
-            .filter(|m| m.size.is_none())
-            .count();
-        if ahead >= self.ahead {
+        // A window past the prefix whose tokenization failed: tokenize it again (its error
+        // again, to this worker too) rather than wait for a size that will not come.
+        if let Some(i) = (run.known..run.metas.len())
+            .find(|&i| run.metas[i].size.is_none() && matches!(run.metas[i].slot, Slot::Free))
+        {
+            return self.tokenize_window(run, i);
+        }
+        if run.metas.len() - run.known >= self.ahead {
             return Ok(self.changed.wait(run).unwrap_or_else(|p| p.into_inner()));
         }
         let (pass, ordinal) = match run.metas.back() {
@@ -480,8 +497,20 @@ impl TextIndex {
             start,
             first_row,
             size: None,
-            slot: Slot::Claimed,
+            slot: Slot::Free,
         });
+        let last = run.metas.len() - 1;
+        self.tokenize_window(run, last)
+    }
+
+    /// Claims window `metas[i]` and tokenizes it.
+    fn tokenize_window<'a>(
+        &'a self,
+        mut run: MutexGuard<'a, Run>,
+        i: usize,
+    ) -> Result<MutexGuard<'a, Run>> {
+        run.metas[i].slot = Slot::Claimed;
+        let (pass, ordinal) = (run.metas[i].pass, run.metas[i].ordinal);
         let job = Job {
             generation: run.generation,
             pass,
@@ -569,7 +598,7 @@ impl TextIndex {
     }
 
     /// Extends the sized prefix over the windows sized since, recording completed passes,
-    /// and drops the windows of passes before the previous one.
+    /// and drops the windows before the first row still needed.
     fn advance(&self, run: &mut Run) -> Result<()> {
         while run.known < run.metas.len() {
             let k = run.known;
@@ -617,12 +646,19 @@ impl TextIndex {
             }
             run.known += 1;
         }
-        // Keep the windows of this pass and the one before.
-        let current = match run.known {
-            0 => return Ok(()),
-            k => run.metas[k - 1].pass,
-        };
-        while run.known > 1 && run.metas.front().is_some_and(|m| m.pass + 1 < current) {
+        self.drop_released(run);
+        Ok(())
+    }
+
+    /// Drops the sums of the windows before the one that holds the first row still needed
+    /// (keeping that one: the run's base must cover it).
+    fn drop_released(&self, run: &mut Run) {
+        while run.known > 1
+            && run
+                .metas
+                .get(1)
+                .is_some_and(|n| self.covers_from(n.first_row, n.start) <= run.needed_from)
+        {
             if let Some(Meta {
                 slot: Slot::Ready(w),
                 ..
@@ -643,7 +679,6 @@ impl TextIndex {
         }
         let base_pass = run.base.pass;
         run.passes.retain(|p| p.pass >= base_pass);
-        Ok(())
     }
 
     /// Frees the oldest windows' ids while the cache is over its limit (never the windows
@@ -662,8 +697,17 @@ impl TextIndex {
         }
     }
 
+    /// Starts the run again at `anchor` for row `q`: back before the rows released (the
+    /// loader went back), so those from `q` on are needed again; or forward, over rows that
+    /// are no longer needed.
+    fn restart_for(&self, run: &mut Run, anchor: Anchor, q: u64) {
+        run.needed_from = run.needed_from.min(q);
+        self.restart(run, anchor);
+    }
+
     /// Starts the run again at `anchor`.
     fn restart(&self, run: &mut Run, anchor: Anchor) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
         run.generation += 1;
         run.base = anchor;
         run.metas.clear();
@@ -685,8 +729,11 @@ impl TextIndex {
         if q < run.base.covers_from {
             return Err(best.map_or(Plan::Wait, Plan::Restart));
         }
+        // A place known ahead of the frontier, with nothing still needed before it: start
+        // there rather than tokenize the windows up to it.
         if let Some(c) = best
             && c.covers_from > self.frontier_row(run)
+            && c.covers_from <= run.needed_from
         {
             return Err(Plan::Restart(c));
         }
