@@ -56,15 +56,15 @@ pub fn image_epoch_details(
         .collect()
 }
 
-/// Runs the device bench; `builder` has every host setting already (`trace` included).
+/// Runs the device bench; `builder` has every host setting already (`trace` included);
+/// `data_figures` puts what the caller knows of the data in the report after the run: its
+/// name, records, the time to generate it, and what its own parts did (store, chunk cache).
 pub fn run(
     args: &Args,
     builder: LoaderBuilder,
-    path: &Path,
-    records: u64,
-    generate_secs: f64,
     ordinal: usize,
     trace: Option<&gpufeed::trace::Trace>,
+    data_figures: impl FnOnce(&mut Report),
 ) -> Result<()> {
     let t_open = Instant::now();
     let device = open_device(ordinal)?;
@@ -154,8 +154,6 @@ pub fn run(
             (t.workers, t.prefetch, t.batch_parts)
         });
     let mut report = Report {
-        dataset: path.display().to_string(),
-        records,
         sample_bytes: stats.bytes.checked_div(stats.samples).unwrap_or(0),
         batch_size: args.batch_size,
         workers,
@@ -183,7 +181,6 @@ pub fn run(
         steady_bytes_per_sec: gpufeed_bench::steady_rate(&epoch_rates),
         epoch_bytes_per_sec: epoch_rates,
         device: Some(format!("{} (ordinal {})", device.name(), device.ordinal())),
-        generate_secs,
         device_open_ms: Some(device_open_ms),
         first_device_batch_ms,
         epoch_details: details,
@@ -193,6 +190,7 @@ pub fn run(
         tuning: host.as_ref().and_then(|h| h.tuning.clone()),
         ..Report::default()
     };
+    data_figures(&mut report);
     let ceiling = Some(("pinned-copy ceiling".to_owned(), ceiling));
     super::write_outputs(args, trace, &timeline, true, ceiling, &mut report)?;
     print_device_report(args, &report, &stats.to_string())

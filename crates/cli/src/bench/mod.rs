@@ -111,6 +111,16 @@ struct RecordsPlan {
 }
 
 impl RecordsPlan {
+    /// What the data set's own parts did, into the report: a sharded set's shards and
+    /// store, a table's cache of decoded chunks.
+    fn source_figures(&self, report: &mut Report) {
+        if let Some(d) = self.sharded.as_ref().and_then(|s| s.sharded()) {
+            report.shards = Some(d.shard_names().len());
+            report.store = d.store_stats().map(crate::open::StoreReport::from);
+        }
+        report.chunk_cache = self.chunked.as_ref().and_then(|s| s.chunk_cache());
+    }
+
     /// Opens the data set named (once, through the library's front door) and checks the
     /// flags against it and the sizes against the machine.
     fn new(args: &Args) -> Result<RecordsPlan> {
@@ -304,15 +314,12 @@ fn run_records(args: &Args, trace: Option<&Trace>) -> Result<()> {
 
     #[cfg(feature = "cuda")]
     if let Some(ordinal) = args.device {
-        return device::run(
-            args,
-            builder,
-            &path,
-            dataset.len(),
-            generate_secs,
-            ordinal,
-            trace,
-        );
+        return device::run(args, builder, ordinal, trace, |report| {
+            report.dataset = path.display().to_string();
+            report.records = dataset.len();
+            report.generate_secs = generate_secs;
+            plan.source_figures(report);
+        });
     }
 
     let mut loader = builder.build()?;
@@ -342,12 +349,8 @@ fn run_records(args: &Args, trace: Option<&Trace>) -> Result<()> {
     report.steady_bytes_per_sec = gpufeed_bench::steady_rate(&read.rates);
     report.epoch_bytes_per_sec = read.rates;
     report.shuffle_blocks = plan.blocks.filter(|_| !args.no_shuffle);
+    plan.source_figures(&mut report);
     let store = plan.sharded.as_ref().and_then(|s| s.sharded());
-    if let Some(d) = store {
-        report.shards = Some(d.shard_names().len());
-        report.store = d.store_stats().map(crate::open::StoreReport::from);
-    }
-    report.chunk_cache = plan.chunked.as_ref().and_then(|s| s.chunk_cache());
     // From a URL, the gather would read the local cache the run filled: no comparison.
     let from_url = store.is_some_and(|d| d.store_stats().is_some());
     // Interrupted, the gather would measure other work than the loader did: none.
