@@ -146,6 +146,10 @@ impl Parts {
 /// Opens the Megatron datasets `names` and checks that they can be joined (see the module
 /// docs), naming the part that cannot.
 fn open_megatron(names: &[PathBuf]) -> Result<Vec<IndexedTokens>> {
+    // The joined index takes its dtype from the first part.
+    if names.is_empty() {
+        return Err(Error::user("no parts to merge: name them, in order"));
+    }
     let mut parts: Vec<IndexedTokens> = Vec::with_capacity(names.len());
     for name in names {
         if IndexedTokens::prefix_of(name).is_none() {
@@ -338,7 +342,10 @@ fn append(files: &mut PlacedTogether, path: &Path, len: u64) -> Result<()> {
         Error::Io {
             path: dest.to_path_buf(),
             op: "copy into (its temporary file)",
-            source: std::io::Error::new(source.kind(), format!("from {}: {source}", path.display())),
+            source: std::io::Error::new(
+                source.kind(),
+                format!("from {}: {source}", path.display()),
+            ),
         }
     })?;
     if copied != len {

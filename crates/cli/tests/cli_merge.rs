@@ -185,7 +185,10 @@ fn bad_parts_are_refused_naming_the_part_and_nothing_is_written() {
     refused(&["-o", s(&out)], &["PREFIX"]);
     // A missing part, named.
     let gone = dir.path().join("gone");
-    refused(&[s(&p0), s(&gone), s(&p1), "-o", s(&out)], &["gone.idx"]);
+    refused(
+        &[s(&p0), s(&gone), s(&p1), "-o", s(&out)],
+        &["gone", "not there"],
+    );
     // Another dtype: both parts and their dtypes named.
     let wide = dir.path().join("wide");
     write_megatron(&wide, &docs[6..], 4);
@@ -213,7 +216,10 @@ fn bad_parts_are_refused_naming_the_part_and_nothing_is_written() {
     let mut idx = std::fs::read(with(&modes, ".idx")).unwrap();
     idx.extend([0u8; 4]);
     std::fs::write(with(&modes, ".idx"), idx).unwrap();
-    refused(&[s(&p0), s(&modes), "-o", s(&out)], &["modes", "multimodal"]);
+    refused(
+        &[s(&p0), s(&modes), "-o", s(&out)],
+        &["modes", "multimodal"],
+    );
     // A flat file of tokens without --format nanogpt, and a Megatron dataset with it.
     let flat = dir.path().join("flat.bin");
     std::fs::write(&flat, [1u8, 0, 2, 0]).unwrap();
