@@ -154,6 +154,23 @@ def run_isolated(function, *args, timeout: float = 120) -> subprocess.CompletedP
     return done
 
 
+#: The repository's root.
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gpufeed_command() -> Path:
+    """The `gpufeed` command: GPUFEED_BIN, else the workspace's debug build, brought up to date
+    here (cargo does nothing when it is)."""
+    if os.environ.get("GPUFEED_BIN"):
+        return Path(os.environ["GPUFEED_BIN"])
+    try:
+        subprocess.run(["cargo", "build", "-p", "gpufeed-cli", "--bin", "gpufeed"], cwd=ROOT,
+                       check=True)
+    except FileNotFoundError:
+        pytest.skip("no cargo to build the gpufeed command (set GPUFEED_BIN)")
+    return ROOT / "target" / "debug" / "gpufeed"
+
+
 #: Megatron's dtype codes (megatron.core.datasets.indexed_dataset.DType).
 MEGATRON_CODES = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8}
 

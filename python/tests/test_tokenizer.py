@@ -20,6 +20,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 import gpufeed
+from conftest import gpufeed_command
 
 if sys.version_info < (3, 11):
     pytest.skip(
@@ -209,19 +210,6 @@ def test_bad_input_raises_gpufeed_s_errors(fixtures, tmp_path):
     with pytest.raises(UnicodeEncodeError):
         tok.encode("a\ud800b")
     assert "gpt2" in repr(tok) and "fast byte-level BPE" in repr(tok)
-
-
-def gpufeed_command() -> Path:
-    """The `gpufeed` command: GPUFEED_BIN, else the workspace's debug build, brought up to date
-    here (cargo does nothing when it is)."""
-    if os.environ.get("GPUFEED_BIN"):
-        return Path(os.environ["GPUFEED_BIN"])
-    try:
-        subprocess.run(["cargo", "build", "-p", "gpufeed-cli", "--bin", "gpufeed"], cwd=ROOT,
-                       check=True)
-    except FileNotFoundError:
-        pytest.skip("no cargo to build the gpufeed command (set GPUFEED_BIN)")
-    return ROOT / "target" / "debug" / "gpufeed"
 
 
 def read_megatron(prefix: Path) -> Tuple[List[List[int]], str]:

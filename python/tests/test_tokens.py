@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import subprocess
 from pathlib import Path
 from typing import Dict, List
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import gpufeed
-from conftest import documents, write_megatron
+from conftest import documents, gpufeed_command, write_megatron
 
 SEQ = 16
 IGNORE = -100
@@ -178,6 +179,34 @@ def test_concatenated_megatron_rows_follow_the_documents_in_file_order(megatron)
     check_cu_seqlens(batches)
     # Documents of 1 to 40 tokens in rows of 16: most batches have more sequences than rows.
     assert sum(len(b["cu_seqlens"]) - 1 for b in batches) > len(got["input_ids"])
+
+
+def test_parts_joined_by_gpufeed_merge_are_the_whole_dataset_and_read_as_it(megatron, tmp_path):
+    """Three Megatron datasets written as megatron-core's builder writes them, joined by
+    `gpufeed merge`: the files of the whole written at once (what `tools/merge_datasets.py`
+    writes for the parts), and the token loader reads them as the whole, document by
+    document."""
+    prefix, docs = megatron
+    parts = []
+    for i, chunk in enumerate(np.array_split(np.arange(len(docs)), 3)):
+        part = tmp_path / f"part-{i}"
+        write_megatron(part, [docs[d] for d in chunk])
+        parts.append(str(part))
+    merged = tmp_path / "merged"
+    done = subprocess.run([str(gpufeed_command()), "merge", *parts, "-o", str(merged)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for ext in (".bin", ".idx"):
+        assert Path(f"{merged}{ext}").read_bytes() == Path(f"{prefix}{ext}").read_bytes(), ext
+    loader = gpufeed.TokenLoader(
+        f"{merged}.idx", seq_len=SEQ, batch_size=3, window=8, workers=2, output="numpy"
+    )
+    got = rows_of(collect(loader))
+    doc_of = np.concatenate([np.full(len(d), i) for i, d in enumerate(docs)])
+    want = concatenated_rows(np.concatenate(docs), doc_of, SEQ)
+    n = len(want["input_ids"])
+    for f in FIELDS:
+        assert np.array_equal(got[f][:n], want[f]), f
 
 
 def test_a_shuffled_concatenated_epoch_delivers_every_token_once(megatron):

@@ -1,11 +1,12 @@
 //! The `gpufeed` command: pack data sets, inspect packed files, measure the loader, tokenize
-//! text.
+//! text and merge what tokenize wrote in parts.
 
 mod bench;
 mod checks;
 mod cleanup;
 mod images;
 mod inspect;
+mod merge;
 mod messages;
 mod open;
 mod output;
@@ -45,6 +46,10 @@ enum Command {
     /// tokenizer.json into Megatron's PREFIX.bin/.idx (or nanoGPT's flat .bin), with the ids
     /// and document boundaries of Megatron's preprocess_data.py --append-eod.
     Tokenize(tokenize::Args),
+    /// Join Megatron datasets (PREFIX.bin/.idx; with --format nanogpt, flat .bin files) in
+    /// order into one, as Megatron's merge_datasets.py does: the parts of `tokenize --part`
+    /// merge into the files of a single run, byte for byte.
+    Merge(merge::Args),
 }
 
 /// Writes `text` and a newline to standard output. A closed pipe (`gpufeed ... | head -1`)
@@ -76,6 +81,7 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Bench(args) => bench::run(*args),
         Command::Tokenize(args) => tokenize::run(args),
+        Command::Merge(args) => merge::run(args),
     };
     // A signal is ending the process: what the run returned (an error about a temporary file
     // the cleanup removed under it, say) is the cleanup's doing, not the run's; the signal

@@ -16,7 +16,7 @@ use crate::table_common::write_parquet;
 
 /// Documents in several scripts, an empty one, special tokens written in the text, long and
 /// short, a repeated one.
-fn documents() -> Vec<String> {
+pub(crate) fn documents() -> Vec<String> {
     let mut docs: Vec<String> = vec![
         "hello world".into(),
         String::new(),
@@ -35,7 +35,7 @@ fn documents() -> Vec<String> {
 }
 
 /// A byte-level tokenizer.json (GPT-2's split; `<|endoftext|>` is its EOS) in `dir`.
-fn tokenizer(dir: &Path) -> PathBuf {
+pub(crate) fn tokenizer(dir: &Path) -> PathBuf {
     let t = dir.join("tok");
     std::fs::create_dir_all(&t).unwrap();
     std::fs::write(
@@ -46,7 +46,7 @@ fn tokenizer(dir: &Path) -> PathBuf {
     t
 }
 
-fn jsonl(path: &Path, docs: &[String]) {
+pub(crate) fn jsonl(path: &Path, docs: &[String]) {
     let lines: String = docs
         .iter()
         .enumerate()
@@ -56,7 +56,7 @@ fn jsonl(path: &Path, docs: &[String]) {
 }
 
 /// Megatron's ids of each document: the tokenizer's, then the EOS if there is any.
-fn expected(tok: &Path, docs: &[String]) -> Vec<Vec<u32>> {
+pub(crate) fn expected(tok: &Path, docs: &[String]) -> Vec<Vec<u32>> {
     let t = TokenizerOptions::new().append_eos(false).open(tok).unwrap();
     let eos = t.eos().unwrap().id;
     let mut e = t.encoder();
@@ -72,7 +72,7 @@ fn expected(tok: &Path, docs: &[String]) -> Vec<Vec<u32>> {
 }
 
 /// Every document of a Megatron dataset, through the crate's reader.
-fn read_megatron(prefix: &Path) -> Vec<Vec<u32>> {
+pub(crate) fn read_megatron(prefix: &Path) -> Vec<Vec<u32>> {
     let m = IndexedTokens::open(prefix).unwrap();
     m.verify().unwrap();
     (0..m.documents())

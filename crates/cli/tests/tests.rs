@@ -10,6 +10,7 @@ mod table_common;
 mod token_common;
 
 mod cli_bench;
+mod cli_merge;
 mod cli_pack_inspect;
 mod cli_pack_safety;
 mod cli_remote;

@@ -19,7 +19,7 @@
 //! `.bin`s concatenated (`cat`), Megatron's parts merged by its `tools/merge_datasets.py`.
 
 mod pipeline;
-mod writer;
+pub mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -220,7 +220,7 @@ fn parse_part(text: &str) -> Result<(u64, u64)> {
 /// that is not a Megatron index; any `.bin` that begins as another format gpufeed knows (a
 /// packed file, a `.npy` array, Parquet, an Arrow file) or is empty is judged by its name
 /// alone otherwise, as a `.bin` has no header.
-fn foreign(format: Format, path: &Path) -> Result<Option<String>> {
+pub fn foreign(format: Format, path: &Path) -> Result<Option<String>> {
     use std::io::Read;
     let mut head = Vec::with_capacity(9);
     std::fs::File::open(path)

@@ -163,38 +163,79 @@ impl TokenWriter {
         self.files.place()
     }
 
-    /// The `.idx`, as megatron-core's `_IndexWriter.write` lays it out.
+    /// The `.idx` of the documents written.
     fn write_index(&mut self) -> Result<()> {
-        let sequences = self.lengths.len() as u64;
-        let (out, path) = self.files.writer(1);
-        let fail = |e| write_error(path, e);
-        let mut w = |bytes: &[u8]| out.write_all(bytes).map_err(fail);
-        w(MEGATRON_MAGIC)?;
-        w(&1u64.to_le_bytes())?;
-        w(&[self.stored.megatron_code()])?;
-        w(&sequences.to_le_bytes())?;
-        w(&(self.documents + 1).to_le_bytes())?;
-        for &n in &self.lengths {
-            w(&n.to_le_bytes())?;
-        }
-        let itemsize = self.stored.bytes() as i64;
-        let mut pointer = 0i64;
-        for &n in &self.lengths {
-            w(&pointer.to_le_bytes())?;
-            pointer += n as i64 * itemsize;
-        }
+        let index = IndexCounts {
+            code: self.stored.megatron_code(),
+            item_bytes: self.stored.bytes() as u64,
+            sequences: self.lengths.len() as u64,
+            documents: self.documents,
+        };
+        let lengths = || self.lengths.iter().map(|&n| Ok(n));
         // Document d ends after the sequences of the non-empty documents up to it.
-        w(&0i64.to_le_bytes())?;
         let mut empty = self.empty.iter().peekable();
-        let mut end = 0i64;
-        for d in 0..self.documents {
+        let mut end = 0u64;
+        let ends = (0..self.documents).map(move |d| {
             if empty.next_if_eq(&&d).is_none() {
                 end += 1;
             }
-            w(&end.to_le_bytes())?;
-        }
-        Ok(())
+            Ok(end)
+        });
+        let (out, path) = self.files.writer(1);
+        write_index(out, path, &index, lengths, ends)
     }
+}
+
+/// What the header of a Megatron `.idx` says.
+pub struct IndexCounts {
+    /// Megatron's dtype code of the tokens.
+    pub code: u8,
+    /// Bytes a token takes.
+    pub item_bytes: u64,
+    /// Sequences in the index.
+    pub sequences: u64,
+    /// Documents (the document index has one entry more).
+    pub documents: u64,
+}
+
+/// Writes a Megatron `.idx` into `out` (the temporary of `path`), as megatron-core's
+/// `_IndexWriter.write` lays it out: the header `index` gives, the sequences' lengths
+/// (`lengths()`, called twice), their pointers (the sequences back to back in the `.bin`:
+/// each one's byte offset is the bytes of the lengths before it, as `_IndexWriter` computes
+/// them), then the document index: 0, then each document's end in sequences (`ends`). The
+/// iterators give `index.sequences` lengths and `index.documents` ends.
+pub fn write_index<L, I>(
+    out: &mut impl Write,
+    path: &Path,
+    index: &IndexCounts,
+    lengths: L,
+    ends: impl Iterator<Item = Result<u64>>,
+) -> Result<()>
+where
+    L: Fn() -> I,
+    I: Iterator<Item = Result<i32>>,
+{
+    let fail = |e| write_error(path, e);
+    let mut w = |bytes: &[u8]| out.write_all(bytes).map_err(fail);
+    w(MEGATRON_MAGIC)?;
+    w(&1u64.to_le_bytes())?;
+    w(&[index.code])?;
+    w(&index.sequences.to_le_bytes())?;
+    w(&(index.documents + 1).to_le_bytes())?;
+    for n in lengths() {
+        w(&n?.to_le_bytes())?;
+    }
+    let mut pointer = 0u64;
+    for n in lengths() {
+        w(&pointer.to_le_bytes())?;
+        // Lengths are not negative (the writer's by construction, a merged part's checked).
+        pointer += n? as u64 * index.item_bytes;
+    }
+    w(&0u64.to_le_bytes())?;
+    for end in ends {
+        w(&end?.to_le_bytes())?;
+    }
+    Ok(())
 }
 
 /// A failed write to the temporary of `path` (errors name the destination).
