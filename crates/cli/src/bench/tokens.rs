@@ -463,6 +463,13 @@ fn report_text(report: &serde_json::Value, m: &Measured) -> String {
                 "  tokenized:   {} passes, {} documents, {} tokens; a pass estimated at {} tokens, {} rows\n",
                 t["passes"], t["documents"], t["tokens"], t["estimated_tokens"], t["estimated_rows"]
             ));
+            let restarts = t["restarts"].as_u64().unwrap_or(0);
+            if restarts > 0 {
+                text.push_str(&format!(
+                    "  restarted:   {restarts} times from a pass start or a resume place
+"
+                ));
+            }
         }
     }
     if let Some(t) = &m.tuning {
