@@ -32,7 +32,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::{ArrayRef, RecordBatch};
 use bytes::Bytes;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
@@ -44,6 +44,7 @@ use parquet::file::reader::ChunkReader;
 
 use super::cache::{ChunkCache, ChunkCacheStats};
 use super::columns::{Columns, Plan, row_error};
+use super::dense::DenseColumn;
 use super::{
     DEFAULT_CHUNK_BYTES, DEFAULT_WINDOW, FileSummary, MapOwner, TableOptions, TableSummary, guard,
     same_columns,
@@ -134,7 +135,10 @@ struct ParquetFile {
     reader: Reader,
     identity: FileIdentity,
     meta: ArrowReaderMetadata,
-    mask: ProjectionMask,
+    /// For each of the plan's roots, its dense reading when the file's layout allows one
+    /// (`dense.rs`); the others, and a chunk a dense reading gives back, go through Arrow's
+    /// reader.
+    dense: Vec<Option<DenseColumn>>,
     bytes: u64,
     rows: u64,
 }
@@ -220,7 +224,13 @@ impl ParquetDataset {
         let mut chunks = Vec::new();
         let mut starts = vec![0u64];
         for (f, (path, reader, identity, meta, bytes)) in opened.into_iter().enumerate() {
-            let mask = ProjectionMask::roots(meta.parquet_schema(), plan.roots.iter().copied());
+            let dense = plan
+                .roots
+                .iter()
+                .map(|&r| {
+                    DenseColumn::new(meta.parquet_schema(), r, meta.schema().field(r).data_type())
+                })
+                .collect();
             let md = meta.metadata();
             let leaves = meta.parquet_schema().num_columns();
             let mut file_row = 0u64;
@@ -274,7 +284,7 @@ impl ParquetDataset {
                 reader,
                 identity,
                 meta,
-                mask,
+                dense,
                 bytes,
                 rows: file_row,
             });
@@ -327,43 +337,88 @@ impl ParquetDataset {
             )
         };
         guard(&f.path, FORMAT, || {
-            let batches = match &f.reader {
-                Reader::Map(b) => read_chunk(b.clone(), f, c),
-                Reader::File(file) => read_chunk(file.clone(), f, c),
-            }
-            .map_err(|e| Error::Malformed {
+            let malformed = |e: String| Error::Malformed {
                 path: f.path.clone(),
                 format: FORMAT,
                 what: format!("{}: {e}", place()),
-            })?;
-            let batch = match batches.len() {
-                1 => batches.into_iter().next().unwrap_or_else(|| unreachable!()),
-                _ => {
-                    let schema = batches.first().map_or_else(
-                        || Arc::new(arrow_schema::Schema::empty()),
-                        RecordBatch::schema,
-                    );
-                    arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| {
-                        Error::Malformed {
-                            path: f.path.clone(),
-                            format: FORMAT,
-                            what: format!("{}: {e}", place()),
-                        }
-                    })?
-                }
             };
-            if batch.num_rows() as u64 != c.len {
-                return Err(Error::Malformed {
-                    path: f.path.clone(),
-                    format: FORMAT,
-                    what: format!(
-                        "{}: {} rows decoded where the footer says {}",
-                        place(),
+            // The dense columns first; a column that gives its chunk back (a null, a file
+            // it cannot read) joins the others in Arrow's reader, which says what is wrong.
+            let mut arrays: Vec<Option<ArrayRef>> = f
+                .dense
+                .iter()
+                .map(|d| {
+                    let d = d.as_ref()?;
+                    let md = f.meta.metadata();
+                    match &f.reader {
+                        Reader::Map(b) => d.read(b.clone(), md, c.group, c.start, c.len),
+                        Reader::File(file) => d.read(file.clone(), md, c.group, c.start, c.len),
+                    }
+                    .ok()
+                    .flatten()
+                })
+                .collect();
+            let rest: Vec<usize> = (0..arrays.len()).filter(|&i| arrays[i].is_none()).collect();
+            if !rest.is_empty() {
+                let mask = ProjectionMask::roots(
+                    f.meta.parquet_schema(),
+                    rest.iter().map(|&i| self.plan.roots[i]),
+                );
+                let batches = match &f.reader {
+                    Reader::Map(b) => read_chunk(b.clone(), f, c, mask),
+                    Reader::File(file) => read_chunk(file.clone(), f, c, mask),
+                }
+                .map_err(malformed)?;
+                let batch = match batches.len() {
+                    1 => batches.into_iter().next().unwrap_or_else(|| unreachable!()),
+                    _ => {
+                        let schema = batches.first().map_or_else(
+                            || Arc::new(arrow_schema::Schema::empty()),
+                            RecordBatch::schema,
+                        );
+                        arrow_select::concat::concat_batches(&schema, &batches)
+                            .map_err(|e| malformed(e.to_string()))?
+                    }
+                };
+                if batch.num_rows() as u64 != c.len {
+                    return Err(malformed(format!(
+                        "{} rows decoded where the footer says {}",
                         batch.num_rows(),
                         c.len
-                    ),
-                });
+                    )));
+                }
+                if batch.num_columns() != rest.len() {
+                    return Err(malformed(format!(
+                        "{} columns decoded where {} were asked for",
+                        batch.num_columns(),
+                        rest.len()
+                    )));
+                }
+                for (&i, column) in rest.iter().zip(batch.columns()) {
+                    arrays[i] = Some(Arc::clone(column));
+                }
             }
+            let columns: Vec<ArrayRef> = arrays.into_iter().flatten().collect();
+            let schema = arrow_schema::Schema::new(
+                self.plan
+                    .roots
+                    .iter()
+                    .zip(&columns)
+                    .map(|(&r, a)| {
+                        arrow_schema::Field::new(
+                            f.meta.schema().field(r).name(),
+                            a.data_type().clone(),
+                            true,
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            let batch = RecordBatch::try_new_with_options(
+                Arc::new(schema),
+                columns,
+                &arrow_array::RecordBatchOptions::new().with_row_count(Some(c.len as usize)),
+            )
+            .map_err(|e| malformed(e.to_string()))?;
             let bytes = batch.get_array_memory_size() as u64;
             let columns =
                 Columns::new(&batch, &self.plan, None).map_err(|(k, what)| Error::Malformed {
@@ -426,11 +481,12 @@ impl ParquetDataset {
     }
 }
 
-/// Reads chunk `c` of file `f` through `reader`.
+/// Reads the columns `mask` selects of chunk `c` of file `f` through `reader`.
 fn read_chunk<R: ChunkReader + 'static>(
     reader: R,
     f: &ParquetFile,
     c: Chunk,
+    mask: ProjectionMask,
 ) -> std::result::Result<Vec<RecordBatch>, String> {
     let mut selection = Vec::with_capacity(2);
     if c.start > 0 {
@@ -439,7 +495,7 @@ fn read_chunk<R: ChunkReader + 'static>(
     selection.push(RowSelector::select(c.len as usize));
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(reader, f.meta.clone())
         .with_row_groups(vec![c.group])
-        .with_projection(f.mask.clone())
+        .with_projection(mask)
         .with_row_selection(RowSelection::from(selection))
         .with_batch_size(c.len as usize)
         .build()
