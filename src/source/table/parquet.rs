@@ -14,7 +14,15 @@
 //! cache bounded in bytes ([`TableOptions::cache_bytes`]), each decoded once however many
 //! workers want it, the least recently used dropped first ([`ParquetDataset::cache_stats`]).
 //! A sample holds views of its chunk's buffers (no copy), so dropping a chunk never
-//! invalidates a sample in flight.
+//! invalidates a sample in flight. Numbers and fixed-size lists of numbers are decoded
+//! straight into their rows' values where the chunk holds no null (`dense.rs`), the other
+//! columns by Arrow's reader.
+//!
+//! Workers decode different chunks at once: the loader announces the rows of the batches
+//! ahead ([`Dataset::read_ahead`]), and a worker that finds the chunk it needs being decoded
+//! by another decodes an announced chunk meanwhile instead of waiting (at a window's start,
+//! every worker wants the window's chunks at once). Decoding ahead stays within the cache's
+//! limit and never drops a chunk in use to make room.
 //!
 //! # Order: windows, not a global shuffle
 //!
@@ -28,9 +36,10 @@
 //! per epoch, ranks get disjoint rows and equal batch counts, and a resume is exact (also under
 //! another world size), as for any loader order.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow_array::{ArrayRef, RecordBatch};
 use bytes::Bytes;
@@ -55,6 +64,11 @@ use crate::format::Schema;
 use crate::source::{Dataset, Sample};
 
 const FORMAT: &str = "parquet";
+
+/// Batches beyond those in flight whose rows the loader announces ([`Dataset::read_ahead`]):
+/// enough that a window's chunks are known before the workers reach it, so that workers who
+/// would wait for one chunk decode the others.
+const READ_AHEAD_BATCHES: usize = 8;
 
 /// How a file's bytes reach the Parquet reader.
 #[derive(Clone)]
@@ -164,6 +178,9 @@ pub struct ParquetDataset {
     schema: Schema,
     cache: ChunkCache<Columns>,
     window: u64,
+    /// Chunks the loader announced it will read soon ([`Dataset::read_ahead`]), oldest first,
+    /// not yet decoded: what a worker decodes while another decodes the chunk it waits for.
+    ahead: Mutex<VecDeque<usize>>,
 }
 
 /// Opens the Parquet data set `path` names (a file, a directory, a pattern) as `options` say.
@@ -301,6 +318,7 @@ impl ParquetDataset {
             plan,
             schema,
             window,
+            ahead: Mutex::new(VecDeque::new()),
         };
         dataset.sniff_images()?;
         Ok(dataset)
@@ -430,6 +448,11 @@ impl ParquetDataset {
         })
     }
 
+    /// The chunk that holds row `index` (`index < len()`).
+    fn chunk_of(&self, index: u64) -> usize {
+        self.starts.partition_point(|&s| s <= index) - 1
+    }
+
     /// What the cache of decoded chunks did: hits, decodes, bytes held and their peak.
     pub fn cache_stats(&self) -> ChunkCacheStats {
         self.cache.stats()
@@ -534,8 +557,24 @@ impl Dataset for ParquetDataset {
         if index >= len {
             return Err(Error::OutOfRange { index, len });
         }
-        let k = self.starts.partition_point(|&s| s <= index) - 1;
-        let columns = self.cache.get(k, || self.decode(k))?;
+        let k = self.chunk_of(index);
+        // While another worker decodes chunk `k`, this one decodes chunks the loader
+        // announced instead of waiting (one at a time, checking between them).
+        let columns = self.cache.get_or_help(
+            k,
+            || self.decode(k),
+            || {
+                let next = self
+                    .ahead
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop_front();
+                next.is_some_and(|j| {
+                    self.cache.decode_ahead(j, self.window, || self.decode(j));
+                    true
+                })
+            },
+        )?;
         let c = self.chunks[k];
         let r = index - self.starts[k];
         let fields = columns.row(r as usize).map_err(|fault| {
@@ -552,6 +591,31 @@ impl Dataset for ParquetDataset {
 
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         Some(self.chunks.iter().map(|c| c.len).collect())
+    }
+
+    fn read_ahead_batches(&self) -> usize {
+        READ_AHEAD_BATCHES
+    }
+
+    fn read_ahead(&self, indices: &[u64]) {
+        let len = self.len();
+        let mut last = None;
+        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        for &i in indices.iter().filter(|&&i| i < len) {
+            let k = self.chunk_of(i);
+            if last == Some(k) {
+                continue;
+            }
+            last = Some(k);
+            if !self.cache.is_held(k) && !ahead.contains(&k) {
+                ahead.push_back(k);
+            }
+        }
+        // What is left of windows the workers have passed is dropped first.
+        let keep = usize::try_from(2 * self.window).unwrap_or(usize::MAX);
+        while ahead.len() > keep {
+            ahead.pop_front();
+        }
     }
 
     fn windowed_shuffle(&self) -> Option<(u64, u64)> {
