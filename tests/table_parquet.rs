@@ -462,11 +462,11 @@ fn chunks_are_sized_by_what_rows_decode_to_not_by_dictionary_encoded_pages() {
 
 /// Vectors and numbers as the hub ships them, read densely where a chunk has no null and by
 /// Arrow's reader where it has one, byte for byte: `vec` (8 f32) with a whole row null (filled)
-/// and, in another row group, one without statistics' help (its writer counts none), `id` an
-/// i64 with a null (filled), `score` f64 values of few distinct values (dictionary-encoded
-/// pages), `word` an Arrow dictionary of strings; row groups of unequal sizes, several pages
-/// each, chunks that start inside pages; in order, backwards, and with two workers in a
-/// shuffled epoch.
+/// in two row groups, `id` an i64 with a null (filled), `score` f64 values of few distinct
+/// values (dictionary-encoded pages), `word` an Arrow dictionary of strings; row groups of
+/// unequal sizes, several pages each, chunks that start inside pages; in order, backwards, and
+/// with two workers in a shuffled epoch. (`dense.rs`'s tests check which chunks take which
+/// path, with and without the footer's null counts.)
 #[test]
 fn dense_and_general_columns_read_byte_for_byte_with_nulls_dictionaries_and_unequal_groups() {
     use arrow_array::types::{Float32Type, Int32Type};
