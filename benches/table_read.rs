@@ -1,6 +1,9 @@
 //! Tables (benches/RESULTS.md, "Parquet and Arrow"): the decode rate of a Parquet chunk (a
 //! text column; an int/float column set), a chunk late in a large row group against the first
-//! (pages skipped), and an Arrow IPC sample's get + copy against the same data as `.npy`.
+//! (pages skipped), the decode rate of a chunk of `f32[1024]` vectors and an i64 label (the
+//! hub's numeric layout: dictionary-encoded as the device runs' data, and plain as pyarrow
+//! writes values too varied for a dictionary), and an Arrow IPC sample's get + copy against
+//! the same data as `.npy`.
 //!
 //! `cargo bench --bench table_read`. The files are written once into `target/table-bench/`
 //! (kept, so that `crates/bench/scripts/table_pyarrow.py` times pyarrow's `read_table` on the
@@ -212,5 +215,101 @@ fn ipc_against_npy(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode_rates, ipc_against_npy);
+/// Rows of the vector files: 128 MiB of `f32[1024]`, one row group (pyarrow writes up to
+/// 1 Mi rows a group).
+const VECTOR_ROWS: usize = 32_768;
+const VECTOR_DIM: usize = 1024;
+
+/// A file of `VECTOR_ROWS` rows of an `x` column of `f32[VECTOR_DIM]` (a nullable fixed-size
+/// list of nullable floats, as pyarrow and arrow-rs write `list_(float32(), 1024)`) and an i64
+/// `label`, snappy. `dictionary`: arrow-rs's default encoding over values of few distinct
+/// floats (what `hub_tables numbers` writes for the device runs); else plain over varied
+/// values (what pyarrow falls back to once a dictionary page outgrows 1 MiB).
+fn vectors(path: &Path, dictionary: bool) {
+    use ::parquet::file::properties::WriterProperties;
+    if path.exists() {
+        return;
+    }
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(VECTOR_ROWS))
+        .set_compression(::parquet::basic::Compression::SNAPPY)
+        .set_dictionary_enabled(dictionary)
+        .build();
+    let mut w = None;
+    let step = 4096;
+    for start in (0..VECTOR_ROWS).step_by(step) {
+        let rows = start..start + step;
+        let x = FixedSizeListArray::from_iter_primitive::<Float32Type, _, _>(
+            rows.clone().map(|r| {
+                Some((0..VECTOR_DIM).map(move |k| {
+                    Some(if dictionary {
+                        ((r * 31 + k * 7) % 4093) as f32 * 0.25
+                    } else {
+                        (r * VECTOR_DIM + k) as f32 * 0.37
+                    })
+                }))
+            }),
+            VECTOR_DIM as i32,
+        );
+        let label = Int64Array::from_iter_values(rows.map(|r| (r % 1000) as i64));
+        let batch = RecordBatch::try_from_iter([
+            ("x", Arc::new(x) as ArrayRef),
+            ("label", Arc::new(label) as ArrayRef),
+        ])
+        .unwrap();
+        w.get_or_insert_with(|| {
+            ::parquet::arrow::ArrowWriter::try_new(
+                std::fs::File::create(path).unwrap(),
+                batch.schema(),
+                Some(props.clone()),
+            )
+            .unwrap()
+        })
+        .write(&batch)
+        .unwrap();
+    }
+    w.unwrap().close().unwrap();
+}
+
+/// The decode of one chunk of vectors (the default chunk: about 4 MiB decoded), in bytes of
+/// rows a second on one core: the first chunk of the row group and a late one.
+fn vector_decode(c: &mut Criterion) {
+    let d = dir();
+    let mut g = c.benchmark_group("parquet_vectors");
+    g.sample_size(10);
+    for (name, dictionary) in [("dictionary", true), ("plain", false)] {
+        let path = d.join(format!("vectors_{name}.parquet"));
+        vectors(&path, dictionary);
+        // A cache of one chunk: every get of another chunk decodes it.
+        let options = TableOptions {
+            cache_bytes: Some(0),
+            ..TableOptions::default()
+        };
+        let ds = parquet::open(&path, &options).unwrap();
+        let chunks: Vec<u64> = ds.chunks().map(|(.., rows)| rows).collect();
+        let rows = chunks[0];
+        let row_bytes = (VECTOR_DIM * 4 + 8) as u64;
+        g.throughput(Throughput::Bytes(rows * row_bytes));
+        let late: u64 = chunks[..chunks.len() - 1].iter().sum();
+        for (which, first_row) in [("first", 0u64), ("late", late)] {
+            let mut flip = false;
+            g.bench_function(format!("{name}/{which}"), |b| {
+                b.iter(|| {
+                    // Alternate with another chunk so that each get decodes one chunk.
+                    flip = !flip;
+                    let row = if flip { first_row } else { rows };
+                    black_box(ds.get(row).unwrap().field(0).map(<[u8]>::len));
+                })
+            });
+        }
+        println!(
+            "vectors_{name}: {} chunks of {rows} rows ({} bytes of rows each)",
+            chunks.len(),
+            rows * row_bytes
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decode_rates, vector_decode, ipc_against_npy);
 criterion_main!(benches);

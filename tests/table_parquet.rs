@@ -459,3 +459,122 @@ fn chunks_are_sized_by_what_rows_decode_to_not_by_dictionary_encoded_pages() {
         "{chunks} chunks"
     );
 }
+
+/// Vectors and numbers as the hub ships them, read densely where a chunk has no null and by
+/// Arrow's reader where it has one, byte for byte: `vec` (8 f32) with a whole row null (filled)
+/// in two row groups, `id` an i64 with a null (filled), `score` f64 values of few distinct
+/// values (dictionary-encoded pages), `word` an Arrow dictionary of strings; row groups of
+/// unequal sizes, several pages each, chunks that start inside pages; in order, backwards, and
+/// with two workers in a shuffled epoch. (`dense.rs`'s tests check which chunks take which
+/// path, with and without the footer's null counts.)
+#[test]
+fn dense_and_general_columns_read_byte_for_byte_with_nulls_dictionaries_and_unequal_groups() {
+    use arrow_array::types::{Float32Type, Int32Type};
+    use arrow_array::{DictionaryArray, FixedSizeListArray, Float64Array};
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("vectors.parquet");
+    let null_vec = [17usize, 140];
+    let null_id = 75usize;
+    let value = |r: usize, k: usize| (r * 8 + k) as f32 * 0.25;
+    let mut expected: Vec<(String, Vec<Vec<u8>>)> = vec![
+        ("vec".into(), Vec::new()),
+        ("id".into(), Vec::new()),
+        ("score".into(), Vec::new()),
+        ("word".into(), Vec::new()),
+    ];
+    let mut batches = Vec::new();
+    // Batches of unequal sizes, written in row groups of 50, 50, 50 and 30 rows.
+    for (start, n) in [(0usize, 37usize), (37, 63), (100, 80)] {
+        let rows = start..start + n;
+        let vec = FixedSizeListArray::from_iter_primitive::<Float32Type, _, _>(
+            rows.clone()
+                .map(|r| (!null_vec.contains(&r)).then(|| (0..8).map(move |k| Some(value(r, k))))),
+            8,
+        );
+        let id = Int64Array::from(
+            rows.clone()
+                .map(|r| (r != null_id).then_some(r as i64 + 1000))
+                .collect::<Vec<_>>(),
+        );
+        let score = Float64Array::from_iter_values(rows.clone().map(|r| (r % 3) as f64 / 3.0));
+        let word: DictionaryArray<Int32Type> = rows
+            .clone()
+            .map(|r| ["cat", "dog", "bird"][r % 3])
+            .collect();
+        for r in rows {
+            let v: Vec<u8> = if null_vec.contains(&r) {
+                (-1.5f32).to_le_bytes().repeat(8)
+            } else {
+                (0..8).flat_map(|k| value(r, k).to_le_bytes()).collect()
+            };
+            expected[0].1.push(v);
+            let id = if r == null_id { -1 } else { r as i64 + 1000 };
+            expected[1].1.push(id.to_le_bytes().to_vec());
+            expected[2]
+                .1
+                .push(((r % 3) as f64 / 3.0).to_le_bytes().to_vec());
+            expected[3]
+                .1
+                .push(["cat", "dog", "bird"][r % 3].as_bytes().to_vec());
+        }
+        batches.push(
+            RecordBatch::try_from_iter_with_nullable([
+                ("vec", Arc::new(vec) as ArrayRef, true),
+                ("id", Arc::new(id) as ArrayRef, true),
+                ("score", Arc::new(score) as ArrayRef, true),
+                ("word", Arc::new(word) as ArrayRef, true),
+            ])
+            .unwrap(),
+        );
+    }
+    write_parquet(&p, &batches, 50, 6);
+    let options = TableOptions {
+        chunk_rows: Some(7),
+        fill: BTreeMap::from([
+            ("vec".to_owned(), Fill::Float(-1.5)),
+            ("id".to_owned(), Fill::Int(-1)),
+        ]),
+        ..TableOptions::default()
+    };
+    let d = parquet::open(&p, &options).unwrap();
+    let mut group_rows = [0u64; 4];
+    for (_, g, _, rows) in d.chunks() {
+        group_rows[g] += rows;
+    }
+    assert_eq!(group_rows, [50, 50, 50, 30]);
+    assert_rows(&d, &expected);
+    for r in (0..180u64).rev() {
+        let s = d.get(r).unwrap();
+        assert_eq!(
+            s.field(0).unwrap(),
+            &expected[0].1[r as usize][..],
+            "row {r}"
+        );
+    }
+    // Two workers decoding chunks at once, in a shuffled epoch: every row once, as written.
+    let d = Arc::new(parquet::open(&p, &options).unwrap());
+    let mut loader = Loader::builder(d.clone() as Arc<dyn Dataset>)
+        .batch_size(9)
+        .workers(2)
+        .shuffle(5)
+        .transform(CopyFields::named(["vec", "id"]))
+        .build()
+        .unwrap();
+    let mut seen = vec![0u32; 180];
+    for batch in loader.by_ref() {
+        let batch = batch.unwrap();
+        let ids = batch.field_bytes("id").unwrap();
+        let vecs = batch.field_bytes("vec").unwrap();
+        for (id, v) in ids.chunks_exact(8).zip(vecs.chunks_exact(32)) {
+            let id = i64::from_le_bytes(id.try_into().unwrap());
+            let r = if id == -1 {
+                null_id
+            } else {
+                (id - 1000) as usize
+            };
+            assert_eq!(v, &expected[0].1[r][..], "row {r}");
+            seen[r] += 1;
+        }
+    }
+    assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+}

@@ -1547,6 +1547,7 @@ impl LoaderCore {
                 let cache = PyDict::new(py);
                 cache.set_item("hits", c.hits)?;
                 cache.set_item("decodes", c.misses)?;
+                cache.set_item("decoded_ahead", c.decoded_ahead)?;
                 cache.set_item("evictions", c.evictions)?;
                 cache.set_item("chunks", c.chunks)?;
                 cache.set_item("bytes", c.bytes)?;

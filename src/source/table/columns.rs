@@ -604,8 +604,16 @@ fn view_of(
                 return Err("a fixed-size list shorter than its rows".into());
             }
             let c = c.slice(off * n, len * n);
-            if c.null_count() > 0 {
-                return Err("a null inside a fixed-size list (only whole rows can be null)".into());
+            // A null row holds `n` null values in Parquet's reading (and may in any writer's):
+            // those are the row's, which its null mask covers; a null value in a row that is
+            // there cannot be batched.
+            if let Some(values) = c.nulls().filter(|v| v.null_count() > 0) {
+                let row_null = |r: usize| data.nulls().is_some_and(|rows| rows.is_null(r));
+                if (0..len * n).any(|i| values.is_null(i) && !row_null(i / n)) {
+                    return Err(
+                        "a null inside a fixed-size list (only whole rows can be null)".into(),
+                    );
+                }
             }
             match view_of(&c, base)? {
                 View::Fixed { values, width } => Ok(View::Fixed {

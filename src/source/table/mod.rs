@@ -20,6 +20,7 @@
 pub mod arrow;
 mod cache;
 mod columns;
+mod dense;
 pub(crate) mod files;
 pub mod jsonl;
 pub mod parquet;

@@ -14,7 +14,15 @@
 //! cache bounded in bytes ([`TableOptions::cache_bytes`]), each decoded once however many
 //! workers want it, the least recently used dropped first ([`ParquetDataset::cache_stats`]).
 //! A sample holds views of its chunk's buffers (no copy), so dropping a chunk never
-//! invalidates a sample in flight.
+//! invalidates a sample in flight. Numbers and fixed-size lists of numbers are decoded
+//! straight into their rows' values where the chunk holds no null (`dense.rs`), the other
+//! columns by Arrow's reader.
+//!
+//! Workers decode different chunks at once: the loader announces the rows of the batches
+//! ahead ([`Dataset::read_ahead`]), and a worker that finds the chunk it needs being decoded
+//! by another decodes an announced chunk meanwhile instead of waiting (at a window's start,
+//! every worker wants the window's chunks at once). Decoding ahead stays within the cache's
+//! limit and never drops a chunk in use to make room.
 //!
 //! # Order: windows, not a global shuffle
 //!
@@ -28,11 +36,12 @@
 //! per epoch, ranks get disjoint rows and equal batch counts, and a resume is exact (also under
 //! another world size), as for any loader order.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use arrow_array::RecordBatch;
+use arrow_array::{ArrayRef, RecordBatch};
 use bytes::Bytes;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
@@ -44,6 +53,7 @@ use parquet::file::reader::ChunkReader;
 
 use super::cache::{ChunkCache, ChunkCacheStats};
 use super::columns::{Columns, Plan, row_error};
+use super::dense::DenseColumn;
 use super::{
     DEFAULT_CHUNK_BYTES, DEFAULT_WINDOW, FileSummary, MapOwner, TableOptions, TableSummary, guard,
     same_columns,
@@ -54,6 +64,11 @@ use crate::format::Schema;
 use crate::source::{Dataset, Sample};
 
 const FORMAT: &str = "parquet";
+
+/// Batches beyond those in flight whose rows the loader announces ([`Dataset::read_ahead`]):
+/// enough that a window's chunks are known before the workers reach it, so that workers who
+/// would wait for one chunk decode the others.
+const READ_AHEAD_BATCHES: usize = 8;
 
 /// How a file's bytes reach the Parquet reader.
 #[derive(Clone)]
@@ -134,7 +149,10 @@ struct ParquetFile {
     reader: Reader,
     identity: FileIdentity,
     meta: ArrowReaderMetadata,
-    mask: ProjectionMask,
+    /// For each of the plan's roots, its dense reading when the file's layout allows one
+    /// (`dense.rs`); the others, and a chunk a dense reading gives back, go through Arrow's
+    /// reader.
+    dense: Vec<Option<DenseColumn>>,
     bytes: u64,
     rows: u64,
 }
@@ -160,6 +178,9 @@ pub struct ParquetDataset {
     schema: Schema,
     cache: ChunkCache<Columns>,
     window: u64,
+    /// Chunks the loader announced it will read soon ([`Dataset::read_ahead`]), oldest first,
+    /// not yet decoded: what a worker decodes while another decodes the chunk it waits for.
+    ahead: Mutex<VecDeque<usize>>,
 }
 
 /// Opens the Parquet data set `path` names (a file, a directory, a pattern) as `options` say.
@@ -220,7 +241,13 @@ impl ParquetDataset {
         let mut chunks = Vec::new();
         let mut starts = vec![0u64];
         for (f, (path, reader, identity, meta, bytes)) in opened.into_iter().enumerate() {
-            let mask = ProjectionMask::roots(meta.parquet_schema(), plan.roots.iter().copied());
+            let dense = plan
+                .roots
+                .iter()
+                .map(|&r| {
+                    DenseColumn::new(meta.parquet_schema(), r, meta.schema().field(r).data_type())
+                })
+                .collect();
             let md = meta.metadata();
             let leaves = meta.parquet_schema().num_columns();
             let mut file_row = 0u64;
@@ -274,7 +301,7 @@ impl ParquetDataset {
                 reader,
                 identity,
                 meta,
-                mask,
+                dense,
                 bytes,
                 rows: file_row,
             });
@@ -291,6 +318,7 @@ impl ParquetDataset {
             plan,
             schema,
             window,
+            ahead: Mutex::new(VecDeque::new()),
         };
         dataset.sniff_images()?;
         Ok(dataset)
@@ -327,43 +355,88 @@ impl ParquetDataset {
             )
         };
         guard(&f.path, FORMAT, || {
-            let batches = match &f.reader {
-                Reader::Map(b) => read_chunk(b.clone(), f, c),
-                Reader::File(file) => read_chunk(file.clone(), f, c),
-            }
-            .map_err(|e| Error::Malformed {
+            let malformed = |e: String| Error::Malformed {
                 path: f.path.clone(),
                 format: FORMAT,
                 what: format!("{}: {e}", place()),
-            })?;
-            let batch = match batches.len() {
-                1 => batches.into_iter().next().unwrap_or_else(|| unreachable!()),
-                _ => {
-                    let schema = batches.first().map_or_else(
-                        || Arc::new(arrow_schema::Schema::empty()),
-                        RecordBatch::schema,
-                    );
-                    arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| {
-                        Error::Malformed {
-                            path: f.path.clone(),
-                            format: FORMAT,
-                            what: format!("{}: {e}", place()),
-                        }
-                    })?
-                }
             };
-            if batch.num_rows() as u64 != c.len {
-                return Err(Error::Malformed {
-                    path: f.path.clone(),
-                    format: FORMAT,
-                    what: format!(
-                        "{}: {} rows decoded where the footer says {}",
-                        place(),
+            // The dense columns first; a column that gives its chunk back (a null, a file
+            // it cannot read) joins the others in Arrow's reader, which says what is wrong.
+            let mut arrays: Vec<Option<ArrayRef>> = f
+                .dense
+                .iter()
+                .map(|d| {
+                    let d = d.as_ref()?;
+                    let md = f.meta.metadata();
+                    match &f.reader {
+                        Reader::Map(b) => d.read(b.clone(), md, c.group, c.start, c.len),
+                        Reader::File(file) => d.read(file.clone(), md, c.group, c.start, c.len),
+                    }
+                    .ok()
+                    .flatten()
+                })
+                .collect();
+            let rest: Vec<usize> = (0..arrays.len()).filter(|&i| arrays[i].is_none()).collect();
+            if !rest.is_empty() {
+                let mask = ProjectionMask::roots(
+                    f.meta.parquet_schema(),
+                    rest.iter().map(|&i| self.plan.roots[i]),
+                );
+                let batches = match &f.reader {
+                    Reader::Map(b) => read_chunk(b.clone(), f, c, mask),
+                    Reader::File(file) => read_chunk(file.clone(), f, c, mask),
+                }
+                .map_err(malformed)?;
+                let batch = match batches.len() {
+                    1 => batches.into_iter().next().unwrap_or_else(|| unreachable!()),
+                    _ => {
+                        let schema = batches.first().map_or_else(
+                            || Arc::new(arrow_schema::Schema::empty()),
+                            RecordBatch::schema,
+                        );
+                        arrow_select::concat::concat_batches(&schema, &batches)
+                            .map_err(|e| malformed(e.to_string()))?
+                    }
+                };
+                if batch.num_rows() as u64 != c.len {
+                    return Err(malformed(format!(
+                        "{} rows decoded where the footer says {}",
                         batch.num_rows(),
                         c.len
-                    ),
-                });
+                    )));
+                }
+                if batch.num_columns() != rest.len() {
+                    return Err(malformed(format!(
+                        "{} columns decoded where {} were asked for",
+                        batch.num_columns(),
+                        rest.len()
+                    )));
+                }
+                for (&i, column) in rest.iter().zip(batch.columns()) {
+                    arrays[i] = Some(Arc::clone(column));
+                }
             }
+            let columns: Vec<ArrayRef> = arrays.into_iter().flatten().collect();
+            let schema = arrow_schema::Schema::new(
+                self.plan
+                    .roots
+                    .iter()
+                    .zip(&columns)
+                    .map(|(&r, a)| {
+                        arrow_schema::Field::new(
+                            f.meta.schema().field(r).name(),
+                            a.data_type().clone(),
+                            true,
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            let batch = RecordBatch::try_new_with_options(
+                Arc::new(schema),
+                columns,
+                &arrow_array::RecordBatchOptions::new().with_row_count(Some(c.len as usize)),
+            )
+            .map_err(|e| malformed(e.to_string()))?;
             let bytes = batch.get_array_memory_size() as u64;
             let columns =
                 Columns::new(&batch, &self.plan, None).map_err(|(k, what)| Error::Malformed {
@@ -373,6 +446,11 @@ impl ParquetDataset {
                 })?;
             Ok((columns, bytes))
         })
+    }
+
+    /// The chunk that holds row `index` (`index < len()`).
+    fn chunk_of(&self, index: u64) -> usize {
+        self.starts.partition_point(|&s| s <= index) - 1
     }
 
     /// What the cache of decoded chunks did: hits, decodes, bytes held and their peak.
@@ -426,11 +504,12 @@ impl ParquetDataset {
     }
 }
 
-/// Reads chunk `c` of file `f` through `reader`.
+/// Reads the columns `mask` selects of chunk `c` of file `f` through `reader`.
 fn read_chunk<R: ChunkReader + 'static>(
     reader: R,
     f: &ParquetFile,
     c: Chunk,
+    mask: ProjectionMask,
 ) -> std::result::Result<Vec<RecordBatch>, String> {
     let mut selection = Vec::with_capacity(2);
     if c.start > 0 {
@@ -439,7 +518,7 @@ fn read_chunk<R: ChunkReader + 'static>(
     selection.push(RowSelector::select(c.len as usize));
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(reader, f.meta.clone())
         .with_row_groups(vec![c.group])
-        .with_projection(f.mask.clone())
+        .with_projection(mask)
         .with_row_selection(RowSelection::from(selection))
         .with_batch_size(c.len as usize)
         .build()
@@ -478,8 +557,24 @@ impl Dataset for ParquetDataset {
         if index >= len {
             return Err(Error::OutOfRange { index, len });
         }
-        let k = self.starts.partition_point(|&s| s <= index) - 1;
-        let columns = self.cache.get(k, || self.decode(k))?;
+        let k = self.chunk_of(index);
+        // While another worker decodes chunk `k`, this one decodes chunks the loader
+        // announced instead of waiting (one at a time, checking between them).
+        let columns = self.cache.get_or_help(
+            k,
+            || self.decode(k),
+            || {
+                let next = self
+                    .ahead
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop_front();
+                next.is_some_and(|j| {
+                    self.cache.decode_ahead(j, self.window, || self.decode(j));
+                    true
+                })
+            },
+        )?;
         let c = self.chunks[k];
         let r = index - self.starts[k];
         let fields = columns.row(r as usize).map_err(|fault| {
@@ -496,6 +591,31 @@ impl Dataset for ParquetDataset {
 
     fn shard_sizes(&self) -> Option<Vec<u64>> {
         Some(self.chunks.iter().map(|c| c.len).collect())
+    }
+
+    fn read_ahead_batches(&self) -> usize {
+        READ_AHEAD_BATCHES
+    }
+
+    fn read_ahead(&self, indices: &[u64]) {
+        let len = self.len();
+        let mut last = None;
+        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        for &i in indices.iter().filter(|&&i| i < len) {
+            let k = self.chunk_of(i);
+            if last == Some(k) {
+                continue;
+            }
+            last = Some(k);
+            if !self.cache.is_held(k) && !ahead.contains(&k) {
+                ahead.push_back(k);
+            }
+        }
+        // What is left of windows the workers have passed is dropped first.
+        let keep = usize::try_from(2 * self.window).unwrap_or(usize::MAX);
+        while ahead.len() > keep {
+            ahead.pop_front();
+        }
     }
 
     fn windowed_shuffle(&self) -> Option<(u64, u64)> {

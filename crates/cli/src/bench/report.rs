@@ -532,9 +532,10 @@ fn data_lines(report: &Report, text: &mut String) {
     }
     if let Some(c) = &report.chunk_cache {
         text.push_str(&format!(
-            "chunk cache: {} rows from decoded chunks, {} chunk decodes ({} dropped), at most {} held of a limit of {}\n",
+            "chunk cache: {} rows from decoded chunks, {} chunk decodes ({} ahead, by workers that would have waited; {} dropped), at most {} held of a limit of {}\n",
             c.hits,
             c.misses,
+            c.decoded_ahead,
             c.evictions,
             human_bytes(c.peak_bytes),
             human_bytes(c.limit_bytes)
