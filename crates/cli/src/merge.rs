@@ -13,7 +13,7 @@
 //! Memory stays bounded whatever the sizes: the indices are read where they are mapped, the
 //! `.idx` is written from them in passes, and each `.bin` is copied by the kernel
 //! (`std::io::copy` between files). The output is checked as `tokenize` checks its own
-//! (`output.rs`), written to temporaries placed together at the end
+//! (`tokenize::checked_outputs`), written to temporaries placed together at the end
 //! (`gpufeed::temporary::PlacedTogether`, through the tokenize writer's index writer), and a
 //! signal removes the temporaries (`cleanup.rs`).
 
@@ -27,8 +27,7 @@ use gpufeed::source::tokens::{IndexedTokens, TokenSource};
 use gpufeed::temporary::PlacedTogether;
 use gpufeed::{Error, Result};
 
-use crate::output::OutputFile;
-use crate::tokenize::foreign;
+use crate::tokenize::checked_outputs;
 use crate::tokenize::writer::{Format, IndexCounts, output_paths, write_index};
 
 /// Arguments of `gpufeed merge`.
@@ -59,21 +58,8 @@ pub fn run(args: Args) -> Result<()> {
         Format::Megatron => Parts::Megatron(open_megatron(&args.parts)?),
         Format::Nanogpt => Parts::Flat(flat_files(&args.parts)?),
     };
-    let paths = output_paths(args.format, &args.output);
     let inputs = parts.files();
-    for path in &paths {
-        OutputFile {
-            path,
-            replace: args.force,
-            command: "merge",
-            example: "as a prefix such as DIR/corpus",
-        }
-        .check(
-            &inputs,
-            |p| foreign(args.format, p),
-            "the kind of file it writes",
-        )?;
-    }
+    let paths = checked_outputs("merge", args.format, &args.output, &inputs, args.force)?;
 
     let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
     let mut files = PlacedTogether::create(&refs)?;

@@ -87,21 +87,8 @@ pub fn run(args: Args) -> Result<()> {
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let paths = output_paths(args.format, &args.output);
     let inputs: Vec<&Path> = args.inputs.iter().map(PathBuf::as_path).collect();
-    for path in &paths {
-        OutputFile {
-            path,
-            replace: args.force,
-            command: "tokenize",
-            example: "as a prefix such as DIR/corpus",
-        }
-        .check(
-            &inputs,
-            |p| foreign(args.format, p),
-            "the kind of file it writes",
-        )?;
-    }
+    let paths = checked_outputs("tokenize", args.format, &args.output, &inputs, args.force)?;
 
     let opening = Instant::now();
     let tokenizer = open_tokenizer(&args)?;
@@ -214,6 +201,29 @@ fn parse_part(text: &str) -> Result<(u64, u64)> {
             ),
         )),
     }
+}
+
+/// The files a dataset of `format` at prefix `output` is written to, each checked as
+/// `command` writes its outputs: never one of `inputs` or a non-regular file, an existing one
+/// only with `force` and only if it is of the kind written ([`foreign`]).
+pub fn checked_outputs(
+    command: &'static str,
+    format: Format,
+    output: &Path,
+    inputs: &[&Path],
+    force: bool,
+) -> Result<Vec<PathBuf>> {
+    let paths = output_paths(format, output);
+    for path in &paths {
+        OutputFile {
+            path,
+            replace: force,
+            command,
+            example: "as a prefix such as DIR/corpus",
+        }
+        .check(inputs, |p| foreign(format, p), "the kind of file it writes")?;
+    }
+    Ok(paths)
 }
 
 /// What an existing output file is if `--force` may not replace it: for Megatron, an `.idx`
